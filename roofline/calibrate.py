@@ -1,0 +1,76 @@
+"""Measure the local device's ceilings: matmul FLOP/s and copy bandwidth.
+
+On a CPU this is the only honest peak: the right figure depends on the core
+count you were given, the vector width and the clock under load. The result
+is cached on disk, keyed by the device, so it is measured once per machine.
+Run `python -m roofline calibrate` to (re)measure.
+"""
+
+import json
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+
+CACHE = os.path.join(
+    os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
+    "hpllm-jax",
+    "calibration.json",
+)
+
+
+def device_key(dtype):
+    d = jax.local_devices()[0]
+    cpu = platform.processor() or platform.machine()
+    cores = os.cpu_count() if d.platform == "cpu" else ""
+    return f"{d.platform}|{d.device_kind}|{cpu}|{cores}|{dtype}"
+
+
+def best_time(fn, *args, repeats=5):
+    """Fastest of `repeats` runs, after one warm-up run that compiles."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def measure(dtype="float32", n=None):
+    """{'matmul_flops': FLOP/s of an n x n matmul, 'copy_bandwidth': bytes/s of a
+    read+write of a large array}, on the first local device, with everything in
+    the whole host's threads (a CPU device uses every core)."""
+    device = jax.local_devices()[0]
+    n = n or (2048 if device.platform == "cpu" else 8192)
+    a = jax.device_put(jnp.ones((n, n), dtype), device)
+    matmul = jax.jit(lambda x, y: x @ y)
+    flops = 2 * n**3 / best_time(matmul, a, a)
+    # 64 MiB (CPU) or 1 GiB: well past the last-level cache, so DRAM or HBM answers.
+    size = (2**24 if device.platform == "cpu" else 2**28)
+    x = jax.device_put(jnp.ones((size,), jnp.float32), device)
+    copy = jax.jit(lambda v: v + 1)
+    bandwidth = 2 * x.nbytes / best_time(copy, x)  # one read and one write per element
+    return {"matmul_flops": flops, "copy_bandwidth": bandwidth, "n": n}
+
+
+def measured(dtype="float32", refresh=False):
+    """The cached measurement for this device and dtype, measuring if absent."""
+    key = device_key(dtype)
+    cache = {}
+    if os.path.exists(CACHE):
+        try:
+            with open(CACHE) as f:
+                cache = json.load(f)
+        except (OSError, ValueError):
+            cache = {}  # a damaged cache is just measured again
+    if refresh or key not in cache:
+        cache[key] = measure(dtype)
+        os.makedirs(os.path.dirname(CACHE), exist_ok=True)
+        tmp = f"{CACHE}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(cache, f, indent=1)
+        os.replace(tmp, CACHE)
+    return cache[key]

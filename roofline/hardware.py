@@ -1,0 +1,98 @@
+"""The chips: peak dense FLOP/s per dtype, memory bandwidth and size,
+interconnect bandwidth. Per chip, dense (never the 2:4-sparsity figure that
+NVIDIA prints beside it), each with its public source.
+
+A CPU has no datasheet figure worth trusting for this (turbo clocks, AVX
+frequency drops, shared cores), so its figures are always measured
+(roofline/calibrate.py).
+"""
+
+import dataclasses
+
+import jax
+
+T = 1e12
+G = 1e9
+GiB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    name: str
+    flops: dict  # dtype name -> peak dense FLOP/s
+    hbm_bandwidth: float  # bytes/s
+    hbm_bytes: float
+    interconnect: float | None  # bytes/s per chip, bidirectional (ICI or NVLink)
+    source: str
+    kinds: tuple = ()  # substrings of jax's device_kind that identify the chip
+
+    def peak(self, dtype):
+        """Peak FLOP/s for matmuls in dtype. float32 on a TPU runs as bf16 passes
+        (jax's default matmul precision there), so its bf16 peak is the ceiling."""
+        return self.flops.get(dtype) or self.flops["bfloat16"]
+
+
+CHIPS = {
+    chip.name: chip
+    for chip in [
+        # https://cloud.google.com/tpu/docs/v4 : 275 TFLOP/s bf16, 32 GiB HBM2 at 1200 GB/s.
+        # ICI: not given per chip on that page.
+        Chip("tpu-v4", {"bfloat16": 275 * T}, 1200 * G, 32 * GiB, None,
+             "https://cloud.google.com/tpu/docs/v4", ("TPU v4",)),
+        # https://cloud.google.com/tpu/docs/v5e : 197 TFLOP/s bf16, 16 GB at 819 GB/s, ICI 400 GB/s.
+        Chip("tpu-v5e", {"bfloat16": 197 * T}, 819 * G, 16 * G, 400 * G,
+             "https://cloud.google.com/tpu/docs/v5e", ("TPU v5 lite", "TPU v5e")),
+        # https://cloud.google.com/tpu/docs/v5p : 459 TFLOP/s bf16, 95 GiB at 2765 GB/s, ICI 1200 GB/s.
+        Chip("tpu-v5p", {"bfloat16": 459 * T}, 2765 * G, 95 * GiB, 1200 * G,
+             "https://cloud.google.com/tpu/docs/v5p", ("TPU v5p", "TPU v5")),
+        # https://cloud.google.com/tpu/docs/v6e : 918 TFLOP/s bf16, 32 GB at 1638 GB/s, ICI 800 GB/s.
+        Chip("tpu-v6e", {"bfloat16": 918 * T}, 1638 * G, 32 * G, 800 * G,
+             "https://cloud.google.com/tpu/docs/v6e", ("TPU v6 lite", "TPU v6e")),
+        # NVIDIA A100 datasheet (nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/
+        # nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf): bf16 312, tf32 156, fp32 19.5
+        # TFLOP/s dense; 40 GB at 1555 GB/s; 80 GB SXM at 2039 GB/s; NVLink 600 GB/s.
+        Chip("a100-40gb", {"bfloat16": 312 * T, "tf32": 156 * T, "float32": 19.5 * T},
+             1555 * G, 40 * G, 600 * G, "NVIDIA A100 datasheet", ("A100-SXM4-40GB", "A100-PCIE-40GB")),
+        Chip("a100-80gb", {"bfloat16": 312 * T, "tf32": 156 * T, "float32": 19.5 * T},
+             2039 * G, 80 * G, 600 * G, "NVIDIA A100 datasheet", ("A100",)),
+        # NVIDIA H100 datasheet (resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet):
+        # SXM: bf16 989, tf32 494.5, fp32 67 TFLOP/s dense; 80 GB at 3.35 TB/s; NVLink 900 GB/s.
+        Chip("h100-sxm", {"bfloat16": 989 * T, "tf32": 494.5 * T, "float32": 67 * T},
+             3350 * G, 80 * G, 900 * G, "NVIDIA H100 datasheet", ("H100 80GB HBM3", "H100 SXM")),
+        # PCIe: bf16 756, tf32 378, fp32 51 TFLOP/s dense; 80 GB at 2.0 TB/s; NVLink bridge 600 GB/s.
+        Chip("h100-pcie", {"bfloat16": 756 * T, "tf32": 378 * T, "float32": 51 * T},
+             2000 * G, 80 * G, 600 * G, "NVIDIA H100 datasheet", ("H100 PCIe",)),
+        # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): the H100 SXM's compute,
+        # 141 GB of HBM3e at 4.8 TB/s, NVLink 900 GB/s.
+        Chip("h200", {"bfloat16": 989 * T, "tf32": 494.5 * T, "float32": 67 * T},
+             4800 * G, 141 * G, 900 * G, "NVIDIA H200 datasheet", ("H200",)),
+    ]
+}
+# "h100" alone means the SXM part, the one in most clusters.
+CHIPS["h100"] = CHIPS["h100-sxm"]
+
+
+def chip_for_kind(device_kind):
+    """jax's device_kind string (e.g. 'NVIDIA H100 80GB HBM3', 'TPU v5 lite') -> Chip or None."""
+    for chip in CHIPS.values():
+        if any(k.lower() in device_kind.lower() for k in chip.kinds):
+            return chip
+    return None
+
+
+def local_peak_flops(dtype="float32"):
+    """(peak FLOP/s of one local device for matmuls in dtype, where the figure comes from).
+
+    An accelerator with a table entry: the datasheet. A CPU, or anything
+    unknown: measured with a matmul, once, and cached (roofline/calibrate.py).
+    Simulated CPU devices share the host's cores, so each gets its share."""
+    device = jax.local_devices()[0]
+    chip = chip_for_kind(device.device_kind) if device.platform != "cpu" else None
+    if chip is not None:
+        return chip.peak(dtype), f"{chip.name} datasheet"
+    from roofline.calibrate import measured
+
+    flops = measured(dtype)["matmul_flops"]
+    n = jax.local_device_count() if device.platform == "cpu" else 1
+    share = f", shared by {n} simulated devices" if n > 1 else ""
+    return flops / n, f"measured {dtype} matmul on this {device.platform}{share}"

@@ -1,0 +1,84 @@
+"""Configuration: the model's shapes and the run's knobs, as frozen dataclasses.
+
+Frozen means hashable, so a ModelConfig can be a static argument of `jax.jit`:
+changing a shape is a new program, changing a weight is not.
+
+The dimension alphabet used everywhere in this repo (einsum letters):
+
+    B batch   S sequence (query)   T key/value sequence   E embed
+    F feed-forward   H heads   D head dim   V vocab   L layers
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 256  # byte-level tokens: no tokenizer to install
+    embed: int = 256  # E
+    ff: int = 1024  # F
+    heads: int = 4  # H
+    head_dim: int = 64  # D
+    layers: int = 4  # L
+    seq: int = 128  # S, the longest context the model sees
+    attention: bool = True  # False gives session 1's feed-forward-only block
+    positions: bool = True  # False drops the learned positional embedding
+    dtype: str = "float32"  # compute dtype of the matmuls; params stay float32
+    # "einsum" writes attention out by hand; "fused" calls
+    # jax.nn.dot_product_attention, which picks cuDNN's flash kernel on GPUs.
+    attention_impl: str = "einsum"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 600
+    batch: int = 32  # sequences per step, across all devices
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.1
+    clip: float = 1.0  # global gradient-norm clip
+    seed: int = 0
+    log_every: int = 50
+    eval_every: int = 200  # validation loss every this many steps
+    eval_batches: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    model: ModelConfig
+    train: TrainConfig
+    note: str
+
+
+# Named shapes. Explicit command-line flags override any field.
+PRESETS = {
+    # Tests: compiles in seconds, sizes that differ pairwise so a swapped axis fails.
+    "tiny": Preset(
+        ModelConfig(embed=24, ff=40, heads=3, head_dim=8, layers=2, seq=16),
+        TrainConfig(steps=40, batch=4, lr=1e-2, warmup=5, log_every=10, eval_every=20),
+        "test shapes, seconds on any machine",
+    ),
+    # The default on a CPU: a few minutes on 2 cores, validation loss near 2 nats/byte.
+    "cpu": Preset(
+        ModelConfig(embed=256, ff=1024, heads=4, head_dim=64, layers=4, seq=128),
+        TrainConfig(steps=600, batch=32, lr=3e-3, warmup=50, log_every=50, eval_every=200),
+        "default on CPU: a few minutes on 2 cores",
+    ),
+    # The class's shapes (HighPerfLLMs2024, session 2); the default on GPU/TPU.
+    "course": Preset(
+        ModelConfig(embed=512, ff=2048, heads=4, head_dim=128, layers=4, seq=128),
+        TrainConfig(steps=2000, batch=256, lr=1e-3, warmup=100, log_every=100, eval_every=500),
+        "the course's shapes; default on GPU/TPU",
+    ),
+    # GPT-2 small's shapes (124M with its 50257-token vocabulary; ours is bytes).
+    "gpt2": Preset(
+        ModelConfig(embed=768, ff=3072, heads=12, head_dim=64, layers=12, seq=1024),
+        TrainConfig(steps=2000, batch=32, lr=6e-4, warmup=200, log_every=50, eval_every=500),
+        "GPT-2 small's shapes, seq 1024",
+    ),
+}
+
+
+class UsageError(ValueError):
+    """A bad flag or input the user can fix. The session scripts print its
+    message on one line and exit with status 2, never a traceback."""

@@ -1,0 +1,93 @@
+"""The training loop: hand batches to the step, and look at the numbers only
+every `log_every` steps.
+
+`step_fn(state, batch)` returns at once: JAX dispatches the work to the
+devices and hands back futures. Reading the loss (`float(loss)`) waits for
+the step to finish; doing that every step would leave the devices idle while
+Python prepares the next one. So the loop reads the loss only on log steps,
+and between them runs under a transfer guard that turns any accidental
+device-to-host read into an error instead of a silent slowdown.
+"""
+
+import json
+import math
+import time
+
+import jax
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+def train_loop(
+    step_fn,
+    state,
+    batches,
+    *,
+    start,
+    steps,
+    log_every,
+    tokens_per_step,
+    flops_per_step,
+    peak_flops,
+    n_devices,
+    evaluate=None,
+    eval_every=0,
+    log=print,
+    metrics_file=None,
+    on_step=None,
+):
+    """Runs steps start..steps-1. Returns (state, history, seconds spent in steps).
+
+    history: one dict per log line (the --metrics-out JSON objects).
+    peak_flops: of one device. on_step(step, state), if given, is called after
+    every step (the profiler uses it to open and close its window).
+    """
+    history = []
+    train_seconds = 0.0
+    last_time, last_step = time.perf_counter(), start
+    for step in range(start, steps):
+        with jax.profiler.StepTraceAnnotation("train", step_num=step):
+            with jax.transfer_guard_device_to_host("disallow"):
+                state, metrics = step_fn(state, next(batches))
+        if on_step is not None:
+            on_step(step, state)
+        done = step + 1
+        if done % log_every and done != steps:
+            continue
+        loss = float(metrics["loss"])  # waits for this step: the only sync between logs
+        now = time.perf_counter()
+        seconds = now - last_time
+        train_seconds += seconds
+        step_time = seconds / (done - last_step)
+        record = {
+            "step": done,
+            "loss": loss,
+            "step_time_s": step_time,
+            "tokens_per_sec": tokens_per_step / step_time,
+            "tflops_per_device": flops_per_step / step_time / n_devices / 1e12,
+            "mfu": flops_per_step / step_time / (peak_flops * n_devices),
+        }
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"the loss became {loss} at step {done}")
+        if evaluate is not None and (done % eval_every == 0 or done == steps):
+            record["val_loss"] = evaluate(state["params"])
+        history.append(record)
+        log(format_record(record))
+        if metrics_file is not None:
+            metrics_file.write(json.dumps(record) + "\n")
+            metrics_file.flush()
+        # Restart the clock after logging and validation: they are not step time.
+        last_time, last_step = time.perf_counter(), done
+    return state, history, train_seconds
+
+
+def format_record(r):
+    line = (
+        f"step {r['step']:>6} | loss {r['loss']:.3f} | {r['tokens_per_sec']:>10,.0f} tok/s"
+        f" | {r['tflops_per_device']:7.3f} TFLOP/s/device | MFU {100 * r['mfu']:5.1f}%"
+    )
+    if "val_loss" in r:
+        line += f" | val {r['val_loss']:.3f}"
+    return line

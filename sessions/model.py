@@ -1,0 +1,105 @@
+"""The transformer: params are a plain nested dict of arrays, the forward pass
+is pure functions over it.
+
+    tokens [B, S] -> embed (+ positions) -> L x block -> norm -> logits [B, S, V]
+
+    block(x) = x + attention(norm(x))     (skipped when cfg.attention is False)
+             + mlp(norm(...))             (pre-norm residual, as in GPT-2)
+
+The output projection is tied to the token embedding (logits = x @ embed^T):
+one [V, E] matrix read in both directions. The lookup costs no FLOPs; the
+output projection costs 2·B·S·E·V forward, like any matmul.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from sessions.attention import attention
+from sessions.config import ModelConfig
+from sessions.positions import add_positions, init_positions
+from sessions.sharding import constrain
+
+__all__ = ["ModelConfig", "init_params", "forward"]
+
+
+def init_params(cfg: ModelConfig, key):
+    """A dict of float32 arrays. Matmul weights are drawn with std 1/sqrt(fan_in)
+    so activations keep unit scale; the projections back into the residual
+    stream get an extra 1/sqrt(2L) (GPT-2), so L layers of residual adds do
+    not grow it."""
+    E, F, H, D, V, L = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.vocab, cfg.layers
+    residual_scale = (2 * L) ** -0.5
+
+    def normal(key, shape, std):
+        return std * jax.random.normal(key, shape, jnp.float32)
+
+    def init_layer(key):
+        k = jax.random.split(key, 6)
+        layer = {}
+        if cfg.attention:
+            layer["attn_norm"] = jnp.ones((E,))
+            layer["wq"] = normal(k[0], (E, H, D), E**-0.5)
+            layer["wk"] = normal(k[1], (E, H, D), E**-0.5)
+            layer["wv"] = normal(k[2], (E, H, D), E**-0.5)
+            layer["wo"] = normal(k[3], (H, D, E), (H * D) ** -0.5 * residual_scale)
+        layer["mlp_norm"] = jnp.ones((E,))
+        layer["w_in"] = normal(k[4], (E, F), E**-0.5)
+        layer["w_out"] = normal(k[5], (F, E), F**-0.5 * residual_scale)
+        return layer
+
+    # fold_in gives each layer its own stream, independent of how many layers there are.
+    params = {
+        # Small: with the tied output, initial logits are near zero and the
+        # first loss is near ln(V), the loss of a uniform guess.
+        "embed": normal(jax.random.fold_in(key, 0), (V, E), 0.02),
+        "layers": [init_layer(jax.random.fold_in(key, 100 + i)) for i in range(L)],
+        "final_norm": jnp.ones((E,)),
+    }
+    if cfg.positions:
+        params["pos"] = init_positions(jax.random.fold_in(key, 1), cfg.seq, E)
+    return params
+
+
+def rms_norm(x, scale, eps=1e-6):
+    """x: [..., E] scaled to unit root-mean-square, computed in float32."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * scale).astype(x.dtype)
+
+
+def attention_block(layer, x, cfg, segment_ids=None):
+    """x: [B, S, E] -> [B, S, E]."""
+    q = constrain(jnp.einsum("BSE,EHD->BSHD", x, layer["wq"]), "BSHD")
+    k = constrain(jnp.einsum("BSE,EHD->BSHD", x, layer["wk"]), "BSHD")
+    v = constrain(jnp.einsum("BSE,EHD->BSHD", x, layer["wv"]), "BSHD")
+    out = attention(q, k, v, segment_ids, impl=cfg.attention_impl)
+    return constrain(jnp.einsum("BSHD,HDE->BSE", out, layer["wo"]), "BSE")
+
+
+def mlp_block(layer, x):
+    """x: [B, S, E] -> [B, S, E]; acts on each position alone."""
+    h = constrain(jnp.einsum("BSE,EF->BSF", x, layer["w_in"]), "BSF")
+    h = jax.nn.gelu(h)
+    return constrain(jnp.einsum("BSF,FE->BSE", h, layer["w_out"]), "BSE")
+
+
+def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
+    """tokens: int [B, S] -> logits float32 [B, S, V].
+
+    segment_ids (optional, int [B, S]): packed documents; tokens attend only
+    within their own segment."""
+    dtype = jnp.dtype(cfg.dtype)
+    # Mixed precision: the float32 master weights are cast once per step to
+    # the compute dtype; gradients flow back through the cast in float32.
+    p = jax.tree.map(lambda w: w.astype(dtype), params)
+    x = p["embed"][tokens]  # [B, S, E]: a gather, no FLOPs
+    if cfg.positions:
+        x = add_positions(x, p["pos"])
+    x = constrain(x, "BSE")
+    for layer in p["layers"]:
+        if cfg.attention:
+            x = x + attention_block(layer, rms_norm(x, layer["attn_norm"]), cfg, segment_ids)
+        x = x + mlp_block(layer, rms_norm(x, layer["mlp_norm"]))
+    x = rms_norm(x, p["final_norm"])
+    logits = jnp.einsum("BSE,VE->BSV", x, p["embed"], preferred_element_type=jnp.float32)
+    return constrain(logits, "BSV")

@@ -1,0 +1,190 @@
+"""Multichip: a device mesh, one partition rule per weight, and parameters
+that are born sharded.
+
+The anti-pattern is to build every weight on one chip and then move it: it
+works until the day the model no longer fits on one chip. Instead we describe
+the computation first. `jax.eval_shape` runs the initialiser on shapes only and
+returns `jax.ShapeDtypeStruct`s; the rules below turn each shape into a
+sharding; `jax.jit(init, out_shardings=...)` then builds every shard on the
+device that holds it, and no device ever sees a whole weight.
+
+Mesh axes:
+    data  batch split, weights replicated (plain data parallelism)
+    fsdp  batch split AND weights split along E; each layer's weights are
+          all-gathered just before use (fully sharded data parallelism)
+    tp    heads, F and V split (tensor parallelism, Megatron style)
+"""
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from sessions.config import UsageError
+
+AXES = ("data", "fsdp", "tp")
+BATCH = ("data", "fsdp")  # the batch dimension is split over both
+
+# The partition rules, one line per weight: which mesh axis splits each dimension.
+PARAM_SPECS = {
+    "embed": P("tp", "fsdp"),  # [V, E], also the tied output projection
+    "pos": P(None, "fsdp"),  # [S, E]
+    "wq": P("fsdp", "tp", None),  # [E, H, D]
+    "wk": P("fsdp", "tp", None),  # [E, H, D]
+    "wv": P("fsdp", "tp", None),  # [E, H, D]
+    "wo": P("tp", None, "fsdp"),  # [H, D, E]
+    "w_in": P("fsdp", "tp"),  # [E, F]
+    "w_out": P("tp", "fsdp"),  # [F, E]
+    "attn_norm": P(None),  # [E], a few KB: replicate
+    "mlp_norm": P(None),  # [E]
+    "final_norm": P(None),  # [E]
+}
+
+# Activations, named by their einsum letters. Pinning them keeps XLA from
+# guessing a layout that would need an extra collective.
+ACTIVATION_SPECS = {
+    "BS": P(BATCH, None),  # tokens
+    "BSE": P(BATCH, None, None),  # the residual stream
+    "BSHD": P(BATCH, None, "tp", None),  # queries, keys, values
+    "BSF": P(BATCH, None, "tp"),  # the MLP's hidden layer
+    "BSV": P(BATCH, None, "tp"),  # logits
+}
+
+
+def constrain(x, letters):
+    """Pin activation x to the layout named by its letters, e.g. "BSE".
+
+    A no-op outside a mesh context (`jax.set_mesh`), so the model runs
+    unchanged on one device."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, ACTIVATION_SPECS[letters])
+
+
+def parse_mesh(text, n_devices):
+    """'fsdp=4,tp=2' -> {'data': 1, 'fsdp': 4, 'tp': 2}. None: every device on fsdp."""
+    if not text:
+        return {"data": 1, "fsdp": n_devices, "tp": 1}
+    sizes = dict.fromkeys(AXES, 1)
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        name = name.strip()
+        if name not in AXES:
+            raise UsageError(f"--mesh: unknown axis '{name}' (axes are {', '.join(AXES)})")
+        if not value.strip().isdigit() or int(value) < 1:
+            raise UsageError(f"--mesh: '{item}' needs a positive size, e.g. {name}=2")
+        sizes[name] = int(value)
+    if math.prod(sizes.values()) != n_devices:
+        shown = " x ".join(f"{a}={n}" for a, n in sizes.items())
+        raise UsageError(
+            f"--mesh {text}: {shown} = {math.prod(sizes.values())} devices, "
+            f"but {n_devices} are present"
+        )
+    return sizes
+
+
+def make_mesh(sizes, devices=None):
+    """A mesh over every device, axes in the order data, fsdp, tp."""
+    shape = tuple(sizes[a] for a in AXES)
+    auto = (jax.sharding.AxisType.Auto,) * len(AXES)
+    return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
+
+
+def check_divisible(model_cfg, batch, sizes, processes=1):
+    """Every split dimension must divide evenly; say which one does not."""
+    n_batch = sizes["data"] * sizes["fsdp"]
+    checks = [
+        ("--batch", batch, n_batch, "data x fsdp"),
+        ("--batch", batch, processes, "the process count"),
+        ("--heads", model_cfg.heads, sizes["tp"], "tp"),
+        ("--ff", model_cfg.ff, sizes["tp"], "tp"),
+        ("vocab", model_cfg.vocab, sizes["tp"], "tp"),
+        ("--embed", model_cfg.embed, sizes["fsdp"], "fsdp"),
+    ]
+    for flag, value, parts, axes in checks:
+        if value % parts:
+            raise UsageError(f"{flag} {value} does not divide over {axes} = {parts}")
+
+
+def spec_for(path, leaf):
+    """The PartitionSpec of one leaf of the train state, found by its weight name.
+
+    Works for the optimizer state too: Adam's moments `mu` and `nu` mirror the
+    param tree, so their paths end in the same weight names and each moment is
+    sharded exactly like its parameter."""
+    if leaf.ndim == 0:
+        return P()  # step counters
+    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    return PARAM_SPECS[names[-1]]
+
+
+def tree_shardings(shapes, mesh):
+    """ShapeDtypeStructs -> NamedShardings, by the rules above."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: NamedSharding(mesh, spec_for(path, leaf)), shapes
+    )
+
+
+def init_sharded(init_fn, key, mesh):
+    """Run init_fn(key) so that each device builds only its own shards.
+
+    Returns (tree, shardings)."""
+    shapes = jax.eval_shape(init_fn, key)  # a tree of jax.ShapeDtypeStruct: no memory used
+    shardings = tree_shardings(shapes, mesh)
+    tree = jax.jit(init_fn, out_shardings=shardings)(key)
+    return tree, shardings
+
+
+def batch_sharding(mesh):
+    """Token batches [B, S]: rows split over data x fsdp."""
+    return NamedSharding(mesh, ACTIVATION_SPECS["BS"])
+
+
+def describe(params, shardings, mesh):
+    """Lines of text: each weight's global shape, rule and per-device shard shape."""
+    mesh_text = ", ".join(f"{a}={n}" for a, n in mesh.shape.items())
+    lines = [f"mesh: {mesh_text} ({mesh.size} devices)"]
+    lines.append(f"  {'weight':<22} {'global':>16} {'rule':<24} {'per device':>16}")
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    flat_shardings = jax.tree.leaves(shardings)
+    for (path, leaf), sharding in zip(flat, flat_shardings):
+        name = jax.tree_util.keystr(path, simple=True, separator="/")
+        shard = sharding.shard_shape(leaf.shape)
+        lines.append(
+            f"  {name:<22} {str(leaf.shape):>16} {str(sharding.spec):<24} {str(shard):>16}"
+        )
+    return lines
+
+
+def bytes_per_device(tree, shardings):
+    """(bytes one device holds, bytes of the whole tree)."""
+    leaves = jax.tree.leaves(tree)
+    per_device = sum(
+        math.prod(s.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+        for x, s in zip(leaves, jax.tree.leaves(shardings))
+    )
+    total = sum(x.size * np.dtype(x.dtype).itemsize for x in leaves)
+    return per_device, total
+
+
+def process_rows(sharding, batch, seq):
+    """The rows of the global [B, S] batch that this process's devices hold.
+
+    With one process that is every row; in a multi-host run each process loads
+    only these, and no host ever builds the whole batch."""
+    index = sharding.addressable_devices_indices_map((batch, seq))
+    starts = [rows.start or 0 for rows, _ in index.values()]
+    stops = [batch if rows.stop is None else rows.stop for rows, _ in index.values()]
+    return slice(min(starts), max(stops))
+
+
+def place_batch(batch, sharding):
+    """Host arrays -> global device arrays with the batch sharding.
+
+    One process: device_put splits the rows over the devices. Several: each
+    process holds only its own rows, and JAX assembles the global array."""
+    if jax.process_count() == 1:
+        return jax.device_put(batch, sharding)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)

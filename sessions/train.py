@@ -1,0 +1,87 @@
+"""The training step: loss, gradient and optimizer update in one function,
+compiled whole by `jax.jit`.
+
+Jitting only the forward pass leaves the backward pass and the optimizer
+running op by op, each op a round trip through memory and the Python
+dispatcher. Jitting the whole step lets XLA fuse the elementwise work (Adam's
+moment updates are a dozen elementwise ops per weight) into few kernels, and
+donating the old state lets it update the weights in place.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from sessions.model import forward, init_params
+
+
+def cross_entropy(logits, targets):
+    """Mean negative log-likelihood in nats. logits [B, S, V], targets int [B, S].
+
+    logsumexp minus the target's logit: the same number as log_softmax followed
+    by a one-hot dot product, without building a [B, S, V] one-hot array."""
+    lse = jax.nn.logsumexp(logits, axis=-1)  # [B, S]
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, S]
+    return jnp.mean(lse - picked)
+
+
+def loss_fn(params, batch, cfg):
+    return cross_entropy(forward(params, batch["inputs"], cfg), batch["targets"])
+
+
+def make_optimizer(tc, total_steps):
+    """AdamW with linear warm-up and cosine decay; weight decay on matrices only
+    (decaying norm scales towards zero would fight the normalisation)."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=tc.lr,
+        warmup_steps=min(tc.warmup, max(total_steps - 1, 1)),
+        decay_steps=max(total_steps, 2),
+        end_value=tc.lr / 10,
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(tc.clip),
+        optax.adamw(
+            schedule,
+            b1=0.9,
+            b2=0.95,
+            weight_decay=tc.weight_decay,
+            mask=lambda params: jax.tree.map(lambda w: w.ndim >= 2, params),
+        ),
+    )
+
+
+def init_state(key, *, cfg, optimizer):
+    """The whole training state, one pytree: {"params": ..., "opt": ...}."""
+    params = init_params(cfg, key)
+    return {"params": params, "opt": optimizer.init(params)}
+
+
+def train_step(state, batch, *, cfg, optimizer):
+    """One step. Returns (new state, {"loss", "grad_norm"}), both still on device."""
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, cfg)
+    updates, opt = optimizer.update(grads, state["opt"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    return {"params": params, "opt": opt}, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+
+def make_train_step(cfg, optimizer, *, jit=True, state_shardings=None, batch_sharding=None):
+    """The step function the loop calls: jitted with the state donated, or
+    (jit=False, session 1's way) run op by op."""
+    step = functools.partial(train_step, cfg=cfg, optimizer=optimizer)
+    if not jit:
+        return step
+    return jax.jit(
+        step,
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, None),
+        donate_argnums=0,  # the old state's buffers are reused for the new one
+    )
+
+
+def make_eval_step(cfg, *, jit=True):
+    """Loss on a batch, no update (validation)."""
+    step = functools.partial(loss_fn, cfg=cfg)
+    return jax.jit(step) if jit else step
