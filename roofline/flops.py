@@ -1,4 +1,4 @@
-"""Counting: parameters, FLOPs per training step, and what the napkin ignores.
+"""Counting: parameters, FLOPs and bytes per training step, and what the napkin ignores.
 
 The course's napkin: a matmul [B, E] @ [E, F] costs 2·B·E·F FLOPs (a multiply
 and an add per weight per token). Its backward pass is two matmuls of the same
@@ -8,10 +8,15 @@ costs 6 FLOPs per parameter per token: 6·B·P, with B the tokens in the step.
 
 That formula ignores attention's own matmuls, q·k and probs·v, which have no
 parameters: per layer, forward, 2·B·S·S·H·D each (B sequences of S tokens).
+
+Bytes are counted the same way, as a lower bound: what a step must read and
+write at least once (weights, gradients, optimizer state, activations kept for
+the backward pass), however cleverly the compiler fuses everything else.
 """
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 
@@ -64,3 +69,139 @@ def train_flops(cfg, batch, causal_half=False):
 def forward_flops(cfg, batch, causal_half=False):
     """One forward pass (inference, prefill): 2 per matmul weight per token plus attention."""
     return 2 * batch * cfg.seq * matmul_params(cfg) + attention_flops(cfg, batch, causal_half)
+
+
+class StepBytes(NamedTuple):
+    """Bytes one training step must move at least, by what they hold."""
+
+    weights: int  # the float32 master weights, read once for the forward pass
+    gradients: int  # one float32 gradient per parameter, written once
+    optimizer: int  # AdamW's update: reads weights, gradients, m, v; writes weights, m, v
+    activations: int  # tensors kept for the backward pass: written once, read once
+
+    @property
+    def total(self):
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+
+def activations_per_token(cfg):
+    """Values each token keeps for the backward pass, without recomputation.
+
+    The backward pass of y = x @ W needs x (for W's gradient); a nonlinearity
+    needs its input. Per layer, the course's model keeps:
+        attention: the normed input E; q, k, v 3·H·D; the heads' output H·D
+        MLP:       the normed input E; GELU's input F and output F
+    and after the last layer the final normed stream E. The score matrix
+    (H·S per token) and the float32 logits (V per token) are counted apart,
+    in `train_bytes`, because their dtype and existence depend on the
+    attention implementation."""
+    E, F, H, D = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim
+    attention = E + 4 * H * D if cfg.attention else 0
+    mlp = E + 2 * F
+    return cfg.layers * (attention + mlp) + E
+
+
+def train_bytes(cfg, batch, opt_states=2):
+    """A lower bound on the bytes one training step moves to and from memory.
+
+    Parameters (P of them, float32): read once for the forward pass (4·P),
+    gradients written once (4·P), and AdamW (opt_states=2 moments) reading
+    weights, gradients and both moments and writing weights and both moments
+    (7 arrays: 28·P). 36 bytes per parameter in all.
+
+    Activations (compute dtype, cfg.dtype): `activations_per_token` values per
+    token, plus the softmax probabilities [B, H, S, S] when attention is the
+    einsum kind (a fused, flash-style kernel recomputes them instead), plus
+    float32 logits [B, S, V]; each written in the forward pass and read in the
+    backward pass (x2).
+
+    Everything else a compiler might spill between kernels is not counted:
+    that is what makes this a lower bound. XLA's own count
+    (`compiled.cost_analysis()["bytes accessed"]`) adds every operand of every
+    kernel and is usually several times larger."""
+    P = param_count(cfg)
+    param_bytes = 4  # float32 master weights (sessions/model.py)
+    act_bytes = 2 if cfg.dtype == "bfloat16" else 4
+    tokens = batch * cfg.seq
+    kept = tokens * activations_per_token(cfg) * act_bytes
+    if cfg.attention and cfg.attention_impl == "einsum":
+        kept += cfg.layers * batch * cfg.heads * cfg.seq * cfg.seq * act_bytes
+    kept += tokens * cfg.vocab * 4  # logits are float32 (preferred_element_type)
+    return StepBytes(
+        weights=param_bytes * P,
+        gradients=param_bytes * P,
+        optimizer=param_bytes * P * (2 + 2 * opt_states + 1),
+        activations=2 * kept,
+    )
+
+
+class Ledger(NamedTuple):
+    """The FLOPs of one training step, counted each way trainers count them."""
+
+    tokens: int  # B: tokens in the step
+    params: int  # P: every parameter
+    matmul_params: int  # parameters that multiply a token (the tied embedding once)
+    kaplan_params: int  # Kaplan et al.'s N: no embedding or positional parameters
+    napkin: int  # 6·B·P
+    kaplan: int  # 6·B·N
+    matmul: int  # 6·B·P_matmul, attention left out
+    attention_full: int  # attention's training FLOPs, whole score matrix (3x forward)
+    attention_causal: int  # ... only the unmasked half
+    exact: int  # matmul + attention_full: what XLA computes, and what s2_train reports
+    exact_causal: int  # matmul + attention_causal
+    forward: int  # one forward pass (inference prefill), attention in full
+    forward_causal: int
+
+
+def ledger(cfg, batch):
+    """Every count of one training step of `batch` sequences, side by side."""
+    tokens = batch * cfg.seq
+    P, Pm = param_count(cfg), matmul_params(cfg)
+    N = P - cfg.vocab * cfg.embed - (cfg.seq * cfg.embed if cfg.positions else 0)
+    full, causal = 3 * attention_flops(cfg, batch), 3 * attention_flops(cfg, batch, True)
+    return Ledger(
+        tokens=tokens,
+        params=P,
+        matmul_params=Pm,
+        kaplan_params=N,
+        napkin=6 * tokens * P,
+        kaplan=6 * tokens * N,
+        matmul=6 * tokens * Pm,
+        attention_full=full,
+        attention_causal=causal,
+        exact=6 * tokens * Pm + full,
+        exact_causal=6 * tokens * Pm + causal,
+        forward=forward_flops(cfg, batch),
+        forward_causal=forward_flops(cfg, batch, causal_half=True),
+    )
+
+
+def _pct(x, ref):
+    return f"{100 * (x / ref - 1):+.1f}%"
+
+
+def ledger_lines(cfg, batch):
+    """The ledger as text: each count, how far it is from 6·B·P, and why."""
+    g = ledger(cfg, batch)
+    non_matmul = g.params - g.matmul_params
+    lines = [
+        f"FLOPs per training step: B = {g.tokens:,} tokens ({batch} x {cfg.seq}), "
+        f"P = {g.params:,} parameters",
+        f"  6·B·P, every parameter            {g.napkin / 1e9:12.3f} G   the napkin",
+        f"  6·B·N, Kaplan's N                 {g.kaplan / 1e9:12.3f} G   {_pct(g.kaplan, g.napkin)}"
+        f"  no embedding or positional parameters",
+        f"  6·B·P_matmul, matmul weights only {g.matmul / 1e9:12.3f} G   {_pct(g.matmul, g.napkin)}"
+        f"  {non_matmul:,} norm scales and positional values multiply nothing",
+        f"  + attention, full score matrix    {g.exact / 1e9:12.3f} G   {_pct(g.exact, g.napkin)}"
+        f"  the exact count: q·k and probs·v, which 6·B·P ignores (XLA computes all S x S)",
+        f"  + attention, causal half          {g.exact_causal / 1e9:12.3f} G   "
+        f"{_pct(g.exact_causal, g.napkin)}  only the unmasked half (some trainers' convention)",
+        f"  forward only (inference prefill)  {g.forward / 1e9:12.3f} G   "
+        f"one third of the exact count: no backward pass",
+    ]
+    if cfg.attention:
+        lines.append(
+            f"  attention is {100 * g.attention_full / g.exact:.1f}% of the exact count; "
+            f"it grows with S (12·L·H·D·S per token against 6·P_matmul)"
+        )
+    return lines

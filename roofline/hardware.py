@@ -31,6 +31,13 @@ class Chip:
         (jax's default matmul precision there), so its bf16 peak is the ceiling."""
         return self.flops.get(dtype) or self.flops["bfloat16"]
 
+    def ridge(self, dtype):
+        """The ridge point, FLOPs per byte: a kernel doing fewer FLOPs per byte it
+        moves than this waits on memory; more, and it waits on the arithmetic
+        units (Williams, Waterman and Patterson 2009, "Roofline: an insightful
+        visual performance model for multicore architectures", CACM 52(4))."""
+        return self.peak(dtype) / self.hbm_bandwidth
+
 
 CHIPS = {
     chip.name: chip
@@ -80,6 +87,34 @@ def chip_for_kind(device_kind):
     return None
 
 
+def find_chip(name):
+    """A chip of the table by name ('h100', 'tpu-v5e', ...); KeyError names the known ones."""
+    chip = CHIPS.get(name.lower())
+    if chip is None:
+        raise KeyError(f"unknown chip '{name}' (known: {', '.join(sorted(CHIPS))}, local)")
+    return chip
+
+
+def measured_chip(dtype="float32"):
+    """The first local device as a Chip whose figures are measured, not read off a
+    datasheet: the matmul FLOP/s and copy bandwidth of roofline/calibrate.py
+    (measured once per machine and cached). These are the ceilings this
+    machine actually reaches."""
+    from roofline.calibrate import measured
+
+    device = jax.local_devices()[0]
+    m = measured(dtype)
+    return Chip(f"{device.platform} ({device.device_kind}, measured)", {dtype: m["matmul_flops"]},
+                m["copy_bandwidth"], 0, None,
+                f"measured on this machine by roofline/calibrate.py ({dtype} matmul, copy)")
+
+
+def datasheet_chip():
+    """The table's entry for the first local device, or None (a CPU, an unknown chip)."""
+    device = jax.local_devices()[0]
+    return chip_for_kind(device.device_kind) if device.platform != "cpu" else None
+
+
 def local_peak_flops(dtype="float32"):
     """(peak FLOP/s of one local device for matmuls in dtype, where the figure comes from).
 
@@ -87,7 +122,7 @@ def local_peak_flops(dtype="float32"):
     unknown: measured with a matmul, once, and cached (roofline/calibrate.py).
     Simulated CPU devices share the host's cores, so each gets its share."""
     device = jax.local_devices()[0]
-    chip = chip_for_kind(device.device_kind) if device.platform != "cpu" else None
+    chip = datasheet_chip()
     if chip is not None:
         return chip.peak(dtype), f"{chip.name} datasheet"
     from roofline.calibrate import measured

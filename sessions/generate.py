@@ -31,7 +31,7 @@ def generate(params, cfg, prompt, n_new, key, temperature=0.8):
     if len(tokens) > cfg.seq:
         raise UsageError(f"the prompt is {len(tokens)} bytes, longer than the context of {cfg.seq}")
     # One device, one copy of the weights: generation is tiny next to training.
-    params = jax.device_put(params, jax.devices()[0])
+    params = jax.device_put(params, jax.local_devices()[0])
     for i in range(n_new):
         context = tokens[-cfg.seq :]
         window = np.zeros((1, cfg.seq), np.int32)

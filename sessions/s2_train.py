@@ -165,7 +165,7 @@ def main(argv=None):
 
     # A sample, then the summary a student compares across runs.
     params = multihost.gather(state["params"])
-    if args.sample_bytes:
+    if args.sample_bytes and is_main:
         # The default prompt is cut to fit a short context; a given one must fit.
         prompt = args.prompt or PROMPT[: cfg.seq // 2]
         text = generate(params, cfg, prompt, args.sample_bytes, jax.random.key(tc.seed + 1))

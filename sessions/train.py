@@ -64,7 +64,7 @@ def train_step(state, batch, *, cfg, optimizer):
     loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, cfg)
     updates, opt = optimizer.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    return {"params": params, "opt": opt}, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    return {"params": params, "opt": opt}, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
 def make_train_step(cfg, optimizer, *, jit=True, state_shardings=None, batch_sharding=None):

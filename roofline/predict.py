@@ -1,0 +1,116 @@
+"""Prediction: how fast can a step possibly run, and how close did it come?
+
+A step must do its FLOPs and move its bytes. A chip does at most `peak` FLOP/s
+and moves at most `bandwidth` bytes/s, so the step takes at least
+
+    compute time = FLOPs / peak            memory time = bytes / bandwidth
+
+and at least the larger of the two, even if the two overlap perfectly. Which
+one is larger is decided by the step's arithmetic intensity, FLOPs per byte,
+against the chip's ridge point, peak / bandwidth: above the ridge the step is
+compute-bound, below it memory-bound. (The roofline model: Williams, Waterman
+and Patterson 2009, "Roofline: an insightful visual performance model for
+multicore architectures", CACM 52(4); in this course's letters, How to Scale
+Your Model, jax-ml/scaling-book, chapter 1.)
+
+Model FLOPs utilisation (MFU) is the other direction: the FLOPs the model
+needs per step (not counting recomputation), divided by the measured step
+time, over the peak (Chowdhery et al. 2022, "PaLM", appendix B).
+"""
+
+from typing import NamedTuple
+
+from roofline.flops import ledger, train_bytes
+
+
+class StepPrediction(NamedTuple):
+    """The roofline's verdict on one step. Times in seconds; FLOPs and bytes for the
+    whole step over all chips."""
+
+    flops: float
+    bytes: float
+    intensity: float  # FLOPs per byte
+    ridge: float  # the chip's peak / bandwidth, FLOPs per byte
+    compute_s: float  # flops / (peak * chips): no step is faster
+    memory_s: float  # bytes / (bandwidth * chips): no step is faster
+    bound: str  # "compute" or "memory": the larger of the two times
+    step_s: float  # max(compute_s, memory_s): the best case
+    tokens_per_s: float  # tokens per step / step_s: the best case
+
+
+def predict(flops, bytes_moved, *, peak_flops, bandwidth, tokens, chips=1):
+    """Both lower bounds on a step's time and the one that applies.
+
+    compute_s = flops / (chips · peak_flops)
+    memory_s  = bytes / (chips · bandwidth)   (the work split evenly over chips)
+    step_s    = max(compute_s, memory_s)       (perfect overlap of the two)
+
+    A real step is slower: kernels do not reach peak, communication between
+    chips is not counted, and the overlap is never perfect."""
+    if min(flops, bytes_moved, peak_flops, bandwidth, tokens, chips) <= 0:
+        raise ValueError("flops, bytes, peak, bandwidth, tokens and chips must be positive")
+    compute_s = flops / (chips * peak_flops)
+    memory_s = bytes_moved / (chips * bandwidth)
+    step_s = max(compute_s, memory_s)
+    return StepPrediction(
+        flops=flops,
+        bytes=bytes_moved,
+        intensity=flops / bytes_moved,
+        ridge=peak_flops / bandwidth,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        bound="compute" if compute_s >= memory_s else "memory",
+        step_s=step_s,
+        tokens_per_s=tokens / step_s,
+    )
+
+
+def predict_train_step(cfg, batch, chip, dtype=None, chips=1):
+    """The roofline's best case for one training step of `batch` sequences.
+
+    FLOPs: the exact count with attention in full (roofline/flops.py `ledger`),
+    what the chip actually executes. Bytes: the lower bound of `train_bytes`.
+    dtype picks the chip's peak (default: cfg.dtype)."""
+    g = ledger(cfg, batch)
+    return predict(
+        g.exact,
+        train_bytes(cfg, batch).total,
+        peak_flops=chip.peak(dtype or cfg.dtype),
+        bandwidth=chip.hbm_bandwidth,
+        tokens=g.tokens,
+        chips=chips,
+    )
+
+
+class Utilisation(NamedTuple):
+    """How much of the chips a measured step used."""
+
+    step_s: float  # measured seconds per step
+    flops_per_s: float  # model FLOPs / step_s, per chip
+    datasheet_peak: float | None  # FLOP/s per chip from the datasheet (None: no datasheet)
+    measured_peak: float | None  # FLOP/s per chip measured by roofline/calibrate.py
+    mfu_datasheet: float | None  # flops_per_s / datasheet_peak
+    mfu_measured: float | None  # flops_per_s / measured_peak
+
+
+def utilisation(flops, step_s, *, datasheet_peak=None, measured_peak=None, chips=1):
+    """MFU of a step that took step_s seconds to do `flops` model FLOPs on `chips`.
+
+    MFU = flops / step_s / (chips · peak)   (PaLM, appendix B)
+
+    Against the datasheet it says how much of the chip you paid for you used;
+    against the measured ceiling, how much of what a plain large matmul reaches
+    on this machine. A CPU has no trustworthy datasheet figure, so there only
+    the measured one is given; on an accelerator, a measured ceiling far below
+    the datasheet means a wrong table entry or a throttled chip."""
+    if step_s <= 0 or chips <= 0:
+        raise ValueError("step time and chips must be positive")
+    per_chip = flops / step_s / chips
+    return Utilisation(
+        step_s=step_s,
+        flops_per_s=per_chip,
+        datasheet_peak=datasheet_peak,
+        measured_peak=measured_peak,
+        mfu_datasheet=per_chip / datasheet_peak if datasheet_peak else None,
+        mfu_measured=per_chip / measured_peak if measured_peak else None,
+    )

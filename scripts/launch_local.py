@@ -1,0 +1,61 @@
+"""Start N CPU processes on this machine, joined over loopback into one JAX
+runtime: the multi-host path of s2_train.py, without a cluster.
+
+    python scripts/launch_local.py --processes 2 --devices-per-process 4 -- --preset tiny --steps 5
+
+Each process gets M simulated CPU devices, so the mesh spans N x M devices
+across N processes, exactly as it would span the hosts of a TPU pod slice.
+Process 0's output is shown; the others' go to RUN_DIR/process_I.log.
+Exit status: the first non-zero status of any process, else 0.
+"""
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sessions",
+                      "s2_train.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--devices-per-process", type=int, default=1)
+    parser.add_argument("--log-dir", default="runs/launch_local")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER,
+                        help="flags for s2_train.py, after --")
+    args = parser.parse_args(argv)
+    if args.processes < 1 or args.devices_per_process < 1:
+        print("error: --processes and --devices-per-process must be positive", file=sys.stderr)
+        return 2
+    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+
+    os.makedirs(args.log_dir, exist_ok=True)
+    coordinator = f"127.0.0.1:{free_port()}"
+    procs = []
+    for i in range(args.processes):
+        env = dict(os.environ)
+        env.update({
+            "HPLLM_COORDINATOR": coordinator,
+            "HPLLM_NUM_PROCESSES": str(args.processes),
+            "HPLLM_PROCESS_ID": str(i),
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices_per_process}",
+            "JAX_PLATFORMS": "cpu",
+        })
+        out = None if i == 0 else open(os.path.join(args.log_dir, f"process_{i}.log"), "w")
+        procs.append(subprocess.Popen([sys.executable, SCRIPT, *train_args], env=env,
+                                      stdout=out, stderr=subprocess.STDOUT if out else None))
+    codes = [p.wait() for p in procs]
+    return next((c for c in codes if c), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Session 1, as it was taught: the simplest thing that learns.
+
+An embedding, a stack of feed-forward blocks and the tied output projection.
+No attention (each output depends on its own token only: a bigram model), no
+positions, no jit (every jnp op is dispatched from Python, one at a time), one
+device, and each batch loaded only when the step asks for it. Then
+sessions/s2_train.py adds the five things that make it a transformer that is
+fast.
+
+    python sessions/s1_train.py
+    python sessions/s1_train.py --preset tiny --steps 3
+"""
+
+import dataclasses
+import sys
+import time
+
+import jax
+
+from sessions import data
+from sessions.cli import ArgumentParser, add_shape_flags, configs_from_args, run_main
+from sessions.train import init_state, make_optimizer, make_train_step
+
+
+def main(argv=None):
+    parser = ArgumentParser(prog="s1_train.py", description=__doc__.split("\n\n")[0])
+    add_shape_flags(parser)
+    args = parser.parse_args(argv)
+    cfg, tc = configs_from_args(args, args.preset or "cpu", attention=False, positions=False)
+    if args.steps is None and args.preset is None:
+        tc = dataclasses.replace(tc, steps=120, log_every=20)  # about a minute on 2 cores
+
+    corpus = data.load_corpus(args.data)
+    train_tokens, _ = data.split(corpus, cfg.seq)
+    unigram = data.unigram_entropy(train_tokens)
+    device = jax.devices()[0]  # one device
+
+    optimizer = make_optimizer(tc, tc.steps)
+    state = init_state(jax.random.key(tc.seed), cfg=cfg, optimizer=optimizer)
+    step_fn = make_train_step(cfg, optimizer, jit=False)  # op by op
+    print(f"session 1 | {device.device_kind} | feed-forward only, eager | "
+          f"batch {tc.batch} x seq {cfg.seq} | unigram baseline {unigram:.3f} nats/byte")
+
+    start = time.perf_counter()
+    for step in range(tc.steps):
+        # Blocking load: the device waits while the host cuts the batch.
+        batch = data.get_batch(train_tokens, step, batch=tc.batch, seq=cfg.seq, seed=tc.seed)
+        batch = jax.device_put(batch, device)
+        state, metrics = step_fn(state, batch)
+        if (step + 1) % tc.log_every == 0 or step + 1 == tc.steps:
+            elapsed = time.perf_counter() - start
+            tokens = (step + 1) * tc.batch * cfg.seq
+            print(f"step {step + 1:>5} | loss {float(metrics['loss']):.3f} | "
+                  f"{tokens / elapsed:,.0f} tok/s")
+    print(f"done in {time.perf_counter() - start:.1f} s; a model that sees one byte at a "
+          f"time cannot go much below a bigram model's loss: attention is next (s2_train.py)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
