@@ -176,32 +176,33 @@ def ledger(cfg, batch):
     )
 
 
-def _pct(x, ref):
-    return f"{100 * (x / ref - 1):+.1f}%"
-
-
 def ledger_lines(cfg, batch):
     """The ledger as text: each count, how far it is from 6·B·P, and why."""
     g = ledger(cfg, batch)
+    scale, unit = (1e12, "TFLOP") if g.napkin >= 1e12 else (1e9, "GFLOP")
+
+    def row(label, flops, why, against_napkin=True):
+        change = f"{100 * (flops / g.napkin - 1):+.1f}%" if against_napkin else ""
+        return f"  {label:<34}{flops / scale:>10,.3f} {unit} {change:>7}  {why}"
+
     non_matmul = g.params - g.matmul_params
     lines = [
         f"FLOPs per training step: B = {g.tokens:,} tokens ({batch} x {cfg.seq}), "
-        f"P = {g.params:,} parameters",
-        f"  6·B·P, every parameter            {g.napkin / 1e9:12.3f} G   the napkin",
-        f"  6·B·N, Kaplan's N                 {g.kaplan / 1e9:12.3f} G   {_pct(g.kaplan, g.napkin)}"
-        f"  no embedding or positional parameters",
-        f"  6·B·P_matmul, matmul weights only {g.matmul / 1e9:12.3f} G   {_pct(g.matmul, g.napkin)}"
-        f"  {non_matmul:,} norm scales and positional values multiply nothing",
-        f"  + attention, full score matrix    {g.exact / 1e9:12.3f} G   {_pct(g.exact, g.napkin)}"
-        f"  the exact count: q·k and probs·v, which 6·B·P ignores (XLA computes all S x S)",
-        f"  + attention, causal half          {g.exact_causal / 1e9:12.3f} G   "
-        f"{_pct(g.exact_causal, g.napkin)}  only the unmasked half (some trainers' convention)",
-        f"  forward only (inference prefill)  {g.forward / 1e9:12.3f} G   "
-        f"one third of the exact count: no backward pass",
+        + f"P = {g.params:,} parameters",
+        row("6·B·P, every parameter", g.napkin, "the napkin", against_napkin=False),
+        row("6·B·N, Kaplan's N", g.kaplan, "no embedding or positional parameters"),
+        row("6·B·P_matmul, matmul weights only", g.matmul,
+            f"{non_matmul:,} norm scales and positional values multiply nothing"),
+        row("+ attention, full score matrix", g.exact,
+            "exact: q·k and probs·v over all S x S, as XLA computes them"),
+        row("+ attention, causal half", g.exact_causal,
+            "only the unmasked half (some trainers' convention)"),
+        row("forward only (inference prefill)", g.forward, "a third of exact: no backward",
+            against_napkin=False),
     ]
     if cfg.attention:
         lines.append(
             f"  attention is {100 * g.attention_full / g.exact:.1f}% of the exact count; "
-            f"it grows with S (12·L·H·D·S per token against 6·P_matmul)"
+            + "it grows with S (12·L·H·D·S per token against 6·P_matmul)"
         )
     return lines

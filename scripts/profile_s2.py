@@ -1,0 +1,92 @@
+"""Profile a short session-2 training run and print the roofline table.
+
+    python scripts/profile_s2.py                      # the cpu preset, 6 steps: under a minute
+    python scripts/profile_s2.py --preset tiny --steps 10
+    xprof --logdir runs/profile_s2 --port 8791        # then look at the same trace by eye
+
+It runs sessions/s2_train.py itself with `--profile`, which traces steps 1-3,
+and logs every step; then it compiles the same step once more for XLA's cost
+analysis, reads the trace back, prints the three columns (napkin, XLA,
+measured), and checks the trace's MFU against the training log's own.
+"""
+
+import functools
+import json
+import os
+import statistics
+import sys
+
+import jax
+import numpy as np
+
+from roofline.compare import profile_comparison, report_lines, xla_cost
+from roofline.hardware import local_peak_flops
+from sessions import s2_train
+from sessions.cli import ArgumentParser, positive_int
+from sessions.config import PRESETS
+from sessions.train import init_state, make_optimizer, make_train_step
+
+
+def parse_args(argv):
+    parser = ArgumentParser(prog="profile_s2.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="named shapes (default: cpu on a CPU, course on GPU/TPU)")
+    parser.add_argument("--steps", type=positive_int, default=6,
+                        help="steps to train; steps 1-3 are traced (at least 4)")
+    parser.add_argument("--batch", type=positive_int, help="sequences per step")
+    parser.add_argument("--logdir", default="runs/profile_s2",
+                        help="trace, metrics, chart and loss curve go here")
+    args = parser.parse_args(argv)
+    if args.steps < 4:
+        parser.error("--steps must be at least 4: steps 1-3 are traced")
+    return args
+
+
+def compile_step(cfg, tc):
+    """The training step compiled from shapes alone, for XLA's cost analysis."""
+    optimizer = make_optimizer(tc, tc.steps)
+    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
+    state = jax.eval_shape(init, jax.random.key(tc.seed))
+    tokens = jax.ShapeDtypeStruct((tc.batch, cfg.seq), np.int32)
+    step = make_train_step(cfg, optimizer)
+    return step.lower(state, {"inputs": tokens, "targets": tokens}).compile()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    metrics_path = os.path.join(args.logdir, "metrics.jsonl")
+    s2_argv = ["--steps", str(args.steps), "--log-every", "1", "--sample-bytes", "0",
+               "--profile", args.logdir, "--metrics-out", metrics_path, "--run-dir", args.logdir]
+    s2_argv += ["--preset", args.preset] if args.preset else []
+    s2_argv += ["--batch", str(args.batch)] if args.batch else []
+    os.makedirs(args.logdir, exist_ok=True)
+    print("$ python sessions/s2_train.py " + " ".join(s2_argv))
+    status = s2_train.cli(s2_argv)
+    if status:
+        return status
+
+    # The same configuration s2_train.py resolved from these flags.
+    _, cfg, tc = s2_train.choose_configs(s2_train.parse_args(s2_argv))
+    peak = local_peak_flops(cfg.dtype)
+    c = profile_comparison(args.logdir, cfg, tc.batch, xla_cost(compile_step(cfg, tc)), peak,
+                           devices=jax.device_count())
+    print()
+    for line in report_lines(c, args.logdir):
+        print(line)
+
+    # The training log's MFU, step by step, against the trace's. The log's
+    # first step waits for the device to warm up, and the step that closes
+    # the trace also writes it, so the median of the others is compared.
+    with open(metrics_path) as f:
+        logged = [json.loads(line) for line in f][1:]
+    log_mfu = statistics.median(r["mfu"] for r in logged)
+    trace_mfu = c.use.flops_per_s / peak[0]
+    gap = trace_mfu / log_mfu - 1
+    print(f"MFU check: s2_train.py's log {100 * log_mfu:.1f}% (median of steps 2-{args.steps}), "
+          f"the trace {100 * trace_mfu:.1f}%: {100 * gap:+.1f}% apart "
+          f"({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
