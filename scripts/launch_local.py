@@ -10,13 +10,16 @@ Exit status: the first non-zero status of any process, else 0.
 """
 
 import argparse
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import time
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sessions",
-                      "s2_train.py")
+SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sessions", "s2_train.py"
+)
 
 
 def free_port():
@@ -30,8 +33,9 @@ def main(argv=None):
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--devices-per-process", type=int, default=1)
     parser.add_argument("--log-dir", default="runs/launch_local")
-    parser.add_argument("train_args", nargs=argparse.REMAINDER,
-                        help="flags for s2_train.py, after --")
+    parser.add_argument(
+        "train_args", nargs=argparse.REMAINDER, help="flags for s2_train.py, after --"
+    )
     args = parser.parse_args(argv)
     if args.processes < 1 or args.devices_per_process < 1:
         print("error: --processes and --devices-per-process must be positive", file=sys.stderr)
@@ -40,21 +44,43 @@ def main(argv=None):
 
     os.makedirs(args.log_dir, exist_ok=True)
     coordinator = f"127.0.0.1:{free_port()}"
-    procs = []
-    for i in range(args.processes):
-        env = dict(os.environ)
-        env.update({
-            "HPLLM_COORDINATOR": coordinator,
-            "HPLLM_NUM_PROCESSES": str(args.processes),
-            "HPLLM_PROCESS_ID": str(i),
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices_per_process}",
-            "JAX_PLATFORMS": "cpu",
-        })
-        out = None if i == 0 else open(os.path.join(args.log_dir, f"process_{i}.log"), "w")
-        procs.append(subprocess.Popen([sys.executable, SCRIPT, *train_args], env=env,
-                                      stdout=out, stderr=subprocess.STDOUT if out else None))
-    codes = [p.wait() for p in procs]
-    return next((c for c in codes if c), 0)
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for i in range(args.processes):
+            env = dict(os.environ)
+            env.update(
+                {
+                    "HPLLM_COORDINATOR": coordinator,
+                    "HPLLM_NUM_PROCESSES": str(args.processes),
+                    "HPLLM_PROCESS_ID": str(i),
+                    "XLA_FLAGS": "--xla_force_host_platform_device_count="
+                    f"{args.devices_per_process}",
+                    "JAX_PLATFORMS": "cpu",
+                }
+            )
+            log = os.path.join(args.log_dir, f"process_{i}.log")
+            out = None if i == 0 else stack.enter_context(open(log, "w"))
+            command = [sys.executable, SCRIPT, *train_args]
+            procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=out))
+        return wait_all(procs)
+
+
+def wait_all(procs):
+    """Wait for every process; if one fails, stop the rest (they would wait
+    for it forever at the next collective) and return its status."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            for p in procs:
+                p.wait()
+            return failed[0]
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,11 @@ def positive_float(text):
 
 def add_shape_flags(parser):
     """--preset and the flags that override its fields (None: keep the preset's)."""
-    parser.add_argument("--preset", choices=sorted(PRESETS),
-                        help="named shapes (default: cpu on a CPU, course on GPU/TPU)")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="named shapes (default: cpu on a CPU, course on GPU/TPU)",
+    )
     parser.add_argument("--steps", type=positive_int)
     parser.add_argument("--batch", type=positive_int, help="sequences per step, all devices")
     parser.add_argument("--seq", type=positive_int)
@@ -62,10 +65,22 @@ def add_shape_flags(parser):
 def configs_from_args(args, preset_name, **model_overrides):
     """(ModelConfig, TrainConfig): the preset with every given flag applied."""
     preset = PRESETS[preset_name]
-    model_fields = {"seq": args.seq, "embed": args.embed, "ff": args.ff, "heads": args.heads,
-                    "head_dim": args.head_dim, "layers": args.layers, **model_overrides}
-    train_fields = {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
-                    "log_every": args.log_every}
+    model_fields = {
+        "seq": args.seq,
+        "embed": args.embed,
+        "ff": args.ff,
+        "heads": args.heads,
+        "head_dim": args.head_dim,
+        "layers": args.layers,
+        **model_overrides,
+    }
+    train_fields = {
+        "steps": args.steps,
+        "batch": args.batch,
+        "lr": args.lr,
+        "seed": args.seed,
+        "log_every": args.log_every,
+    }
     model = dataclasses.replace(
         preset.model, **{k: v for k, v in model_fields.items() if v is not None}
     )

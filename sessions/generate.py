@@ -8,7 +8,6 @@ S times the work of a cached decoder, which is nothing at this size.
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from sessions.config import UsageError

@@ -48,9 +48,11 @@ def train_loop(
     train_seconds = 0.0
     last_time, last_step = time.perf_counter(), start
     for step in range(start, steps):
-        with jax.profiler.StepTraceAnnotation("train", step_num=step):
-            with jax.transfer_guard_device_to_host("disallow"):
-                state, metrics = step_fn(state, next(batches))
+        with (
+            jax.profiler.StepTraceAnnotation("train", step_num=step),
+            jax.transfer_guard_device_to_host("disallow"),
+        ):
+            state, metrics = step_fn(state, next(batches))
         if on_step is not None:
             on_step(step, state)
         done = step + 1

@@ -19,7 +19,7 @@ from sessions.config import ModelConfig
 from sessions.positions import add_positions, init_positions
 from sessions.sharding import constrain
 
-__all__ = ["ModelConfig", "init_params", "forward"]
+__all__ = ["ModelConfig", "forward", "init_params"]
 
 
 def init_params(cfg: ModelConfig, key):

@@ -20,10 +20,12 @@ from sessions.config import UsageError
 
 
 def add_flags(parser):
-    parser.add_argument("--coordinator", default=os.environ.get("HPLLM_COORDINATOR"),
-                        help="HOST:PORT of process 0, or 'auto' on a TPU pod / SLURM")
-    parser.add_argument("--num-processes", type=int,
-                        default=_env_int("HPLLM_NUM_PROCESSES"))
+    parser.add_argument(
+        "--coordinator",
+        default=os.environ.get("HPLLM_COORDINATOR"),
+        help="HOST:PORT of process 0, or 'auto' on a TPU pod / SLURM",
+    )
+    parser.add_argument("--num-processes", type=int, default=_env_int("HPLLM_NUM_PROCESSES"))
     parser.add_argument("--process-id", type=int, default=_env_int("HPLLM_PROCESS_ID"))
 
 

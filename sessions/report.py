@@ -4,8 +4,9 @@ of the loss curve."""
 import os
 
 
-def summary_lines(history, *, train_seconds, tokens_per_step, flops_per_step, peak, n_devices,
-                  unigram, first_step):
+def summary_lines(
+    history, *, train_seconds, tokens_per_step, flops_per_step, peak, n_devices, unigram, first_step
+):
     """The closing summary. Throughput is over every step timed (compile excluded)."""
     steps = history[-1]["step"] - first_step
     seconds_per_step = train_seconds / max(steps, 1)
@@ -14,10 +15,15 @@ def summary_lines(history, *, train_seconds, tokens_per_step, flops_per_step, pe
     peak_flops, peak_source = peak
     lines = [
         "summary",
-        f"  throughput  {tokens_per_step / seconds_per_step:,.0f} tokens/s, "
-        f"{seconds_per_step * 1e3:.1f} ms/step, {achieved / n_devices / 1e12:.3f} TFLOP/s per device",
-        f"  MFU         {100 * achieved / (peak_flops * n_devices):.1f}% "
-        f"of {peak_flops / 1e12:.3f} TFLOP/s per device ({peak_source})",
+        (
+            f"  throughput  {tokens_per_step / seconds_per_step:,.0f} tokens/s, "
+            f"{seconds_per_step * 1e3:.1f} ms/step, "
+            f"{achieved / n_devices / 1e12:.3f} TFLOP/s per device"
+        ),
+        (
+            f"  MFU         {100 * achieved / (peak_flops * n_devices):.1f}% "
+            f"of {peak_flops / 1e12:.3f} TFLOP/s per device ({peak_source})"
+        ),
         f"  train loss  {history[-1]['loss']:.3f} nats/byte",
     ]
     if val:

@@ -38,8 +38,10 @@ def main(argv=None):
     optimizer = make_optimizer(tc, tc.steps)
     state = init_state(jax.random.key(tc.seed), cfg=cfg, optimizer=optimizer)
     step_fn = make_train_step(cfg, optimizer, jit=False)  # op by op
-    print(f"session 1 | {device.device_kind} | feed-forward only, eager | "
-          f"batch {tc.batch} x seq {cfg.seq} | unigram baseline {unigram:.3f} nats/byte")
+    print(
+        f"session 1 | {device.device_kind} | feed-forward only, eager | "
+        f"batch {tc.batch} x seq {cfg.seq} | unigram baseline {unigram:.3f} nats/byte"
+    )
 
     start = time.perf_counter()
     for step in range(tc.steps):
@@ -50,10 +52,14 @@ def main(argv=None):
         if (step + 1) % tc.log_every == 0 or step + 1 == tc.steps:
             elapsed = time.perf_counter() - start
             tokens = (step + 1) * tc.batch * cfg.seq
-            print(f"step {step + 1:>5} | loss {float(metrics['loss']):.3f} | "
-                  f"{tokens / elapsed:,.0f} tok/s")
-    print(f"done in {time.perf_counter() - start:.1f} s; a model that sees one byte at a "
-          f"time cannot go much below a bigram model's loss: attention is next (s2_train.py)")
+            print(
+                f"step {step + 1:>5} | loss {float(metrics['loss']):.3f} | "
+                f"{tokens / elapsed:,.0f} tok/s"
+            )
+    print(
+        f"done in {time.perf_counter() - start:.1f} s; a model that sees one byte at a "
+        f"time cannot go much below a bigram model's loss: attention is next (s2_train.py)"
+    )
     return 0
 
 

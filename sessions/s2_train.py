@@ -29,9 +29,14 @@ import numpy as np
 from roofline.flops import napkin_train_flops, param_count, train_flops
 from roofline.hardware import local_peak_flops
 from sessions import data, multihost, sharding
-from sessions.cli import ArgumentParser, add_shape_flags, configs_from_args, non_negative_int
-from sessions.cli import positive_int, run_main
-from sessions.config import UsageError
+from sessions.cli import (
+    ArgumentParser,
+    add_shape_flags,
+    configs_from_args,
+    non_negative_int,
+    positive_int,
+    run_main,
+)
 from sessions.generate import generate
 from sessions.loop import TrainingDiverged, train_loop
 from sessions.prefetch import Prefetcher, Synchronous
@@ -45,22 +50,35 @@ def parse_args(argv):
     parser = ArgumentParser(prog="s2_train.py", description=__doc__.split("\n\n")[0])
     add_shape_flags(parser)
     parser.add_argument("--mesh", help="axis=size,... over data, fsdp, tp (default: fsdp=all)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"],
-                        help="matmul dtype (default: bfloat16 on GPU/TPU, float32 on CPU)")
-    parser.add_argument("--attention-impl", choices=["einsum", "fused"],
-                        help="einsum by hand, or jax.nn.dot_product_attention (default on GPU)")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="matmul dtype (default: bfloat16 on GPU/TPU, float32 on CPU)",
+    )
+    parser.add_argument(
+        "--attention-impl",
+        choices=["einsum", "fused"],
+        help="einsum by hand, or jax.nn.dot_product_attention (default on GPU)",
+    )
     parser.add_argument("--no-attention", action="store_true")
     parser.add_argument("--no-positions", action="store_true")
     parser.add_argument("--no-jit", action="store_true")
     parser.add_argument("--no-overlap", action="store_true")
-    parser.add_argument("--data-delay-ms", type=non_negative_int, default=0,
-                        help="sleep this long per batch: simulated slow storage")
+    parser.add_argument(
+        "--data-delay-ms",
+        type=non_negative_int,
+        default=0,
+        help="sleep this long per batch: simulated slow storage",
+    )
     parser.add_argument("--eval-every", type=positive_int)
     parser.add_argument("--metrics-out", help="write one JSON object per logged step here")
     parser.add_argument("--run-dir", default="runs/s2", help="loss curve and outputs go here")
     parser.add_argument("--profile", metavar="DIR", help="trace a few steps into DIR (xprof)")
-    parser.add_argument("--show-sharding", action="store_true",
-                        help="print each weight's sharding even on one device")
+    parser.add_argument(
+        "--show-sharding",
+        action="store_true",
+        help="print each weight's sharding even on one device",
+    )
     parser.add_argument("--prompt", help=f"start of the sample (default: '{PROMPT}')")
     parser.add_argument("--sample-bytes", type=non_negative_int, default=300)
     multihost.add_flags(parser)
@@ -110,28 +128,43 @@ def main(argv=None):
         n_params = param_count(cfg)
         flops = train_flops(cfg, B)
         peak = local_peak_flops(cfg.dtype)
-        say(f"session 2 | preset {preset} | {len(devices)} x {devices[0].device_kind} "
-            f"({jax.process_count()} process{'es' if jax.process_count() > 1 else ''})")
-        say(f"model: L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
+        say(
+            f"session 2 | preset {preset} | {len(devices)} x {devices[0].device_kind} "
+            f"({jax.process_count()} process{'es' if jax.process_count() > 1 else ''})"
+        )
+        say(
+            f"model: L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
             f"S={S} V={cfg.vocab} | {n_params / 1e6:.2f}M params | {cfg.dtype} matmuls | "
             f"attention {'on' if cfg.attention else 'off'}, "
-            f"positions {'on' if cfg.positions else 'off'}")
-        say(f"step: {B} x {S} = {B * S:,} tokens | 6·B·P = "
+            f"positions {'on' if cfg.positions else 'off'}"
+        )
+        say(
+            f"step: {B} x {S} = {B * S:,} tokens | 6·B·P = "
             f"{napkin_train_flops(cfg, B) / 1e9:.2f} GFLOP | exact with attention = "
-            f"{flops / 1e9:.2f} GFLOP")
+            f"{flops / 1e9:.2f} GFLOP"
+        )
         say(f"peak: {peak[0] / 1e12:.3f} TFLOP/s per device ({peak[1]})")
-        say(f"data: {args.data or 'pydoc_data.topics (CPython docs)'} | {len(train_tokens):,} "
-            f"train / {len(val_tokens):,} val bytes | unigram baseline {unigram:.3f} nats/byte")
+        say(
+            f"data: {args.data or 'pydoc_data.topics (CPython docs)'} | {len(train_tokens):,} "
+            f"train / {len(val_tokens):,} val bytes | unigram baseline {unigram:.3f} nats/byte"
+        )
         if mesh.size > 1 or args.show_sharding:
             for line in sharding.describe(state["params"], state_shardings["params"], mesh):
                 say(line)
         held, total = sharding.bytes_per_device(state, state_shardings)
-        say(f"params + optimizer state: {total / 2**20:.2f} MiB in all, "
-            f"{held / 2**20:.2f} MiB per device")
+        say(
+            f"params + optimizer state: {total / 2**20:.2f} MiB in all, "
+            f"{held / 2**20:.2f} MiB per device"
+        )
 
         # The step: forward, backward and AdamW in one compiled program.
-        step_fn = make_train_step(cfg, optimizer, jit=not args.no_jit,
-                                  state_shardings=state_shardings, batch_sharding=batch_sharding)
+        step_fn = make_train_step(
+            cfg,
+            optimizer,
+            jit=not args.no_jit,
+            state_shardings=state_shardings,
+            batch_sharding=batch_sharding,
+        )
         if not args.no_jit:
             # Compile ahead of time from shapes alone, so no step is timed with
             # compilation in it and the loop can never trigger a recompile.
@@ -142,26 +175,46 @@ def main(argv=None):
             say(f"compiled the train step in {time.perf_counter() - start:.1f} s")
 
         make_batch = functools.partial(
-            data.get_batch, train_tokens, batch=B, seq=S, seed=tc.seed,
-            rows=sharding.process_rows(batch_sharding, B, S), delay_ms=args.data_delay_ms,
+            data.get_batch,
+            train_tokens,
+            batch=B,
+            seq=S,
+            seed=tc.seed,
+            rows=sharding.process_rows(batch_sharding, B, S),
+            delay_ms=args.data_delay_ms,
         )
         place = functools.partial(sharding.place_batch, sharding=batch_sharding)
         loader_cls = Synchronous if args.no_overlap else Prefetcher
         evaluate = make_evaluator(cfg, val_tokens, tc, batch_sharding, jit=not args.no_jit)
         profiler = Profiler(args.profile, tc.steps) if args.profile else None
 
-        metrics_file = open(args.metrics_out, "w") if args.metrics_out and is_main else None
-        with loader_cls(make_batch, place, start=0) as batches, \
-                metrics_file or contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            batches = stack.enter_context(loader_cls(make_batch, place, start=0))
+            metrics_file = None
+            if args.metrics_out and is_main:
+                metrics_file = stack.enter_context(open(args.metrics_out, "w"))
             state, history, seconds = train_loop(
-                step_fn, state, batches, start=0, steps=tc.steps, log_every=tc.log_every,
-                tokens_per_step=B * S, flops_per_step=flops, peak_flops=peak[0],
-                n_devices=len(devices), evaluate=evaluate, eval_every=tc.eval_every, log=say,
-                metrics_file=metrics_file, on_step=profiler,
+                step_fn,
+                state,
+                batches,
+                start=0,
+                steps=tc.steps,
+                log_every=tc.log_every,
+                tokens_per_step=B * S,
+                flops_per_step=flops,
+                peak_flops=peak[0],
+                n_devices=len(devices),
+                evaluate=evaluate,
+                eval_every=tc.eval_every,
+                log=say,
+                metrics_file=metrics_file,
+                on_step=profiler,
             )
         if profiler:
-            say(f"profile written to {args.profile}; open it with: "
-                f"xprof --logdir {args.profile} --port 8791")
+            say(
+                f"profile written to {args.profile}; open it with: "
+                f"xprof --logdir {args.profile} --port 8791"
+            )
 
     # A sample, then the summary a student compares across runs.
     params = multihost.gather(state["params"])
@@ -170,9 +223,16 @@ def main(argv=None):
         prompt = args.prompt or PROMPT[: cfg.seq // 2]
         text = generate(params, cfg, prompt, args.sample_bytes, jax.random.key(tc.seed + 1))
         say("sample:\n" + text)
-    for line in summary_lines(history, train_seconds=seconds, tokens_per_step=B * S,
-                              flops_per_step=flops, peak=peak, n_devices=len(devices),
-                              unigram=unigram, first_step=0):
+    for line in summary_lines(
+        history,
+        train_seconds=seconds,
+        tokens_per_step=B * S,
+        flops_per_step=flops,
+        peak=peak,
+        n_devices=len(devices),
+        unigram=unigram,
+        first_step=0,
+    ):
         say(line)
     if is_main:
         path = os.path.join(args.run_dir, "loss.png")
@@ -188,8 +248,7 @@ def make_evaluator(cfg, val_tokens, tc, batch_sharding, jit=True):
     rows = sharding.process_rows(batch_sharding, B, S)
     batches = [
         sharding.place_batch(
-            data.get_batch(val_tokens, i, batch=B, seq=S, seed=tc.seed, stream=data.VAL,
-                           rows=rows),
+            data.get_batch(val_tokens, i, batch=B, seq=S, seed=tc.seed, stream=data.VAL, rows=rows),
             batch_sharding,
         )
         for i in range(tc.eval_batches)

@@ -152,9 +152,7 @@ def describe(params, shardings, mesh):
     for (path, leaf), sharding in zip(flat, flat_shardings):
         name = jax.tree_util.keystr(path, simple=True, separator="/")
         shard = sharding.shard_shape(leaf.shape)
-        lines.append(
-            f"  {name:<22} {str(leaf.shape):>16} {str(sharding.spec):<24} {str(shard):>16}"
-        )
+        lines.append(f"  {name:<22} {leaf.shape!s:>16} {sharding.spec!s:<24} {shard!s:>16}")
     return lines
 
 

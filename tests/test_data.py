@@ -87,8 +87,8 @@ def test_bad_data_is_a_usage_error(tmp_path, content, message):
 
 
 def test_prefetcher_yields_the_synchronous_batches_in_order():
-    make = lambda step: batch(step)  # noqa: E731
-    place = lambda b: {k: v + 0 for k, v in b.items()}  # noqa: E731
+    make = lambda step: batch(step)
+    place = lambda b: {k: v + 0 for k, v in b.items()}
     sync = Synchronous(make, place, start=7)
     with Prefetcher(make, place, start=7, depth=3) as ahead:
         for _ in range(10):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sessions.attention import attention, einsum_attention, fused_attention
-from sessions.model import ModelConfig, forward, init_params
+from sessions.model import forward, init_params
 from sessions.train import cross_entropy
 
 B, S = 2, 6

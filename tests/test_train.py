@@ -19,20 +19,29 @@ DEVICE = jax.devices()[0]
 
 def setup(cfg, tc, steps):
     optimizer = make_optimizer(tc, steps)
-    state = jax.device_put(init_state(jax.random.key(tc.seed), cfg=cfg, optimizer=optimizer),
-                           DEVICE)
+    state = jax.device_put(
+        init_state(jax.random.key(tc.seed), cfg=cfg, optimizer=optimizer), DEVICE
+    )
     train, _ = data.split(data.default_corpus(), cfg.seq)
-    make_batch = functools.partial(data.get_batch, train, batch=tc.batch, seq=cfg.seq,
-                                   seed=tc.seed)
+    make_batch = functools.partial(data.get_batch, train, batch=tc.batch, seq=cfg.seq, seed=tc.seed)
     return optimizer, state, make_batch
 
 
 def run_loop(step_fn, state, make_batch, steps, log_every, **kw):
     place = functools.partial(jax.device_put, device=DEVICE)
     return train_loop(
-        step_fn, state, Synchronous(make_batch, place), start=0, steps=steps,
-        log_every=log_every, tokens_per_step=1, flops_per_step=1, peak_flops=1, n_devices=1,
-        log=lambda line: None, **kw,
+        step_fn,
+        state,
+        Synchronous(make_batch, place),
+        start=0,
+        steps=steps,
+        log_every=log_every,
+        tokens_per_step=1,
+        flops_per_step=1,
+        peak_flops=1,
+        n_devices=1,
+        log=lambda line: None,
+        **kw,
     )
 
 
