@@ -56,6 +56,15 @@ def measure(dtype="float32", n=None):
     return {"matmul_flops": flops, "copy_bandwidth": bandwidth, "n": n}
 
 
+def cached(dtype="float32"):
+    """The cached measurement for this device and dtype, or None: never measures."""
+    try:
+        with open(CACHE) as f:
+            return json.load(f).get(device_key(dtype))
+    except (OSError, ValueError):
+        return None
+
+
 def measured(dtype="float32", refresh=False):
     """The cached measurement for this device and dtype, measuring if absent."""
     key = device_key(dtype)

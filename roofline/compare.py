@@ -26,6 +26,23 @@ from roofline.profile import KIND_NOTES, KINDS, open_command, read_trace
 METADATA = "roofline.json"  # written beside a trace: what ran, so `compare LOGDIR` can redo the table
 
 
+def compile_train_step(cfg, tc):
+    """The course's training step (sessions/train.py), compiled from shapes alone
+    on one device: what XLA's cost analysis is asked about."""
+    import functools
+
+    import numpy as np
+
+    from sessions.train import init_state, make_optimizer, make_train_step
+
+    optimizer = make_optimizer(tc, tc.steps)
+    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
+    state = jax.eval_shape(init, jax.random.key(tc.seed))
+    tokens = jax.ShapeDtypeStruct((tc.batch, cfg.seq), np.int32)
+    step = make_train_step(cfg, optimizer)
+    return step.lower(state, {"inputs": tokens, "targets": tokens}).compile()
+
+
 def xla_cost(compiled_or_cost, devices=None):
     """(FLOPs, bytes accessed) of a whole step from XLA's cost analysis.
 

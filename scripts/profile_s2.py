@@ -10,21 +10,18 @@ analysis, reads the trace back, prints the three columns (napkin, XLA,
 measured), and checks the trace's MFU against the training log's own.
 """
 
-import functools
 import json
 import os
 import statistics
 import sys
 
 import jax
-import numpy as np
 
-from roofline.compare import profile_comparison, report_lines, xla_cost
+from roofline.compare import compile_train_step, profile_comparison, report_lines, xla_cost
 from roofline.hardware import local_peak_flops
 from sessions import s2_train
 from sessions.cli import ArgumentParser, positive_int
 from sessions.config import PRESETS
-from sessions.train import init_state, make_optimizer, make_train_step
 
 
 def parse_args(argv):
@@ -40,16 +37,6 @@ def parse_args(argv):
     if args.steps < 4:
         parser.error("--steps must be at least 4: steps 1-3 are traced")
     return args
-
-
-def compile_step(cfg, tc):
-    """The training step compiled from shapes alone, for XLA's cost analysis."""
-    optimizer = make_optimizer(tc, tc.steps)
-    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
-    state = jax.eval_shape(init, jax.random.key(tc.seed))
-    tokens = jax.ShapeDtypeStruct((tc.batch, cfg.seq), np.int32)
-    step = make_train_step(cfg, optimizer)
-    return step.lower(state, {"inputs": tokens, "targets": tokens}).compile()
 
 
 def main(argv=None):
@@ -68,7 +55,7 @@ def main(argv=None):
     # The same configuration s2_train.py resolved from these flags.
     _, cfg, tc = s2_train.choose_configs(s2_train.parse_args(s2_argv))
     peak = local_peak_flops(cfg.dtype)
-    c = profile_comparison(args.logdir, cfg, tc.batch, xla_cost(compile_step(cfg, tc)), peak,
+    c = profile_comparison(args.logdir, cfg, tc.batch, xla_cost(compile_train_step(cfg, tc)), peak,
                            devices=jax.device_count())
     print()
     for line in report_lines(c, args.logdir):

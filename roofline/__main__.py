@@ -1,0 +1,202 @@
+"""python -m roofline: predict a training step's cost, measure it, compare.
+
+    python -m roofline chips                                  # the chip table, with sources
+    python -m roofline calibrate                              # measure this machine, cache it
+    python -m roofline predict --preset gpt2 --batch 32 --chip h100
+    python -m roofline compare runs/profile_s2                # a trace, read back
+
+Bad input (an unknown chip or preset, a number that is not positive, a
+directory with no trace) is one line on stderr and exit status 2.
+"""
+
+import dataclasses
+import os
+import sys
+
+from roofline import calibrate
+from roofline.compare import (
+    compare,
+    compile_train_step,
+    load_metadata,
+    local_roofs,
+    report_lines,
+    xla_cost,
+)
+from roofline.flops import ledger_lines, train_bytes
+from roofline.hardware import CHIPS, find_chip, measured_chip
+from roofline.predict import predict_train_step
+from roofline.profile import read_trace
+from sessions.cli import ArgumentParser, positive_int
+from sessions.config import PRESETS, UsageError
+
+
+def parse_args(argv):
+    parser = ArgumentParser(prog="python -m roofline", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("chips", help="the chip table: peaks, bandwidths, sources")
+
+    cal = commands.add_parser("calibrate", help="measure this machine's matmul FLOP/s and "
+                              "copy bandwidth, and cache them")
+    cal.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+
+    pred = commands.add_parser("predict", help="the best case for one training step on a chip")
+    add_model_flags(pred)
+    pred.add_argument("--chip", default="local",
+                      help=f"one of {', '.join(sorted(CHIPS))}, or local (measured; the default)")
+    pred.add_argument("--dtype", choices=["bfloat16", "float32", "tf32"],
+                      help="matmul dtype (default: bfloat16 on a table chip, float32 locally)")
+    pred.add_argument("--chips", type=positive_int, default=1, help="chips sharing the step")
+
+    comp = commands.add_parser("compare", help="napkin vs XLA vs a trace written by "
+                               "scripts/profile_s2.py or s2_train.py --profile")
+    comp.add_argument("logdir", help="the directory given to --profile")
+    add_model_flags(comp, preset_default=None)
+    return parser.parse_args(argv)
+
+
+def add_model_flags(parser, preset_default="cpu"):
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=preset_default,
+                        help=f"named shapes (default: {preset_default})")
+    parser.add_argument("--batch", type=positive_int, help="sequences per step (default: preset's)")
+    for flag in ("seq", "embed", "ff", "heads", "head-dim", "layers", "vocab"):
+        parser.add_argument(f"--{flag}", type=positive_int)
+    parser.add_argument("--attention-impl", choices=["einsum", "fused"],
+                        help="einsum keeps the [B, H, S, S] probabilities for backward; fused does not")
+
+
+def model_from_args(args, **overrides):
+    """(ModelConfig, TrainConfig) of the preset, with the shape flags applied."""
+    preset = PRESETS[args.preset]
+    shape = {"seq": args.seq, "embed": args.embed, "ff": args.ff, "heads": args.heads,
+             "head_dim": args.head_dim, "layers": args.layers, "vocab": args.vocab,
+             "attention_impl": args.attention_impl, **overrides}
+    cfg = dataclasses.replace(preset.model, **{k: v for k, v in shape.items() if v is not None})
+    tc = dataclasses.replace(preset.train, batch=args.batch or preset.train.batch)
+    return cfg, tc
+
+
+def chips_lines():
+    def tflops(chip, dtype):
+        return f"{chip.flops[dtype] / 1e12:,.1f}" if dtype in chip.flops else "-"
+
+    row = "{:<11}{:>7}{:>8}{:>7}{:>10}{:>8}{:>9}{:>8}  {}".format
+    lines = [
+        "peak dense TFLOP/s per chip, memory, interconnect (bidirectional, per chip); "
+        + "ridge = bf16 peak / HBM bandwidth",
+        row("chip", "bf16", "tf32", "fp32", "HBM GB/s", "HBM GB", "ICI GB/s", "ridge", "source"),
+    ]
+    for name, chip in CHIPS.items():
+        if name != chip.name:
+            lines.append(f"{name:<11}the same as {chip.name}")
+            continue
+        link = f"{chip.interconnect / 1e9:,.0f}" if chip.interconnect else "-"
+        lines.append(row(name, tflops(chip, "bfloat16"), tflops(chip, "tf32"),
+                         tflops(chip, "float32"), f"{chip.hbm_bandwidth / 1e9:,.0f}",
+                         f"{chip.hbm_bytes / 1e9:,.0f}", link, f"{chip.ridge('bfloat16'):,.0f}",
+                         chip.source))
+    local = calibrate.cached("float32")
+    if local:
+        lines.append(f"local      {local['matmul_flops'] / 1e12:.3f} TFLOP/s float32 matmul, "
+                     f"{local['copy_bandwidth'] / 1e9:,.1f} GB/s copy: measured, cached in "
+                     f"{calibrate.CACHE}")
+    else:
+        lines.append("local      not measured yet: python -m roofline calibrate")
+    return lines
+
+
+def calibrate_lines(dtype):
+    m = calibrate.measured(dtype, refresh=True)
+    return [
+        f"{calibrate.device_key(dtype)}",
+        f"  matmul  {m['matmul_flops'] / 1e12:.3f} TFLOP/s ({m['n']} x {m['n']} {dtype}, best of 5)",
+        f"  copy    {m['copy_bandwidth'] / 1e9:,.1f} GB/s (read + write of a large array)",
+        f"cached in {calibrate.CACHE}",
+    ]
+
+
+def predict_lines(args):
+    if args.chip == "local":
+        dtype = args.dtype or "float32"
+        chip = measured_chip("float32" if dtype == "tf32" else dtype)
+    else:
+        try:
+            chip = find_chip(args.chip)
+        except KeyError as e:
+            raise UsageError(e.args[0]) from None
+        dtype = args.dtype or "bfloat16"
+    # tf32 is a float32 matmul mode: activations stay float32.
+    cfg, tc = model_from_args(args, dtype="float32" if dtype == "tf32" else dtype)
+    batch = tc.batch
+    p = predict_train_step(cfg, batch, chip, dtype=dtype, chips=args.chips)
+    b = train_bytes(cfg, batch)
+    kept = "with" if cfg.attention and cfg.attention_impl == "einsum" else "without"
+    return [
+        f"predict: preset {args.preset} | {batch} x {cfg.seq} = {batch * cfg.seq:,} tokens per step"
+        + f" | L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim}"
+        + f" V={cfg.vocab} | {dtype}, {cfg.attention_impl} attention",
+        f"chip: {args.chips} x {chip.name}: {chip.peak(dtype) / 1e12:,.1f} TFLOP/s {dtype}, "
+        + f"{chip.hbm_bandwidth / 1e9:,.0f} GB/s memory ({chip.source})",
+        "",
+        *ledger_lines(cfg, batch),
+        "",
+        f"bytes per step, lower bound: {b.total / 1e9:,.2f} GB",
+        f"  weights read once       {b.weights / 1e9:10,.2f} GB   float32 master copy",
+        f"  gradients written once  {b.gradients / 1e9:10,.2f} GB   float32",
+        f"  optimizer (AdamW)       {b.optimizer / 1e9:10,.2f} GB   "
+        + "reads weights, gradients, m, v; writes weights, m, v",
+        f"  activations for backward{b.activations / 1e9:10,.2f} GB   "
+        + f"written and read once, {kept} the attention probabilities",
+        "",
+        "roofline (lower bounds: no step can be faster)",
+        f"  compute-bound  {p.compute_s * 1e3:10,.2f} ms   exact FLOPs / (chips x peak)",
+        f"  memory-bound   {p.memory_s * 1e3:10,.2f} ms   bytes / (chips x bandwidth)",
+        f"  intensity {p.intensity:,.1f} FLOP/byte against a ridge of {p.ridge:,.1f}: "
+        + f"{p.bound}-bound",
+        f"  best case: {p.step_s * 1e3:,.2f} ms per step, {p.tokens_per_s:,.0f} tokens/s "
+        + f"(MFU {100 * p.compute_s / p.step_s:.0f}% at that speed)",
+    ]
+
+
+def compare_lines(args):
+    if not os.path.isdir(args.logdir):
+        raise UsageError(f"no such directory: {args.logdir}")
+    try:
+        trace = read_trace(args.logdir)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    saved = load_metadata(args.logdir)
+    if args.preset:  # the model given on the command line: XLA's count compiled afresh
+        cfg, tc = model_from_args(args)
+        batch, cost, devices = tc.batch, xla_cost(compile_train_step(cfg, tc)), 1
+    elif saved:
+        cfg, batch, cost, devices = saved
+    else:
+        raise UsageError(f"{args.logdir} has no roofline.json saying what ran; "
+                         "name the model: --preset NAME [--batch N ...]")
+    datasheet, peak, bandwidth = local_roofs(cfg.dtype, devices)
+    c = compare(cfg, batch, cost=cost, trace=trace, devices=devices, datasheet=datasheet,
+                measured_peak=peak, measured_bandwidth=bandwidth)
+    return report_lines(c, args.logdir)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        if args.command == "chips":
+            lines = chips_lines()
+        elif args.command == "calibrate":
+            lines = calibrate_lines(args.dtype)
+        elif args.command == "predict":
+            lines = predict_lines(args)
+        else:
+            lines = compare_lines(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in lines:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
