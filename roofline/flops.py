@@ -26,6 +26,7 @@ def count_params(tree):
     return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
 
 
+@functools.cache  # a frozen ModelConfig is hashable, and P depends on it alone
 def param_count(cfg):
     """P for a ModelConfig, without building the params."""
     from sessions.model import init_params

@@ -1,0 +1,326 @@
+"""roofline/: counts equal hand counts, XLA agrees with the exact count, a
+trace reads back into steps, every chip has a source, predictions obey the
+roofline, and the CLI answers bad input on one line with exit status 2."""
+
+import dataclasses
+import functools
+import itertools
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import PYTHON, REPO, subprocess_env
+
+import roofline.__main__ as cli
+from roofline import compare as compare_module
+from roofline.compare import compare, profile_table, roofline_chart, table_lines, xla_cost
+from roofline.flops import count_params, ledger, param_count, train_bytes, train_flops
+from roofline.hardware import CHIPS, chip_for_kind, find_chip
+from roofline.predict import predict, predict_train_step, utilisation
+from roofline.profile import KINDS, capture, classify_hlo, read_trace
+from sessions.config import PRESETS, ModelConfig, TrainConfig
+from sessions.model import init_params
+from sessions.train import init_state, make_optimizer, make_train_step
+
+
+def hand_params(cfg):
+    """P written out: the embedding [V, E] (tied to the output), the positional
+    table [S, E], the final norm [E], and per layer two norms [E], q, k, v
+    [E, H, D], o [H, D, E], and the MLP's [E, F] and [F, E]."""
+    V, E, F, H, D, L, S = cfg.vocab, cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.seq
+    return V * E + S * E + E + L * (E + E + 4 * E * H * D + 2 * E * F)
+
+
+def hand_flops(cfg, B):
+    """The training step written out, per the course: each matmul costs 2 FLOPs
+    per weight per token forward and twice that backward (6 in all); the matmuls
+    are, per layer, q, k, v, o (E·H·D weights each) and the MLP's two (E·F
+    each), and the tied output projection (V·E); the embedding lookup costs
+    nothing. Attention per layer, forward: q·k and probs·v, 2·B·S·S·H·D each,
+    and its backward twice that."""
+    V, E, F, H, D, L, S = cfg.vocab, cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.seq
+    tokens = B * S
+    matmuls = 6 * tokens * (L * (4 * E * H * D + 2 * E * F) + V * E)
+    attention = 3 * L * (2 * 2 * B * S * S * H * D)
+    return matmuls, attention
+
+
+@pytest.mark.parametrize("name", ["tiny", "course"])
+def test_parameter_and_flop_counts_equal_hand_counts(name):
+    cfg, B = PRESETS[name].model, PRESETS[name].train.batch
+    P = hand_params(cfg)
+    matmuls, attention = hand_flops(cfg, B)
+    tokens = B * cfg.seq
+    g = ledger(cfg, B)
+    assert param_count(cfg) == P == g.params
+    assert g.napkin == 6 * tokens * P
+    assert g.matmul == matmuls
+    assert g.exact == train_flops(cfg, B) == matmuls + attention
+    assert g.exact_causal == matmuls + attention // 2
+    assert g.forward == (matmuls + attention) // 3
+    assert g.kaplan == 6 * tokens * (P - cfg.vocab * cfg.embed - cfg.seq * cfg.embed)
+
+
+def test_param_count_of_a_real_tree():
+    cfg = PRESETS["tiny"].model
+    assert count_params(init_params(cfg, jax.random.key(0))) == hand_params(cfg)
+    no_attention = dataclasses.replace(cfg, attention=False, positions=False)
+    V, E, F, L = cfg.vocab, cfg.embed, cfg.ff, cfg.layers
+    assert param_count(no_attention) == V * E + E + L * (E + 2 * E * F)
+    assert ledger(no_attention, 2).attention_full == 0
+
+
+def test_bytes_lower_bound_by_hand():
+    cfg, B = PRESETS["tiny"].model, 2
+    V, E, F, H, D, L, S = cfg.vocab, cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.seq
+    P, tokens, f32 = hand_params(cfg), B * S, 4
+    kept = tokens * (L * (E + 3 * H * D + H * D + E + 2 * F) + E) * f32  # float32 activations
+    kept += L * B * H * S * S * f32 + tokens * V * 4  # einsum attention's probabilities, logits
+    b = train_bytes(cfg, B)
+    assert (b.weights, b.gradients, b.optimizer) == (4 * P, 4 * P, 28 * P)
+    assert b.activations == 2 * kept  # written forward, read backward
+    assert b.total == 36 * P + 2 * kept
+    fused = train_bytes(dataclasses.replace(cfg, attention_impl="fused", dtype="bfloat16"), B)
+    assert fused.activations < b.activations  # no probabilities, half the bytes per value
+
+
+# The shape XLA's count is checked at. At the tiny preset (E=48, 1,024 tokens)
+# elementwise work XLA also counts is ~5% of the step: AdamW alone is ~19
+# FLOPs per parameter against 6·tokens for the matmuls, and GELU, softmax and
+# the norms add a share that falls as 1/E. At E=192 and 512 tokens all of it
+# is ~2%, so within 3% checks the matmul count rather than the elementwise
+# work, while compiling in about a second. Sizes still differ pairwise.
+XLA_CFG = ModelConfig(embed=192, ff=512, heads=3, head_dim=48, layers=2, seq=64)
+XLA_BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def compiled_step():
+    """(step function, compiled program, state) for XLA_CFG, compiled once."""
+    tc = TrainConfig(batch=XLA_BATCH, steps=10, warmup=2)
+    optimizer = make_optimizer(tc, tc.steps)
+    init = functools.partial(init_state, cfg=XLA_CFG, optimizer=optimizer)
+    state = jax.device_put(init(jax.random.key(0)), jax.devices()[0])
+    tokens = jax.ShapeDtypeStruct((XLA_BATCH, XLA_CFG.seq), np.int32)
+    compiled = make_train_step(XLA_CFG, optimizer).lower(
+        state, {"inputs": tokens, "targets": tokens}).compile()
+    return compiled, state
+
+
+def test_xla_flops_agree_with_the_exact_count(compiled_step):
+    compiled, _ = compiled_step
+    flops, bytes_accessed = xla_cost(compiled)
+    exact = train_flops(XLA_CFG, XLA_BATCH)
+    assert exact <= flops <= 1.03 * exact  # XLA adds the elementwise work, nothing else
+    assert bytes_accessed > train_bytes(XLA_CFG, XLA_BATCH).weights
+    # cost_analysis() may be a dict or a list of one dict per program.
+    assert xla_cost([compiled.cost_analysis()]) == xla_cost(compiled.cost_analysis())
+
+
+def test_xla_counts_two_flops_per_multiply_add():
+    B, E, F = 6, 24, 40
+    x, w = jax.ShapeDtypeStruct((B, E), jnp.float32), jax.ShapeDtypeStruct((E, F), jnp.float32)
+    compiled = jax.jit(lambda x, w: jnp.einsum("BE,EF->BF", x, w)).lower(x, w).compile()
+    assert xla_cost(compiled)[0] == 2 * B * E * F
+
+
+@pytest.fixture(scope="module")
+def trace(compiled_step, tmp_path_factory):
+    """Three traced steps of the compiled step: (logdir, run dir)."""
+    compiled, state = compiled_step
+    state = jax.tree.map(jnp.copy, state)  # the step donates its state
+    rng = np.random.default_rng(0)
+    batch = {k: jnp.asarray(rng.integers(0, 256, (XLA_BATCH, XLA_CFG.seq)), jnp.int32)
+             for k in ("inputs", "targets")}
+    logdir = str(tmp_path_factory.mktemp("trace"))
+    _, run_dir = capture(compiled, state, itertools.repeat(batch), logdir, steps=3)
+    return logdir, run_dir
+
+
+def test_a_trace_reads_back_into_steps(trace, compiled_step):
+    logdir, run_dir = trace
+    profile = read_trace(logdir, hlo_text=compiled_step[0].as_text())
+    assert profile.run_dir == run_dir
+    assert profile.module == "jit_train_step"
+    assert [s.step for s in profile.steps] == [0, 1, 2]
+    assert profile.classified_by == "HLO"
+    for s in profile.steps:
+        assert 0 < s.busy_s <= s.wall_s
+        assert set(s.by_kind) == set(KINDS)
+        assert sum(s.by_kind.values()) == pytest.approx(s.wall_s)
+        assert s.by_kind["matmul"] > 0 and s.by_kind["collective"] == 0
+    assert sum(profile.kind_fractions().values()) == pytest.approx(1)
+
+
+def test_the_trace_carries_its_own_hlo(trace):
+    """Without the compiled program at hand, xprof's converter finds it in the trace."""
+    profile = read_trace(trace[0])
+    assert profile.classified_by == "HLO" and len(profile.steps) == 3
+
+
+def test_ops_are_classified_by_what_is_inside_them():
+    hlo = """HloModule m
+
+%fused_dot (p0: f32[4,8], p1: f32[8,2]) -> f32[4,2] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %p1 = f32[8,2]{1,0} parameter(1)
+  %d = f32[4,2]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = f32[4,2]{1,0} tanh(%d)
+}
+
+%fused_layout (p0: f32[4,8]) -> f32[8,4] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %e = f32[4,8]{1,0} exponential(%p0)
+  ROOT %c = f32[8,4]{0,1} copy(%e)
+}
+
+ENTRY %main (a: f32[4,8], b: f32[8,2]) -> (f32[4,2], f32[8,4]) {
+  %a = f32[4,8]{1,0} parameter(0)
+  %b = f32[8,2]{1,0} parameter(1)
+  %ynn_fusion.1 = f32[4,2]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_dot
+  %copy_fusion = f32[8,4]{0,1} fusion(%a), kind=kLoop, calls=%fused_layout
+  %ar = f32[4,2]{1,0} all-reduce(%ynn_fusion.1), replica_groups={}, to_apply=%fused_dot
+  %gemm = f32[4,2]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm"
+  ROOT %tuple = (f32[4,2]{1,0}, f32[8,4]{0,1}) tuple(%ar, %copy_fusion)
+}
+"""
+    kinds = classify_hlo(hlo)
+    assert kinds["ynn_fusion.1"] == "matmul"
+    assert kinds["copy_fusion"] == "copy/transpose"
+    assert kinds["ar"] == "collective"
+    assert kinds["gemm"] == "matmul"
+    assert kinds["t"] == "elementwise"
+
+
+def test_every_chip_has_a_source_and_its_figures():
+    for name, chip in CHIPS.items():
+        assert chip.source.strip(), name
+        assert chip.flops["bfloat16"] > 0 and chip.hbm_bandwidth > 0 and chip.hbm_bytes > 0
+        assert all(chip.flops["bfloat16"] >= f for f in chip.flops.values())  # dense bf16 tops
+        assert find_chip(name) is chip
+    assert CHIPS["h100"] is CHIPS["h100-sxm"]
+    with pytest.raises(KeyError, match="unknown chip"):
+        find_chip("h1000")
+
+
+@pytest.mark.parametrize("kind, name", [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+    ("NVIDIA H200", "h200"), ("TPU v5 lite", "tpu-v5e"), ("TPU v6 lite", "tpu-v6e"),
+    ("TPU v4", "tpu-v4"), ("cpu", None),
+])
+def test_device_kinds_find_their_chip(kind, name):
+    chip = chip_for_kind(kind)
+    assert (chip.name if chip else None) == name
+
+
+def test_the_roofline_by_hand():
+    p = predict(1e12, 1e9, peak_flops=1e14, bandwidth=1e12, tokens=1000)
+    assert (p.compute_s, p.memory_s, p.step_s) == pytest.approx((1e-2, 1e-3, 1e-2))
+    assert (p.intensity, p.ridge, p.bound) == (1000, 100, "compute")
+    assert p.tokens_per_s == pytest.approx(1e5)
+    p = predict(1e12, 1e11, peak_flops=1e14, bandwidth=1e12, tokens=1000, chips=4)
+    assert (p.bound, p.step_s) == ("memory", pytest.approx(0.1 / 4))
+    u = utilisation(1e12, 0.5, datasheet_peak=4e12, measured_peak=2e12)
+    assert (u.flops_per_s, u.mfu_datasheet, u.mfu_measured) == (2e12, 0.5, 1.0)
+    assert utilisation(1e12, 0.5, measured_peak=2e12).mfu_datasheet is None
+    with pytest.raises(ValueError):
+        predict(0, 1, peak_flops=1, bandwidth=1, tokens=1)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_predictions_never_beat_either_bound(preset):
+    cfg = PRESETS[preset].model
+    for chip, batch, chips, dtype in itertools.product(
+        CHIPS.values(), (1, 32, 512), (1, 8), ("bfloat16", "float32")
+    ):
+        p = predict_train_step(dataclasses.replace(cfg, dtype=dtype), batch, chip, chips=chips)
+        assert p.step_s >= p.compute_s and p.step_s >= p.memory_s
+        assert p.step_s == max(p.compute_s, p.memory_s)
+        assert (p.bound == "compute") == (p.intensity >= p.ridge)
+        assert p.tokens_per_s <= batch * cfg.seq * chips * chip.peak(dtype) / p.flops * (1 + 1e-12)
+
+
+@pytest.fixture()
+def fixed_roofs(monkeypatch):
+    """This machine's roofs, fixed: no calibration runs inside a test."""
+    roofs = (None, 1e11, 1e10)  # no datasheet, 100 GFLOP/s, 10 GB/s
+    monkeypatch.setattr(compare_module, "local_roofs", lambda dtype, devices: roofs)
+    monkeypatch.setattr(cli, "local_roofs", lambda dtype, devices: roofs)
+    return roofs
+
+
+def test_the_three_columns(trace, compiled_step, fixed_roofs, tmp_path, capsys):
+    logdir, _ = trace
+    compiled, _ = compiled_step
+    lines = profile_table(logdir, XLA_CFG, XLA_BATCH, compiled, devices=1)
+    text = "\n".join(lines)
+    for column in ("napkin", "XLA's count", "measured (trace)"):
+        assert column in text
+    assert "MFU vs measured ceiling" in text and "xprof --logdir" in text
+    c = compare(XLA_CFG, XLA_BATCH, cost=xla_cost(compiled), trace=read_trace(logdir),
+                measured_peak=1e11, measured_bandwidth=1e10)
+    assert c.use.flops_per_s == pytest.approx(train_flops(XLA_CFG, XLA_BATCH) / c.trace.step_s)
+    assert c.use.mfu_measured == pytest.approx(c.use.flops_per_s / 1e11)
+    assert c.napkin.step_s <= c.xla.step_s  # XLA moves more bytes than the lower bound
+    assert any("n/a" in line for line in table_lines(c))  # no datasheet for a CPU
+    png = roofline_chart(c, tmp_path / "roofline.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # profile_table left roofline.json, so the CLI redoes the table from the directory.
+    assert cli.main(["compare", logdir]) == 0
+    assert "measured (trace)" in capsys.readouterr().out
+
+
+def test_cli_lists_its_commands(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert all(command in out for command in ("chips", "calibrate", "predict", "compare"))
+
+
+def test_cli_predicts_gpt2_on_an_h100(capsys):
+    assert cli.main(["predict", "--preset", "gpt2", "--batch", "32", "--chip", "h100"]) == 0
+    out = capsys.readouterr().out
+    cfg = dataclasses.replace(PRESETS["gpt2"].model, dtype="bfloat16")
+    best = train_flops(cfg, 32) / 989e12  # compute-bound on the H100's bf16 peak
+    assert f"best case: {best * 1e3:,.2f} ms per step" in out
+    assert f"{32 * 1024 / best:,.0f} tokens/s" in out
+    assert "compute-bound" in out and "memory-bound" in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["predict", "--chip", "h1000"],
+    ["predict", "--preset", "gpt5"],
+    ["predict", "--batch", "0"],
+    ["predict", "--batch", "-4"],
+    ["predict", "--seq", "many"],
+    ["predict", "--chips", "0"],
+    ["compare", "/no/such/dir"],
+    ["compare"],
+    ["launch"],
+])
+def test_cli_bad_input_is_one_line_and_exit_2(argv, capsys, tmp_path):
+    try:
+        status = cli.main(argv)
+    except SystemExit as e:  # argparse's own errors
+        status = e.code
+    err = capsys.readouterr().err
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_compare_of_a_directory_without_a_trace(tmp_path, capsys):
+    assert cli.main(["compare", str(tmp_path), "--preset", "tiny"]) == 2
+    assert "no trace" in capsys.readouterr().err
+
+
+def test_cli_entry_point_exits_2_on_one_line():
+    result = subprocess.run([PYTHON, "-m", "roofline", "predict", "--chip", "h1000"], cwd=REPO,
+                            env=subprocess_env(1), capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: unknown chip 'h1000'")
+    assert len(result.stderr.strip().splitlines()) == 1
