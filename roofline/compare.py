@@ -146,13 +146,20 @@ def _pct(x):
 
 
 def table_lines(c):
-    """The comparison as text, one row per quantity, one column per source."""
-    cfg, g = c.cfg, c.ledger
-    def row(*cells):
-        return "{:<26}{:<24}{:<24}{}".format(*cells).rstrip()
+    """The comparison as text, one row per quantity, one column per source.
 
-    n, x, t, u = c.napkin, c.xla, c.trace, c.use
-    dash = "-"
+    The napkin's bytes are a lower bound, so its times are bounds (">="); XLA
+    counts every operand of every op as if nothing stayed in cache, so its
+    times are estimates ("~"), which a cache-friendly step can beat. FLOP/s
+    and MFU always count model FLOPs, the exact count with attention."""
+    cfg, g, n, x, t, u = c.cfg, c.ledger, c.napkin, c.xla, c.trace, c.use
+
+    def row(label, napkin="-", xla="-", measured="-"):
+        return f"{label:<26}{napkin:<24}{xla:<24}{measured}".rstrip()
+
+    def model_flops_per_s(prediction):  # per device, if the step took the predicted time
+        return g.exact / prediction.step_s / c.devices
+
     lines = [
         f"roofline: one training step, {c.batch} x {cfg.seq} = {g.tokens:,} tokens | "
         + f"L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} V={cfg.vocab} | "
@@ -161,51 +168,61 @@ def table_lines(c):
         + f"per device, ridge {n.ridge:,.1f} FLOP/byte",
         "",
         row("", "napkin", "XLA's count", "measured (trace)"),
-        row("FLOPs per step", f"{_g(g.napkin)} 6·B·P",
-            _g(c.xla_flops) if c.xla_flops else dash, dash),
+        row("FLOPs per step", f"{_g(g.napkin)} 6·B·P", _g(c.xla_flops) if c.xla_flops else "-"),
         row("  with attention", f"{_g(g.exact)} exact",
             f"{100 * (c.xla_flops / g.exact - 1):+.1f}% vs exact" if c.xla_flops else "", ""),
-        row("bytes per step", f">= {c.bytes_bound / 1e9:,.3f} GB",
-            f"{c.xla_bytes / 1e9:,.3f} GB" if x else dash, dash),
-        row("FLOPs per byte", f"{n.intensity:,.1f}", f"{x.intensity:,.1f}" if x else dash, dash),
-        row("bound by", n.bound, x.bound if x else dash, dash),
-        row("step time", f">= {_seconds(n.step_s)}", f">= {_seconds(x.step_s)}" if x else dash,
-            f"{_seconds(t.step_s)} median of {len(t.steps)}" if t else dash),
-        row("tokens/s", f"<= {n.tokens_per_s:,.0f}", f"<= {x.tokens_per_s:,.0f}" if x else dash,
-            f"{g.tokens / t.step_s:,.0f}" if t else dash),
     ]
-    # Utilisation always in model FLOPs (the exact count), whatever column it is in.
-    at_best = [g.exact / p.step_s / c.devices if p else None for p in (n, x)]
-    lines.append(row("TFLOP/s per device", *[f"<= {f / 1e12:.3f}" if f else dash for f in at_best],
-                     f"{u.flops_per_s / 1e12:.3f}" if u else dash))
-    if c.measured_peak:
-        lines.append(row("MFU vs measured ceiling",
-                         *[f"<= {_pct(f / c.measured_peak)}" if f else dash for f in at_best],
-                         _pct(u.mfu_measured) if u else dash))
-    if c.datasheet_name:
-        peak = c.peak
-        lines.append(row(f"MFU vs {c.datasheet_name}",
-                         *[f"<= {_pct(f / peak)}" if f else dash for f in at_best],
-                         _pct(u.mfu_datasheet) if u else dash))
+    if x:
+        lines += [
+            row("bytes per step", f">= {c.bytes_bound / 1e9:,.3f} GB", f"{c.xla_bytes / 1e9:,.3f} GB"),
+            row("FLOPs per byte", f"{n.intensity:,.1f}", f"{x.intensity:,.1f}"),
+            row("bound by", n.bound, x.bound),
+        ]
     else:
-        lines.append(row("MFU vs datasheet", "n/a: a CPU has no datasheet peak", "", ""))
-    known_peaks = [p for p in (c.measured_peak, c.peak if c.datasheet_name else None) if p]
-    if c.log_peak and u and all(abs(c.log_peak[0] / p - 1) > 1e-3 for p in known_peaks):
-        log_flops, source = c.log_peak
-        lines.append(f"  (the training log's MFU is against {log_flops / 1e12:.3f} TFLOP/s, {source}: "
-                     f"{_pct(u.flops_per_s / log_flops)})")
+        lines += [
+            row("bytes per step", f">= {c.bytes_bound / 1e9:,.3f} GB"),
+            row("FLOPs per byte", f"{n.intensity:,.1f}"),
+            row("bound by", n.bound),
+        ]
+    step = [f">= {_seconds(n.step_s)}", f"~ {_seconds(x.step_s)}" if x else "-"]
+    tokens = [f"<= {n.tokens_per_s:,.0f}", f"~ {x.tokens_per_s:,.0f}" if x else "-"]
+    flops = [f"<= {model_flops_per_s(n) / 1e12:.3f}",
+             f"~ {model_flops_per_s(x) / 1e12:.3f}" if x else "-"]
     if t:
-        lines.append("")
-        lines.append(f"where the time went (mean step, {t.devices} device(s); ops of "
-                     f"{t.module} classified by {t.classified_by}):")
+        step.append(f"{_seconds(t.step_s)} median of {len(t.steps)}")
+        tokens.append(f"{g.tokens / t.step_s:,.0f}")
+        flops.append(f"{u.flops_per_s / 1e12:.3f}")
+    lines += [row("step time", *step), row("tokens/s", *tokens),
+              row("TFLOP/s per device", *flops)]
+
+    peaks = []
+    if c.measured_peak:
+        peaks.append(("MFU vs measured ceiling", c.measured_peak, u.mfu_measured if u else None))
+    if c.datasheet_name:
+        peaks.append((f"MFU vs {c.datasheet_name}", c.peak, u.mfu_datasheet if u else None))
+    for label, peak, measured in peaks:
+        cells = [f"<= {_pct(model_flops_per_s(n) / peak)}",
+                 f"~ {_pct(model_flops_per_s(x) / peak)}" if x else "-"]
+        lines.append(row(label, *cells, _pct(measured) if measured is not None else "-"))
+    if not c.datasheet_name:
+        lines.append(row("MFU vs datasheet", "n/a: a CPU has no datasheet peak", "", ""))
+    if c.log_peak and u and all(abs(c.log_peak[0] / p - 1) > 1e-3 for _, p, _ in peaks):
+        log_flops, source = c.log_peak
+        lines.append(f"  (the training log's MFU is against {log_flops / 1e12:.3f} TFLOP/s, "
+                     f"{source}: {_pct(u.flops_per_s / log_flops)})")
+
+    if t:
+        lines += ["", f"where the time went (mean step, {t.devices} device(s); ops of "
+                      + f"{t.module} classified by {t.classified_by}):"]
         seconds, fractions = t.kind_seconds(), t.kind_fractions()
         for kind in sorted(KINDS, key=lambda k: -seconds[k]):
             lines.append(f"  {kind:<16}{_pct(fractions[kind]):>7}  {_seconds(seconds[kind]):>10}"
                          f"   {KIND_NOTES[kind]}")
-        steps = ", ".join(f"{s.step}: {_seconds(s.wall_s)}" for s in t.steps)
-        lines.append(f"  steps traced: {steps}")
-    lines.append("the model FLOPs behind TFLOP/s and MFU are the exact count with attention; "
-                 "bounds assume perfect overlap")
+        lines.append("  steps traced: " + ", ".join(f"{s.step}: {_seconds(s.wall_s)}"
+                                                    for s in t.steps))
+    lines += ["", ">= and <=: bounds from the napkin (perfect overlap, each byte moved once); "
+                  + "~: estimates from XLA's count (no byte stays in cache)",
+              "FLOP/s and MFU count model FLOPs, the exact count with attention, in every column"]
     return lines
 
 
@@ -231,7 +248,7 @@ def roofline_chart(c, path):
             label="napkin: best case (exact FLOPs, bytes lower bound)")
     if c.xla:
         ax.plot(c.xla.intensity, c.ledger.exact / c.xla.step_s / c.devices, "s",
-                label="XLA's count: best case")
+                label="XLA's count: estimate (no byte stays in cache)")
     if c.use:
         intensity = c.xla.intensity if c.xla else c.napkin.intensity
         ax.plot(intensity, c.use.flops_per_s, "*", markersize=14,
