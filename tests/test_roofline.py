@@ -16,7 +16,7 @@ from conftest import PYTHON, REPO, subprocess_env
 import roofline.__main__ as cli
 from roofline import compare as compare_module
 from roofline.compare import compare, profile_table, roofline_chart, table_lines, xla_cost
-from roofline.flops import count_params, ledger, param_count, train_bytes, train_flops
+from roofline.flops import count_params, ledger, ledger_lines, param_count, train_bytes, train_flops
 from roofline.hardware import CHIPS, chip_for_kind, find_chip
 from roofline.predict import predict, predict_train_step, utilisation
 from roofline.profile import KINDS, capture, classify_hlo, read_trace
@@ -324,3 +324,13 @@ def test_cli_entry_point_exits_2_on_one_line():
     assert result.returncode == 2
     assert result.stderr.startswith("error: unknown chip 'h1000'")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_readme_ledger_is_the_code_s():
+    """roofline/README.md quotes the ledger of the cpu preset; it must still be true."""
+    with open(f"{REPO}/roofline/README.md") as f:
+        readme = f.read().splitlines()
+    cfg, B = PRESETS["cpu"].model, PRESETS["cpu"].train.batch
+    rows = ledger_lines(cfg, B)[1:7]  # the six counts, without the title and the note
+    start = readme.index(rows[0])
+    assert readme[start:start + 6] == rows
