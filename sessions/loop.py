@@ -42,11 +42,13 @@ def train_loop(
 
     history: one dict per log line (the --metrics-out JSON objects).
     peak_flops: of one device. on_step(step, state), if given, is called after
-    every step (the profiler uses it to open and close its window).
+    every step (the profiler and the checkpoints use it); it returns the seconds
+    it spent on work of its own (a save), which are not counted as step time.
     """
     history = []
     train_seconds = 0.0
     last_time, last_step = time.perf_counter(), start
+    paused = 0.0  # seconds since last_time spent in on_step's own work
     for step in range(start, steps):
         with (
             jax.profiler.StepTraceAnnotation("train", step_num=step),
@@ -54,13 +56,13 @@ def train_loop(
         ):
             state, metrics = step_fn(state, next(batches))
         if on_step is not None:
-            on_step(step, state)
+            paused += on_step(step, state) or 0.0
         done = step + 1
         if done % log_every and done != steps:
             continue
         loss = float(metrics["loss"])  # waits for this step: the only sync between logs
         now = time.perf_counter()
-        seconds = now - last_time
+        seconds = now - last_time - paused
         train_seconds += seconds
         step_time = seconds / (done - last_step)
         record = {
@@ -81,7 +83,7 @@ def train_loop(
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()
         # Restart the clock after logging and validation: they are not step time.
-        last_time, last_step = time.perf_counter(), done
+        last_time, last_step, paused = time.perf_counter(), done, 0.0
     return state, history, train_seconds
 
 

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import signal
 import sys
 import time
 
@@ -29,6 +30,7 @@ import numpy as np
 from roofline.flops import napkin_train_flops, param_count, train_flops
 from roofline.hardware import local_peak_flops
 from sessions import data, multihost, sharding
+from sessions.checkpoint import Checkpoints
 from sessions.cli import (
     ArgumentParser,
     add_shape_flags,
@@ -37,6 +39,7 @@ from sessions.cli import (
     positive_int,
     run_main,
 )
+from sessions.config import UsageError
 from sessions.generate import generate
 from sessions.loop import TrainingDiverged, train_loop
 from sessions.prefetch import Prefetcher, Synchronous
@@ -79,6 +82,14 @@ def parse_args(argv):
         action="store_true",
         help="print each weight's sharding even on one device",
     )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=non_negative_int,
+        default=0,
+        help="save every N steps, on SIGINT/SIGTERM and at the end (0: never)",
+    )
+    parser.add_argument("--checkpoint-dir", help="default: RUN_DIR/checkpoints")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument("--prompt", help=f"start of the sample (default: '{PROMPT}')")
     parser.add_argument("--sample-bytes", type=non_negative_int, default=300)
     multihost.add_flags(parser)
@@ -109,8 +120,7 @@ def main(argv=None):
     B, S = tc.batch, cfg.seq
 
     # Data: bytes are tokens; batches are a pure function of (seed, step).
-    corpus = data.load_corpus(args.data)
-    train_tokens, val_tokens = data.split(corpus, S)
+    train_tokens, val_tokens = data.split(data.load_corpus(args.data), S)
     unigram = data.unigram_entropy(train_tokens)
 
     # Multichip: a mesh over every device of every process, checked before use.
@@ -118,61 +128,50 @@ def main(argv=None):
     sharding.check_divisible(cfg, B, sizes, jax.process_count())
     mesh = sharding.make_mesh(sizes)
     batch_sharding = sharding.batch_sharding(mesh)
+    checkpoints = open_checkpoints(args, cfg, tc)
 
     optimizer = make_optimizer(tc, tc.steps)
+    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
+    key = jax.random.key(tc.seed)
     with jax.set_mesh(mesh):
-        init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
-        state, state_shardings = sharding.init_sharded(init, jax.random.key(tc.seed), mesh)
+        # Shapes first (jax.ShapeDtypeStruct, with the rules' shardings), then
+        # each device builds, or restores, only its own shards.
+        abstract = sharding.abstract_sharded(init, key, mesh)
+        shardings = jax.tree.map(lambda x: x.sharding, abstract)
+        if args.resume:
+            try:
+                start, state = checkpoints.restore_latest(abstract, log=say)
+            except UsageError:
+                checkpoints.close()
+                raise
+            if start >= tc.steps:
+                raise UsageError(f"--resume: the run already finished ({start} steps)")
+        else:
+            start, state = 0, jax.jit(init, out_shardings=shardings)(key)
 
-        devices = jax.devices()
-        n_params = param_count(cfg)
         flops = train_flops(cfg, B)
         peak = local_peak_flops(cfg.dtype)
-        say(
-            f"session 2 | preset {preset} | {len(devices)} x {devices[0].device_kind} "
-            f"({jax.process_count()} process{'es' if jax.process_count() > 1 else ''})"
-        )
-        say(
-            f"model: L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
-            f"S={S} V={cfg.vocab} | {n_params / 1e6:.2f}M params | {cfg.dtype} matmuls | "
-            f"attention {'on' if cfg.attention else 'off'}, "
-            f"positions {'on' if cfg.positions else 'off'}"
-        )
-        say(
-            f"step: {B} x {S} = {B * S:,} tokens | 6·B·P = "
-            f"{napkin_train_flops(cfg, B) / 1e9:.2f} GFLOP | exact with attention = "
-            f"{flops / 1e9:.2f} GFLOP"
-        )
-        say(f"peak: {peak[0] / 1e12:.3f} TFLOP/s per device ({peak[1]})")
-        say(
-            f"data: {args.data or 'pydoc_data.topics (CPython docs)'} | {len(train_tokens):,} "
-            f"train / {len(val_tokens):,} val bytes | unigram baseline {unigram:.3f} nats/byte"
-        )
+        print_header(say, args, preset, cfg, tc, flops, peak, train_tokens, val_tokens, unigram)
         if mesh.size > 1 or args.show_sharding:
-            for line in sharding.describe(state["params"], state_shardings["params"], mesh):
+            for line in sharding.describe(state["params"], shardings["params"], mesh):
                 say(line)
-        held, total = sharding.bytes_per_device(state, state_shardings)
+        held, total = sharding.bytes_per_device(state, shardings)
         say(
             f"params + optimizer state: {total / 2**20:.2f} MiB in all, "
             f"{held / 2**20:.2f} MiB per device"
         )
+        if start:
+            say(f"resumed from the checkpoint at step {start}")
 
-        # The step: forward, backward and AdamW in one compiled program.
         step_fn = make_train_step(
             cfg,
             optimizer,
             jit=not args.no_jit,
-            state_shardings=state_shardings,
+            state_shardings=shardings,
             batch_sharding=batch_sharding,
         )
         if not args.no_jit:
-            # Compile ahead of time from shapes alone, so no step is timed with
-            # compilation in it and the loop can never trigger a recompile.
-            batch_shape = jax.ShapeDtypeStruct((B, S), np.int32, sharding=batch_sharding)
-            start = time.perf_counter()
-            step_fn = step_fn.lower(state, {"inputs": batch_shape, "targets": batch_shape})
-            step_fn = step_fn.compile()
-            say(f"compiled the train step in {time.perf_counter() - start:.1f} s")
+            step_fn = compile_ahead(step_fn, state, B, S, batch_sharding, say)
 
         make_batch = functools.partial(
             data.get_batch,
@@ -184,32 +183,40 @@ def main(argv=None):
             delay_ms=args.data_delay_ms,
         )
         place = functools.partial(sharding.place_batch, sharding=batch_sharding)
-        loader_cls = Synchronous if args.no_overlap else Prefetcher
+        loader = (Synchronous if args.no_overlap else Prefetcher)(make_batch, place, start=start)
         evaluate = make_evaluator(cfg, val_tokens, tc, batch_sharding, jit=not args.no_jit)
-        profiler = Profiler(args.profile, tc.steps) if args.profile else None
+        profiler = Profiler(args.profile, start, tc.steps) if args.profile else None
+        after_step = AfterStep(profiler, checkpoints)
 
         with contextlib.ExitStack() as stack:
-            batches = stack.enter_context(loader_cls(make_batch, place, start=0))
+            stack.enter_context(loader)
+            stack.callback(after_step.restore_signals)
+            if checkpoints:
+                stack.enter_context(checkpoints)
             metrics_file = None
             if args.metrics_out and is_main:
-                metrics_file = stack.enter_context(open(args.metrics_out, "w"))
+                mode = "a" if args.resume else "w"  # a resumed run continues the file
+                metrics_file = stack.enter_context(open(args.metrics_out, mode))
             state, history, seconds = train_loop(
                 step_fn,
                 state,
-                batches,
-                start=0,
+                loader,
+                start=start,
                 steps=tc.steps,
                 log_every=tc.log_every,
                 tokens_per_step=B * S,
                 flops_per_step=flops,
                 peak_flops=peak[0],
-                n_devices=len(devices),
+                n_devices=mesh.size,
                 evaluate=evaluate,
                 eval_every=tc.eval_every,
                 log=say,
                 metrics_file=metrics_file,
-                on_step=profiler,
+                on_step=after_step,
             )
+            if checkpoints:
+                checkpoints.maybe_save(tc.steps, state, force=True)
+                say(f"checkpoint saved at step {tc.steps} in {checkpoints.directory}")
         if profiler:
             say(
                 f"profile written to {args.profile}; open it with: "
@@ -229,9 +236,9 @@ def main(argv=None):
         tokens_per_step=B * S,
         flops_per_step=flops,
         peak=peak,
-        n_devices=len(devices),
+        n_devices=mesh.size,
         unigram=unigram,
-        first_step=0,
+        first_step=start,
     ):
         say(line)
     if is_main:
@@ -239,6 +246,56 @@ def main(argv=None):
         plot_loss(history, path, unigram, f"s2_train.py --preset {preset}")
         say(f"  loss curve  {path}")
     return 0
+
+
+def print_header(say, args, preset, cfg, tc, flops, peak, train_tokens, val_tokens, unigram):
+    devices = jax.devices()
+    processes = jax.process_count()
+    say(
+        f"session 2 | preset {preset} | {len(devices)} x {devices[0].device_kind} "
+        f"({processes} process{'es' if processes > 1 else ''})"
+    )
+    say(
+        f"model: L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
+        f"S={cfg.seq} V={cfg.vocab} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype} "
+        f"matmuls | attention {'on' if cfg.attention else 'off'}, "
+        f"positions {'on' if cfg.positions else 'off'}"
+    )
+    say(
+        f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens | 6·B·P = "
+        f"{napkin_train_flops(cfg, tc.batch) / 1e9:.2f} GFLOP | exact with attention = "
+        f"{flops / 1e9:.2f} GFLOP"
+    )
+    say(f"peak: {peak[0] / 1e12:.3f} TFLOP/s per device ({peak[1]})")
+    say(
+        f"data: {args.data or 'pydoc_data.topics (CPython docs)'} | {len(train_tokens):,} "
+        f"train / {len(val_tokens):,} val bytes | unigram baseline {unigram:.3f} nats/byte"
+    )
+
+
+def compile_ahead(step_fn, state, B, S, batch_sharding, say):
+    """Compile from shapes alone, before the loop: no step is timed with
+    compilation in it, and the loop can never trigger a recompile."""
+    batch_shape = jax.ShapeDtypeStruct((B, S), np.int32, sharding=batch_sharding)
+    start = time.perf_counter()
+    compiled = step_fn.lower(state, {"inputs": batch_shape, "targets": batch_shape}).compile()
+    say(f"compiled the train step in {time.perf_counter() - start:.1f} s")
+    return compiled
+
+
+def open_checkpoints(args, cfg, tc):
+    """Checkpoints for this run, or None when it keeps none."""
+    if not (args.checkpoint_every or args.resume):
+        return None
+    directory = args.checkpoint_dir or os.path.join(args.run_dir, "checkpoints")
+    checkpoints = Checkpoints(directory, args.checkpoint_every, cfg, tc)
+    if not args.resume and checkpoints.steps():
+        checkpoints.close()
+        raise UsageError(
+            f"{checkpoints.directory} already holds checkpoints (steps {checkpoints.steps()}); "
+            "pass --resume to continue that run, or choose another --checkpoint-dir"
+        )
+    return checkpoints
 
 
 def make_evaluator(cfg, val_tokens, tc, batch_sharding, jit=True):
@@ -256,16 +313,57 @@ def make_evaluator(cfg, val_tokens, tc, batch_sharding, jit=True):
     return lambda params: float(np.mean([eval_step(params, b) for b in batches]))
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; the state was saved first."""
+
+
+class AfterStep:
+    """Runs after every step: the profiler's window, periodic checkpoints, and,
+    when SIGINT or SIGTERM arrived, a last checkpoint before stopping."""
+
+    def __init__(self, profiler, checkpoints):
+        self.profiler, self.checkpoints = profiler, checkpoints
+        self.signal = None
+        self._previous = {}
+        if checkpoints is not None:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self.signal = signal.Signals(signum).name  # acted on after the current step
+
+    def restore_signals(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def __call__(self, step, state):
+        """Returns the seconds spent saving, which are not step time."""
+        if self.profiler:
+            self.profiler(step, state)
+        saving = 0.0
+        if self.checkpoints and self.checkpoints.due(step + 1, force=self.signal is not None):
+            jax.block_until_ready(state)  # the step's own time ends here
+            start = time.perf_counter()
+            self.checkpoints.maybe_save(step + 1, state, force=True)
+            saving = time.perf_counter() - start
+        if self.signal:
+            raise Interrupted(
+                f"{self.signal} after step {step + 1}; the checkpoint is saved in "
+                f"{self.checkpoints.directory}: rerun with --resume to continue"
+            )
+        return saving
+
+
 class Profiler:
     """Traces steps first..first+count-1 with jax.profiler into logdir; the
-    first step is left out when there are others, as it may still warm up."""
+    run's first step is left out when there are others, as it may still warm up."""
 
-    def __init__(self, logdir, steps, count=3):
+    def __init__(self, logdir, start, steps, count=3):
         self.logdir = logdir
-        self.first = 1 if steps > 1 else 0
+        self.first = start + 1 if steps > start + 1 else start
         self.last = min(self.first + count, steps) - 1
         self.active = False
-        if self.first == 0:
+        if self.first == start:
             self._start()
 
     def _start(self):
@@ -288,6 +386,12 @@ def cli(argv=None):
     except TrainingDiverged as e:
         print(f"error: {e}; try a lower --lr", file=sys.stderr)
         return 1
+    except Interrupted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("stopped: interrupted (no checkpoints: pass --checkpoint-every N)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -127,14 +127,23 @@ def tree_shardings(shapes, mesh):
     )
 
 
+def abstract_sharded(init_fn, key, mesh):
+    """What init_fn(key) would build, without building it: a tree of
+    jax.ShapeDtypeStruct, each carrying the sharding its rule gives."""
+    shapes = jax.eval_shape(init_fn, key)  # shapes and dtypes only: no memory used
+    shardings = tree_shardings(shapes, mesh)
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    )
+
+
 def init_sharded(init_fn, key, mesh):
     """Run init_fn(key) so that each device builds only its own shards.
 
     Returns (tree, shardings)."""
-    shapes = jax.eval_shape(init_fn, key)  # a tree of jax.ShapeDtypeStruct: no memory used
-    shardings = tree_shardings(shapes, mesh)
-    tree = jax.jit(init_fn, out_shardings=shardings)(key)
-    return tree, shardings
+    abstract = abstract_sharded(init_fn, key, mesh)
+    shardings = jax.tree.map(lambda x: x.sharding, abstract)
+    return jax.jit(init_fn, out_shardings=shardings)(key), shardings
 
 
 def batch_sharding(mesh):

@@ -1,0 +1,162 @@
+"""Checkpoints that survive a kill, with orbax (the JAX ecosystem's checkpointer).
+
+What is saved: the train state (params and optimizer state, sharded as they
+live: each process writes its own shards), the step, and the configuration.
+The data position needs no saving: batch `step` is a pure function of (seed,
+step), so a resumed run reads exactly the batches it would have read.
+
+Why a kill cannot lose the run: orbax writes each step into a temporary
+folder and renames it into place only when complete, so a kill mid-save
+leaves the previous checkpoint whole. Corruption that happens later, on disk,
+is caught by a fingerprint of the state (a sum and a sum of squares per
+array) stored beside it and checked on restore; a damaged checkpoint is
+skipped for the one before it.
+"""
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from sessions.config import UsageError
+
+KEEP = 3  # the newest three checkpoints are kept
+
+
+@jax.jit
+def fingerprint(state):
+    """Per array, (sum, sum of squares) in float32: any changed value shows."""
+    return [
+        jnp.stack([jnp.sum(x.astype(jnp.float32)), jnp.sum(jnp.square(x.astype(jnp.float32)))])
+        for x in jax.tree.leaves(state)
+    ]
+
+
+def _fingerprint_list(state):
+    return [[float(a), float(b)] for a, b in jax.device_get(fingerprint(state))]
+
+
+def identity(cfg, tc):
+    """What must match for a checkpoint to continue this run."""
+    return {
+        "model": dataclasses.asdict(cfg),
+        "batch": tc.batch,
+        "seed": tc.seed,
+        "steps": tc.steps,
+    }
+
+
+class Checkpoints:
+    """Saves every `every` steps (and when asked) into `directory`; restores the newest."""
+
+    def __init__(self, directory, every, cfg, tc):
+        self.directory = os.path.abspath(directory)
+        self.every = every
+        self.identity = identity(cfg, tc)
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            # Synchronous: the next step donates (reuses) the state's buffers,
+            # and on a CPU an asynchronous save could still be reading them.
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=KEEP, create=True, enable_async_checkpointing=False
+            ),
+        )
+
+    def steps(self):
+        return sorted(self.manager.all_steps())
+
+    def due(self, step, force=False):
+        """Whether a save after `step` steps is called for and not yet done."""
+        wanted = force or (self.every and step % self.every == 0)
+        return bool(wanted) and step not in self.manager.all_steps()
+
+    def maybe_save(self, step, state, force=False):
+        """Save after `step` steps if it is a checkpoint step (or forced)."""
+        if not self.due(step, force):
+            return False
+        meta = {"step": step, **self.identity, "fingerprint": _fingerprint_list(state)}
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+            ),
+        )
+        return True
+
+    def restore_latest(self, like, log=print):
+        """(step, state) from the newest intact checkpoint, placed with the
+        shardings of `like` (a tree of arrays or ShapeDtypeStructs), which may
+        be another mesh than the one that saved it."""
+        steps = self.steps()
+        if not steps:
+            raise UsageError(f"--resume: no checkpoint in {self.directory}")
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like
+        )
+        for step in reversed(steps):
+            meta = self._read_meta(step)
+            if meta is None:
+                log(f"checkpoint {step}: unreadable metadata, trying the one before")
+                continue
+            self._check_compatible(meta)
+            try:
+                restored = self.manager.restore(
+                    step,
+                    args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
+                )["state"]
+            except Exception as e:  # noqa: BLE001 - any unreadable file means: try the previous
+                log(
+                    f"checkpoint {step}: cannot be read ({type(e).__name__}), trying the one before"
+                )
+                continue
+            if not np.allclose(_fingerprint_list(restored), meta["fingerprint"], rtol=1e-5):
+                log(
+                    f"checkpoint {step}: its data does not match its fingerprint, trying the one before"
+                )
+                continue
+            return step, restored
+        raise UsageError(f"--resume: every checkpoint in {self.directory} is damaged")
+
+    def _read_meta(self, step):
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+                "meta"
+            ]
+        except Exception:  # noqa: BLE001 - a damaged file reads as no metadata
+            return None
+
+    def _check_compatible(self, meta):
+        theirs = {k: meta.get(k) for k in self.identity}
+        if theirs != self.identity:
+            diffs = _differences(self.identity, theirs)
+            raise UsageError(
+                f"--resume: the checkpoint in {self.directory} is from another configuration "
+                f"({diffs}); use the same flags, or another --checkpoint-dir"
+            )
+
+    def close(self):
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _differences(ours, theirs):
+    out = []
+    for key in ours:
+        if isinstance(ours[key], dict) and isinstance(theirs.get(key), dict):
+            out += [
+                f"{k} {ours[key][k]} here, {theirs[key].get(k)} there"
+                for k in ours[key]
+                if ours[key][k] != theirs[key].get(k)
+            ]
+        elif ours[key] != theirs.get(key):
+            out.append(f"{key} {ours[key]} here, {theirs.get(key)} there")
+    return "; ".join(out)

@@ -1,0 +1,189 @@
+"""Checkpoints: a run killed at a random step resumes on the same trajectory;
+a damaged checkpoint is skipped for the one before; a checkpoint restores
+onto another mesh; and every misuse is one line with exit status 2."""
+
+import functools
+import json
+import random
+import signal
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+from conftest import PYTHON, REPO, subprocess_env
+
+from sessions import s2_train, sharding
+from sessions.checkpoint import Checkpoints
+from sessions.config import PRESETS, UsageError
+from sessions.train import init_state, make_optimizer
+
+RUN = ["--preset", "tiny", "--steps", "40", "--checkpoint-every", "10", "--log-every", "1",
+       "--sample-bytes", "0"]  # fmt: skip
+
+
+def start(tmp_path, name, *extra):
+    metrics = tmp_path / f"{name}.jsonl"
+    command = [PYTHON, "sessions/s2_train.py", *RUN, "--run-dir", str(tmp_path / name),
+               "--metrics-out", str(metrics), *extra]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=REPO, env=subprocess_env(1), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    return proc, metrics
+
+
+def losses(metrics):
+    """step -> loss; a resumed run appends, and the last word on a step wins."""
+    return {r["step"]: r["loss"] for r in map(json.loads, metrics.read_text().splitlines())}
+
+
+def wait_for_step(proc, step):
+    for line in proc.stdout:
+        if line.startswith(f"step {step:>6} "):
+            return
+    raise AssertionError(f"the run ended before step {step}")
+
+
+def test_killed_run_resumes_on_the_same_trajectory(tmp_path):
+    full, full_metrics = start(tmp_path, "full")
+    kill_after = random.randint(12, 35)
+    killed, killed_metrics = start(tmp_path, "killed")
+    wait_for_step(killed, kill_after)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert full.wait() == 0
+    resumed = subprocess.run(
+        [PYTHON, "sessions/s2_train.py", *RUN, "--run-dir", str(tmp_path / "killed"),
+         "--metrics-out", str(killed_metrics), "--resume"],
+        cwd=REPO, env=subprocess_env(1), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from the checkpoint at step" in resumed.stdout
+    expected, got = losses(full_metrics), losses(killed_metrics)
+    assert sorted(got) == list(range(1, 41)), f"killed after step {kill_after}"
+    np.testing.assert_allclose([got[s] for s in range(1, 41)],
+                               [expected[s] for s in range(1, 41)], rtol=1e-6)  # fmt: skip
+
+
+def test_sigterm_saves_then_stops_and_resume_finishes(tmp_path):
+    proc, _ = start(tmp_path, "term", "--checkpoint-every", "1000")
+    wait_for_step(proc, 5)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.stdout.read()
+    assert proc.wait() == 130, output
+    assert "SIGTERM after step" in output and "--resume" in output
+    with Checkpoints(tmp_path / "term" / "checkpoints", 0, *_tiny()) as checkpoints:
+        saved = checkpoints.steps()
+    assert len(saved) == 1 and saved[0] >= 5
+    resumed = subprocess.run(
+        [PYTHON, "sessions/s2_train.py", *RUN, "--checkpoint-every", "1000", "--run-dir",
+         str(tmp_path / "term"), "--resume"],
+        cwd=REPO, env=subprocess_env(1), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from the checkpoint at step {saved[0]}" in resumed.stdout
+
+
+def _tiny():
+    preset = PRESETS["tiny"]
+    return preset.model, preset.train
+
+
+def _state(mesh_text, seed=0):
+    cfg, tc = _tiny()
+    mesh = sharding.make_mesh(sharding.parse_mesh(mesh_text, 8))
+    init = functools.partial(init_state, cfg=cfg, optimizer=make_optimizer(tc, tc.steps))
+    abstract = sharding.abstract_sharded(init, jax.random.key(seed), mesh)
+    state, _ = sharding.init_sharded(init, jax.random.key(seed), mesh)
+    return state, abstract
+
+
+def _assert_equal_trees(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_restores_onto_another_mesh_of_the_same_size(tmp_path):
+    cfg, tc = _tiny()
+    saved, _ = _state("fsdp=8")
+    with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
+        checkpoints.maybe_save(10, saved)
+    _, abstract = _state("fsdp=4,tp=2", seed=1)
+    with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
+        step, restored = checkpoints.restore_latest(abstract, log=print)
+    assert step == 10
+    _assert_equal_trees(restored, saved)
+    for x, want in zip(jax.tree.leaves(restored), jax.tree.leaves(abstract)):
+        assert x.sharding == want.sharding
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncate"])
+def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tmp_path, damage):
+    cfg, tc = _tiny()
+    first, abstract = _state("fsdp=8", seed=0)
+    second, _ = _state("fsdp=8", seed=1)
+    with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
+        checkpoints.maybe_save(10, first)
+        checkpoints.maybe_save(20, second)
+    data_files = [p for p in (tmp_path / "20" / "state").rglob("*") if p.is_file()
+                  and "/d/" in str(p)]  # fmt: skip
+    assert data_files
+    for path in data_files:
+        raw = bytearray(path.read_bytes())
+        if damage == "truncate":
+            path.write_bytes(raw[: len(raw) // 2])
+        else:
+            mid = len(raw) // 2
+            raw[mid : mid + 8] = bytes(8 * [0xAB])
+            path.write_bytes(bytes(raw))
+    notes = []
+    with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
+        step, restored = checkpoints.restore_latest(abstract, notes.append)
+    assert step == 10
+    assert notes and notes[0].startswith("checkpoint 20:")
+    _assert_equal_trees(restored, first)
+
+
+def run_in_process(argv, capsys):
+    code = s2_train.cli(argv)
+    return code, capsys.readouterr().err
+
+
+def test_resume_with_nothing_to_resume(tmp_path, capsys):
+    code, err = run_in_process(["--preset", "tiny", "--resume", "--run-dir", str(tmp_path)],
+                               capsys)  # fmt: skip
+    assert code == 2 and "no checkpoint in" in err and len(err.strip().splitlines()) == 1
+
+
+def test_checkpoint_from_another_configuration(tmp_path, capsys):
+    cfg, tc = _tiny()
+    state, _ = _state("fsdp=8")
+    with Checkpoints(tmp_path / "checkpoints", 10, cfg, tc) as checkpoints:
+        checkpoints.maybe_save(10, state)
+    argv = ["--preset", "tiny", "--embed", "64", "--resume", "--run-dir", str(tmp_path)]
+    code, err = run_in_process(argv, capsys)
+    assert code == 2 and "another configuration" in err and "embed 64 here, 48 there" in err
+
+
+def test_a_fresh_run_never_overwrites_checkpoints(tmp_path, capsys):
+    cfg, tc = _tiny()
+    state, _ = _state("fsdp=8")
+    with Checkpoints(tmp_path / "checkpoints", 10, cfg, tc) as checkpoints:
+        checkpoints.maybe_save(10, state)
+    argv = ["--preset", "tiny", "--checkpoint-every", "5", "--run-dir", str(tmp_path)]
+    code, err = run_in_process(argv, capsys)
+    assert code == 2 and "already holds checkpoints" in err and "--resume" in err
+
+
+def test_every_checkpoint_damaged_is_an_error(tmp_path):
+    cfg, tc = _tiny()
+    state, abstract = _state("fsdp=8")
+    with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
+        checkpoints.maybe_save(10, state)
+    for path in (tmp_path / "10").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"")
+    with (
+        Checkpoints(tmp_path, 10, cfg, tc) as checkpoints,
+        pytest.raises(UsageError, match="damaged"),
+    ):
+        checkpoints.restore_latest(abstract, log=lambda line: None)
