@@ -15,6 +15,11 @@ T = 1e12
 G = 1e9
 GiB = 2**30
 
+A100_DATASHEET = (
+    "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+)
+H100_DATASHEET = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
@@ -59,20 +64,20 @@ CHIPS = {
         # nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf): bf16 312, tf32 156, fp32 19.5
         # TFLOP/s dense; 40 GB at 1555 GB/s; 80 GB SXM at 2039 GB/s; NVLink 600 GB/s.
         Chip("a100-40gb", {"bfloat16": 312 * T, "tf32": 156 * T, "float32": 19.5 * T},
-             1555 * G, 40 * G, 600 * G, "NVIDIA A100 datasheet", ("A100-SXM4-40GB", "A100-PCIE-40GB")),
+             1555 * G, 40 * G, 600 * G, A100_DATASHEET, ("A100-SXM4-40GB", "A100-PCIE-40GB")),
         Chip("a100-80gb", {"bfloat16": 312 * T, "tf32": 156 * T, "float32": 19.5 * T},
-             2039 * G, 80 * G, 600 * G, "NVIDIA A100 datasheet", ("A100",)),
+             2039 * G, 80 * G, 600 * G, A100_DATASHEET, ("A100",)),
         # NVIDIA H100 datasheet (resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet):
         # SXM: bf16 989, tf32 494.5, fp32 67 TFLOP/s dense; 80 GB at 3.35 TB/s; NVLink 900 GB/s.
         Chip("h100-sxm", {"bfloat16": 989 * T, "tf32": 494.5 * T, "float32": 67 * T},
-             3350 * G, 80 * G, 900 * G, "NVIDIA H100 datasheet", ("H100 80GB HBM3", "H100 SXM")),
+             3350 * G, 80 * G, 900 * G, H100_DATASHEET, ("H100 80GB HBM3", "H100 SXM")),
         # PCIe: bf16 756, tf32 378, fp32 51 TFLOP/s dense; 80 GB at 2.0 TB/s; NVLink bridge 600 GB/s.
         Chip("h100-pcie", {"bfloat16": 756 * T, "tf32": 378 * T, "float32": 51 * T},
-             2000 * G, 80 * G, 600 * G, "NVIDIA H100 datasheet", ("H100 PCIe",)),
+             2000 * G, 80 * G, 600 * G, H100_DATASHEET, ("H100 PCIe",)),
         # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): the H100 SXM's compute,
         # 141 GB of HBM3e at 4.8 TB/s, NVLink 900 GB/s.
         Chip("h200", {"bfloat16": 989 * T, "tf32": 494.5 * T, "float32": 67 * T},
-             4800 * G, 141 * G, 900 * G, "NVIDIA H200 datasheet", ("H200",)),
+             4800 * G, 141 * G, 900 * G, "https://www.nvidia.com/en-us/data-center/h200/", ("H200",)),
     ]
 }
 # "h100" alone means the SXM part, the one in most clusters.
