@@ -7,21 +7,26 @@
     measured   the step time from a profiler trace (roofline/profile.py),
                the FLOP/s and MFU that implies, and where the time went
 
-The napkin and XLA columns give lower bounds on the step time (the roofline:
-roofline/predict.py); the measured column says how far above them the step
+The napkin column gives lower bounds on the step time (the roofline:
+roofline/predict.py); XLA's column an estimate, as if no byte it counts
+stayed in a cache; the measured column says how far above them the step
 really ran, and why. `roofline_chart` draws the same on the roofline plot.
 """
 
 import dataclasses
+import functools
 import json
 import os
 
 import jax
+import numpy as np
 
 from roofline.flops import ledger, train_bytes
 from roofline.hardware import datasheet_chip, measured_chip
 from roofline.predict import predict, utilisation
 from roofline.profile import KIND_NOTES, KINDS, open_command, read_trace
+from sessions.config import ModelConfig
+from sessions.train import init_state, make_optimizer, make_train_step
 
 METADATA = "roofline.json"  # written beside a trace: what ran, so `compare LOGDIR` can redo the table
 
@@ -29,12 +34,6 @@ METADATA = "roofline.json"  # written beside a trace: what ran, so `compare LOGD
 def compile_train_step(cfg, tc):
     """The course's training step (sessions/train.py), compiled from shapes alone
     on one device: what XLA's cost analysis is asked about."""
-    import functools
-
-    import numpy as np
-
-    from sessions.train import init_state, make_optimizer, make_train_step
-
     optimizer = make_optimizer(tc, tc.steps)
     init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
     state = jax.eval_shape(init, jax.random.key(tc.seed))
@@ -278,8 +277,6 @@ def save_metadata(logdir, cfg, batch, cost, devices):
 def load_metadata(logdir):
     """(ModelConfig, batch, (FLOPs, bytes) or None, devices) as `save_metadata` wrote them,
     or None if the directory has none."""
-    from sessions.config import ModelConfig
-
     path = os.path.join(logdir, METADATA)
     if not os.path.exists(path):
         return None
