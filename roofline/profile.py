@@ -319,6 +319,71 @@ def _busy(ops, start, end):
     return busy
 
 
+def _step_program(events, run_dir):
+    """(name, ops) of the program with the most op time: the training step.
+
+    On an accelerator, only the device's own timeline counts, not the host's
+    launch events; on a CPU the ops run on host threads, tagged with the
+    device they ran for. Each op gets a "device" key."""
+    ops = [e for e in events if "hlo_op" in e.get("args", {})]
+    if not ops:
+        raise ValueError(f"{run_dir}: the trace holds no XLA ops (was a step run while tracing?)")
+    on_device = [e for e in ops if e["process"].startswith("/device:")]
+    ops = on_device or ops
+    for e in ops:
+        e["device"] = (e["host"], e["pid"] if on_device else e["args"].get("device_ordinal", "0"))
+    time_by_module = {}
+    for e in ops:
+        module = e["args"].get("hlo_module", "")
+        time_by_module[module] = time_by_module.get(module, 0) + e["dur"]
+    module = max(time_by_module, key=time_by_module.get)
+    others = tuple(sorted(m for m in time_by_module if m != module))
+    return module, [e for e in ops if e["args"].get("hlo_module", "") == module], others
+
+
+def _steps(ops, events):
+    """[(step number, the ops of that step)], in time order: one execution of the
+    program (one `run_id`) per step, numbered by the StepTraceAnnotation markers."""
+    markers = sorted((e["ts"], int(e["args"]["step_num"])) for e in events
+                     if "step_num" in e.get("args", {}))
+    executions = {}
+    for e in ops:
+        run = e["args"].get("run_id")
+        if run is None:  # no execution ids: the last step marker before the op
+            run = max((i for i, (ts, _) in enumerate(markers) if ts <= e["ts"]), default=0)
+        executions.setdefault((e["host"], run), []).append(e)
+    ordered = sorted(executions.values(), key=lambda step: min(op["ts"] for op in step))
+    if len(markers) == len(ordered):
+        numbers = [n for _, n in markers]
+    else:  # a marker missing or extra: count on from the first
+        numbers = [(markers[0][1] if markers else 0) + i for i in range(len(ordered))]
+    return list(zip(numbers, ordered))
+
+
+def _step_profile(number, step_ops, devices, previous_end, kind_of):
+    """One step's StepProfile, averaged over devices. previous_end: each device's
+    last op end so far, in microseconds (updated here)."""
+    walls, busies, kinds = [], [], dict.fromkeys(KINDS, 0.0)
+    for device in devices:
+        mine = [e for e in step_ops if e["device"] == device]
+        if not mine:
+            continue
+        end = max(e["ts"] + e["dur"] for e in mine)
+        start = previous_end.get(device, min(e["ts"] for e in mine))
+        previous_end[device] = end
+        busy = _busy(mine, start, end)
+        own = _self_times(mine)
+        total_own = sum(own) or 1.0
+        for e, t in zip(mine, own):
+            kinds[kind_of(e["args"]["hlo_op"])] += t / total_own * busy
+        kinds["idle"] += (end - start) - busy
+        walls.append(end - start)
+        busies.append(busy)
+    n = len(walls) * 1e6  # averaged over devices, in seconds
+    return StepProfile(step=number, wall_s=sum(walls) / n, busy_s=sum(busies) / n,
+                       by_kind={k: v / n for k, v in kinds.items()})
+
+
 def read_trace(logdir, hlo_text=None):
     """Per-step wall time and time by kind of work, from the newest trace in logdir.
 
@@ -336,35 +401,7 @@ def read_trace(logdir, hlo_text=None):
     op names."""
     run_dir = latest_run(logdir)
     events = _load_events(run_dir)
-    ops = [e for e in events if "hlo_op" in e.get("args", {})]
-    if not ops:
-        raise ValueError(f"{run_dir}: the trace holds no XLA ops (was a step run while tracing?)")
-    on_device = [e for e in ops if e["process"].startswith("/device:")]
-    if on_device:  # an accelerator: its own timeline, not the host's launch events
-        ops = on_device
-    for e in ops:  # a CPU's ops run on host threads, tagged with the device they ran for
-        e["device"] = (e["host"], e["pid"] if on_device else e["args"].get("device_ordinal", "0"))
-
-    time_by_module = {}
-    for e in ops:
-        module = e["args"].get("hlo_module", "")
-        time_by_module[module] = time_by_module.get(module, 0) + e["dur"]
-    module = max(time_by_module, key=time_by_module.get)
-    ops = [e for e in ops if e["args"].get("hlo_module", "") == module]
-
-    markers = sorted((e["ts"], int(e["args"]["step_num"])) for e in events
-                     if "step_num" in e.get("args", {}))
-    executions = {}
-    for e in ops:
-        run = e["args"].get("run_id")
-        if run is None:  # no execution ids: the last step marker before the op
-            run = max((i for i, (ts, _) in enumerate(markers) if ts <= e["ts"]), default=0)
-        executions.setdefault((e["host"], run), []).append(e)
-    ordered = sorted(executions.values(), key=lambda ops_: min(op["ts"] for op in ops_))
-    if len(markers) == len(ordered):
-        numbers = [n for _, n in markers]
-    else:
-        numbers = [(markers[0][1] if markers else 0) + i for i in range(len(ordered))]
+    module, ops, others = _step_program(events, run_dir)
 
     op_names = {e["args"]["hlo_op"] for e in ops}
     known = classify_hlo(hlo_text) if hlo_text else {}
@@ -372,38 +409,18 @@ def read_trace(logdir, hlo_text=None):
         hlo_text = hlo_from_trace(run_dir, module, op_names)
         known = classify_hlo(hlo_text) if hlo_text else {}
 
+    def kind_of(op_name):
+        return known.get(op_name) or kind_from_name(op_name)
+
     devices = sorted({e["device"] for e in ops})
     previous_end = {}
-    per_step = []
-    for number, execution in zip(numbers, ordered):
-        walls, busies, kinds = [], [], {k: 0.0 for k in KINDS}
-        for device in devices:
-            mine = [e for e in execution if e["device"] == device]
-            if not mine:
-                continue
-            end = max(e["ts"] + e["dur"] for e in mine)
-            start = previous_end.get(device, min(e["ts"] for e in mine))
-            previous_end[device] = end
-            busy = _busy(mine, start, end)
-            own = _self_times(mine)
-            total_own = sum(own) or 1.0
-            for e, t in zip(mine, own):
-                kinds[known.get(e["args"]["hlo_op"]) or kind_from_name(e["args"]["hlo_op"])] += t / total_own * busy
-            kinds["idle"] += (end - start) - busy
-            walls.append(end - start)
-            busies.append(busy)
-        n = len(walls)
-        per_step.append(StepProfile(
-            step=number,
-            wall_s=sum(walls) / n / 1e6,
-            busy_s=sum(busies) / n / 1e6,
-            by_kind={k: v / n / 1e6 for k, v in kinds.items()},
-        ))
+    steps = tuple(_step_profile(number, step_ops, devices, previous_end, kind_of)
+                  for number, step_ops in _steps(ops, events))
     return TraceProfile(
         run_dir=run_dir,
         module=module,
         devices=len(devices),
-        steps=tuple(per_step),
+        steps=steps,
         classified_by="HLO" if known else "op names",
-        other_modules=tuple(sorted(m for m in time_by_module if m != module)),
+        other_modules=others,
     )
