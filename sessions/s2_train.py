@@ -46,7 +46,7 @@ from sessions.prefetch import Prefetcher, Synchronous
 from sessions.report import plot_loss, summary_lines
 from sessions.train import init_state, make_eval_step, make_optimizer, make_train_step
 
-PROMPT = "The import statement"
+PROMPT = "The import statement "
 
 
 def parse_args(argv):
