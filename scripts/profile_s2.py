@@ -17,7 +17,13 @@ import sys
 
 import jax
 
-from roofline.compare import compile_train_step, profile_comparison, report_lines, xla_cost
+from roofline.compare import (
+    METADATA,
+    compile_train_step,
+    profile_comparison,
+    report_lines,
+    xla_cost,
+)
 from roofline.hardware import local_peak_flops
 from sessions import s2_train
 from sessions.cli import ArgumentParser, positive_int
@@ -47,19 +53,26 @@ def main(argv=None):
     s2_argv += ["--preset", args.preset] if args.preset else []
     s2_argv += ["--batch", str(args.batch)] if args.batch else []
     os.makedirs(args.logdir, exist_ok=True)
+    saved = os.path.join(args.logdir, METADATA)
+    if os.path.exists(saved):
+        os.remove(saved)  # from an earlier run; profile_table writes it afresh
     print("$ python sessions/s2_train.py " + " ".join(s2_argv))
     status = s2_train.cli(s2_argv)
     if status:
         return status
+    # A session script that prints the table itself (profile_table) leaves its
+    # roofline.json behind; then it is not printed twice.
+    printed = os.path.exists(saved)
 
     # The same configuration s2_train.py resolved from these flags.
     _, cfg, tc = s2_train.choose_configs(s2_train.parse_args(s2_argv))
     peak = local_peak_flops(cfg.dtype)
     c = profile_comparison(args.logdir, cfg, tc.batch, xla_cost(compile_train_step(cfg, tc)), peak,
                            devices=jax.device_count())
-    print()
-    for line in report_lines(c, args.logdir):
-        print(line)
+    if not printed:
+        print()
+        for line in report_lines(c, args.logdir):
+            print(line)
 
     # The training log's MFU for the same steps the trace holds. Its line for
     # step n+1 times step n; the last traced step's line also includes writing
