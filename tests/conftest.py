@@ -5,6 +5,7 @@ Tests that need one device build a one-device mesh or run a subprocess.
 """
 
 import os
+import subprocess
 import sys
 
 os.environ["XLA_FLAGS"] = (
@@ -39,3 +40,28 @@ def subprocess_env(devices=1):
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env["JAX_PLATFORMS"] = "cpu"
     return env
+
+
+def run_python(*args, devices=1):
+    """`python ARGS` from the repo root in a fresh process; its output captured."""
+    return subprocess.run(
+        [PYTHON, *args],
+        cwd=REPO,
+        env=subprocess_env(devices),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def s2_in_process(argv, capsys):
+    """s2_train's entry point in this process (8 simulated devices):
+    (exit status, what it wrote to stderr)."""
+    from sessions import s2_train
+
+    try:
+        code = s2_train.cli(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    return code, capsys.readouterr().err

@@ -11,9 +11,9 @@ import subprocess
 import jax
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, subprocess_env
+from conftest import PYTHON, REPO, run_python, s2_in_process, subprocess_env
 
-from sessions import s2_train, sharding
+from sessions import sharding
 from sessions.checkpoint import Checkpoints
 from sessions.config import PRESETS, UsageError
 from sessions.train import init_state, make_optimizer
@@ -51,11 +51,8 @@ def test_killed_run_resumes_on_the_same_trajectory(tmp_path):
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     assert full.wait() == 0
-    resumed = subprocess.run(
-        [PYTHON, "sessions/s2_train.py", *RUN, "--run-dir", str(tmp_path / "killed"),
-         "--metrics-out", str(killed_metrics), "--resume"],
-        cwd=REPO, env=subprocess_env(1), capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    resumed = run_python("sessions/s2_train.py", *RUN, "--run-dir", str(tmp_path / "killed"),
+                         "--metrics-out", str(killed_metrics), "--resume")  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from the checkpoint at step" in resumed.stdout
     expected, got = losses(full_metrics), losses(killed_metrics)
@@ -74,11 +71,8 @@ def test_sigterm_saves_then_stops_and_resume_finishes(tmp_path):
     with Checkpoints(tmp_path / "term" / "checkpoints", 0, *_tiny()) as checkpoints:
         saved = checkpoints.steps()
     assert len(saved) == 1 and saved[0] >= 5
-    resumed = subprocess.run(
-        [PYTHON, "sessions/s2_train.py", *RUN, "--checkpoint-every", "1000", "--run-dir",
-         str(tmp_path / "term"), "--resume"],
-        cwd=REPO, env=subprocess_env(1), capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    resumed = run_python("sessions/s2_train.py", *RUN, "--checkpoint-every", "1000",
+                         "--run-dir", str(tmp_path / "term"), "--resume")  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from the checkpoint at step {saved[0]}" in resumed.stdout
 
@@ -143,13 +137,8 @@ def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tmp_path, da
     _assert_equal_trees(restored, first)
 
 
-def run_in_process(argv, capsys):
-    code = s2_train.cli(argv)
-    return code, capsys.readouterr().err
-
-
 def test_resume_with_nothing_to_resume(tmp_path, capsys):
-    code, err = run_in_process(["--preset", "tiny", "--resume", "--run-dir", str(tmp_path)],
+    code, err = s2_in_process(["--preset", "tiny", "--resume", "--run-dir", str(tmp_path)],
                                capsys)  # fmt: skip
     assert code == 2 and "no checkpoint in" in err and len(err.strip().splitlines()) == 1
 
@@ -160,7 +149,7 @@ def test_checkpoint_from_another_configuration(tmp_path, capsys):
     with Checkpoints(tmp_path / "checkpoints", 10, cfg, tc) as checkpoints:
         checkpoints.maybe_save(10, state)
     argv = ["--preset", "tiny", "--embed", "64", "--resume", "--run-dir", str(tmp_path)]
-    code, err = run_in_process(argv, capsys)
+    code, err = s2_in_process(argv, capsys)
     assert code == 2 and "another configuration" in err and "embed 64 here, 48 there" in err
 
 
@@ -170,7 +159,7 @@ def test_a_fresh_run_never_overwrites_checkpoints(tmp_path, capsys):
     with Checkpoints(tmp_path / "checkpoints", 10, cfg, tc) as checkpoints:
         checkpoints.maybe_save(10, state)
     argv = ["--preset", "tiny", "--checkpoint-every", "5", "--run-dir", str(tmp_path)]
-    code, err = run_in_process(argv, capsys)
+    code, err = s2_in_process(argv, capsys)
     assert code == 2 and "already holds checkpoints" in err and "--resume" in err
 
 

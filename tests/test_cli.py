@@ -2,38 +2,25 @@
 with exit status 2."""
 
 import json
-import subprocess
 
 import pytest
-from conftest import PYTHON, REPO, subprocess_env
-
-from sessions import s2_train
+from conftest import run_python, s2_in_process
 
 REQUIRED = {"step", "loss", "tokens_per_sec", "tflops_per_device", "mfu"}
 
 
-def run_script(script, *args):
-    return subprocess.run(
-        [PYTHON, f"sessions/{script}", *args],
-        cwd=REPO,
-        env=subprocess_env(1),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def test_s1_runs_end_to_end():
-    result = run_script("s1_train.py", "--preset", "tiny", "--steps", "3", "--log-every", "1")
+    result = run_python(
+        "sessions/s1_train.py", "--preset", "tiny", "--steps", "3", "--log-every", "1"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("| loss ") == 3
 
 
 def test_s2_runs_end_to_end_and_writes_metrics(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    result = run_script(
-        "s2_train.py",
+    result = run_python(
+        "sessions/s2_train.py",
         "--preset",
         "tiny",
         "--steps",
@@ -55,15 +42,6 @@ def test_s2_runs_end_to_end_and_writes_metrics(tmp_path):
     assert (tmp_path / "loss.png").stat().st_size > 1000
 
 
-def run_in_process(argv, capsys):
-    """s2_train's entry point in this process (8 simulated devices)."""
-    try:
-        code = s2_train.cli(argv)
-    except SystemExit as e:  # argparse's own errors
-        code = e.code
-    return code, capsys.readouterr().err
-
-
 BAD_INPUTS = {
     "unknown preset": (["--preset", "huge"], "invalid choice: 'huge'"),
     "zero batch": (["--batch", "0"], "must be a positive integer"),
@@ -82,7 +60,7 @@ BAD_INPUTS = {
 
 @pytest.mark.parametrize("argv, message", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
-    code, err = run_in_process(argv, capsys)
+    code, err = s2_in_process(argv, capsys)
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
@@ -92,13 +70,13 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 def test_bad_data_file_is_one_line_and_exit_2(tmp_path, content, message, capsys):
     path = tmp_path / "corpus.txt"
     path.write_text(content)
-    code, err = run_in_process(["--preset", "tiny", "--data", str(path)], capsys)
+    code, err = s2_in_process(["--preset", "tiny", "--data", str(path)], capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
 def test_prompt_longer_than_the_context_is_one_line_and_exit_2(tmp_path, capsys):
     argv = ["--preset", "tiny", "--steps", "1", "--prompt", "x" * 65, "--run-dir", str(tmp_path)]
-    code, err = run_in_process(argv, capsys)
+    code, err = s2_in_process(argv, capsys)
     assert code == 2 and "longer than the context of 64" in err
 
 
@@ -115,6 +93,6 @@ def test_a_diverging_run_stops_with_the_step_and_advice(tmp_path, capsys):
         "--run-dir",
         str(tmp_path),
     ]
-    code, err = run_in_process(argv, capsys)
+    code, err = s2_in_process(argv, capsys)
     assert code == 1
     assert "the loss became nan at step" in err and "--lr" in err

@@ -5,12 +5,11 @@ import dataclasses
 import functools
 import json
 import math
-import subprocess
 
 import jax
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, subprocess_env
+from conftest import run_python
 from jax.sharding import NamedSharding
 
 from sessions import data, sharding
@@ -128,37 +127,10 @@ def test_params_are_never_whole_on_one_device_under_fsdp():
 def test_two_processes_match_one(single, tmp_path):
     """2 processes x 2 devices, joined over loopback, train like one device."""
     metrics = tmp_path / "metrics.jsonl"
-    result = subprocess.run(
-        [
-            PYTHON,
-            "scripts/launch_local.py",
-            "--processes",
-            "2",
-            "--devices-per-process",
-            "2",
-            "--log-dir",
-            str(tmp_path),
-            "--",
-            "--preset",
-            "tiny",
-            "--steps",
-            "3",
-            "--log-every",
-            "1",
-            "--sample-bytes",
-            "0",
-            "--metrics-out",
-            str(metrics),
-            "--run-dir",
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        env=subprocess_env(1),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    launch = ["scripts/launch_local.py", "--processes", "2", "--devices-per-process", "2"]
+    train = ["--preset", "tiny", "--steps", "3", "--log-every", "1", "--sample-bytes", "0"]
+    outputs = ["--metrics-out", str(metrics), "--run-dir", str(tmp_path)]
+    result = run_python(*launch, "--log-dir", str(tmp_path), "--", *train, *outputs)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "4 x cpu (2 processes)" in result.stdout
     losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
