@@ -27,6 +27,7 @@ import time
 import jax
 import numpy as np
 
+from roofline.compare import profile_table
 from roofline.flops import napkin_train_flops, param_count, train_flops
 from roofline.hardware import local_peak_flops
 from sessions import data, multihost, sharding
@@ -217,11 +218,11 @@ def main(argv=None):
             if checkpoints:
                 checkpoints.maybe_save(tc.steps, state, force=True)
                 say(f"checkpoint saved at step {tc.steps} in {checkpoints.directory}")
-        if profiler:
-            say(
-                f"profile written to {args.profile}; open it with: "
-                f"xprof --logdir {args.profile} --port 8791"
-            )
+        if profiler and is_main:
+            # The three columns for the steps just traced: napkin, XLA's count, the trace.
+            compiled = None if args.no_jit else step_fn
+            for line in profile_table(args.profile, cfg, B, compiled, peak, devices=mesh.size):
+                say(line)
 
     # A sample, then the summary a student compares across runs.
     params = multihost.gather(state["params"])
