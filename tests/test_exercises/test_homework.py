@@ -1,0 +1,86 @@
+"""scripts/homework.py: a report per exercise, in Discord-sized parts, an honest exit status."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from adapters import graded_tree
+
+from scripts import homework
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_homework(*args):
+    done = subprocess.run(
+        [sys.executable, os.path.join("scripts", "homework.py"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    parts = done.stdout.strip().split(f"\n{homework.SEPARATOR}\n") if done.stdout.strip() else []
+    return done, parts
+
+
+def test_solutions_pass_in_one_message():
+    done, parts = run_homework("1", "--solutions")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(parts) == 1
+    assert homework.discord_length(parts[0]) <= homework.DISCORD_LIMIT
+    assert "✅ `s1_feedforward.influence`" in parts[0]
+    assert "machine: cpu" in parts[0] and "JAX " in parts[0]
+    assert "bigram" in parts[0], "the measured entropies are reported"
+
+
+@pytest.mark.skipif(
+    graded_tree() == "exercises",
+    reason="grading exercises/: a student's copy is not all stubs",
+)
+def test_untouched_exercises_are_all_not_started_in_numbered_parts():
+    done, parts = run_homework("all")
+    assert done.returncode == 1
+    assert all(homework.discord_length(p) <= homework.DISCORD_LIMIT for p in parts)
+    if len(parts) > 1:
+        assert all(f"(part {i}/{len(parts)})" in p.splitlines()[0] for i, p in enumerate(parts, 1))
+    lines = [line for p in parts for line in p.splitlines() if line.startswith(tuple("✅❌⬜"))]
+    assert len(lines) >= 40
+    assert all(line.endswith(": not started") and line.startswith("⬜") for line in lines), lines
+
+
+def test_unknown_session_is_one_line_and_status_2():
+    done, parts = run_homework("nine")
+    assert done.returncode == 2
+    assert parts == [] and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_session_names():
+    assert homework.session_names("2") == homework.session_names("s2") == ["2"]
+    assert homework.session_names("Session2") == ["2"]
+    assert homework.session_names("bugs") == ["bugs"]
+    assert homework.session_names("all") == list(homework.SESSIONS)
+    assert homework.session_names("7") is None and homework.session_names("") is None
+
+
+def test_a_long_report_is_split_under_the_limit():
+    blocks = [["machine: cpu"]] + [
+        [f"__session {s}__"] + [f"❌ `m.f{i}`: " + "x" * 250 for i in range(12)] for s in range(4)
+    ]
+    parts = homework.split_parts("**Homework · all sessions**", blocks)
+    assert len(parts) > 2
+    for i, part in enumerate(parts, 1):
+        assert homework.discord_length(part) <= homework.DISCORD_LIMIT
+        assert part.startswith(f"**Homework · all sessions** (part {i}/{len(parts)})")
+    body = [line for part in parts for line in part.splitlines()[1:]]
+    assert body == [line for block in blocks for line in block], "every line, once, in order"
+
+
+def test_a_failure_shows_its_first_line_and_a_measurement_only_on_pass():
+    entry = {"status": "fail", "why": "AssertionError: loss 3.26", "measured": ["x"]}
+    assert homework.exercise_line("a.b", entry) == "❌ `a.b`: AssertionError: loss 3.26"
+    entry = {"status": "pass", "why": "", "measured": ["1.9x"]}
+    assert homework.exercise_line("a.b", entry) == "✅ `a.b` · 1.9x"
+    assert homework.first_line("AssertionError: \nNot equal\nmore") == "AssertionError: Not equal"
+    assert homework.first_line("Failed: not started: a.b") == "not started: a.b"
