@@ -9,10 +9,11 @@ Run `python -m roofline calibrate` to (re)measure.
 import json
 import os
 import platform
-import time
 
 import jax
 import jax.numpy as jnp
+
+from roofline.timing import time_calls
 
 CACHE = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
@@ -29,14 +30,9 @@ def device_key(dtype):
 
 
 def best_time(fn, *args, repeats=5):
-    """Fastest of `repeats` runs, after one warm-up run that compiles."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times)
+    """Fastest of `repeats` runs, after one warm-up run that compiles: the
+    ceiling is what the device can do when nothing gets in its way."""
+    return time_calls(lambda: fn(*args), repeats=repeats).best
 
 
 def measure(dtype="float32", n=None):
@@ -49,7 +45,7 @@ def measure(dtype="float32", n=None):
     matmul = jax.jit(lambda x, y: x @ y)
     flops = 2 * n**3 / best_time(matmul, a, a)
     # 64 MiB (CPU) or 1 GiB: well past the last-level cache, so DRAM or HBM answers.
-    size = (2**24 if device.platform == "cpu" else 2**28)
+    size = 2**24 if device.platform == "cpu" else 2**28
     x = jax.device_put(jnp.ones((size,), jnp.float32), device)
     copy = jax.jit(lambda v: v + 1)
     bandwidth = 2 * x.nbytes / best_time(copy, x)  # one read and one write per element

@@ -4,31 +4,51 @@ of the loss curve."""
 import os
 
 
-def summary_lines(
-    history, *, train_seconds, tokens_per_step, flops_per_step, peak, n_devices, unigram, first_step
-):
-    """The closing summary. Throughput is over every step timed (compile excluded)."""
+def summarize(
+    history, *, train_seconds, tokens_per_step, flops_per_step, peak, n_devices, unigram,
+    first_step, memory=(None, ""),
+):  # fmt: skip
+    """The run in numbers (what --summary-out writes). Throughput is over every
+    step timed, compilation excluded."""
     steps = history[-1]["step"] - first_step
     seconds_per_step = train_seconds / max(steps, 1)
     achieved = flops_per_step / seconds_per_step
     val = [r["val_loss"] for r in history if "val_loss" in r]
     peak_flops, peak_source = peak
-    lines = [
-        "summary",
-        (
-            f"  throughput  {tokens_per_step / seconds_per_step:,.0f} tokens/s, "
-            f"{seconds_per_step * 1e3:.1f} ms/step, "
-            f"{achieved / n_devices / 1e12:.3f} TFLOP/s per device"
-        ),
-        (
-            f"  MFU         {100 * achieved / (peak_flops * n_devices):.1f}% "
-            f"of {peak_flops / 1e12:.3f} TFLOP/s per device ({peak_source})"
-        ),
-        f"  train loss  {history[-1]['loss']:.3f} nats/byte",
-    ]
-    if val:
-        lines.append(f"  val loss    {val[-1]:.3f} nats/byte")
-    lines.append(f"  unigram     {unigram:.3f} nats/byte (byte frequencies alone, no context)")
+    return {
+        "steps": history[-1]["step"],
+        "step_time_s": seconds_per_step,
+        "tokens_per_sec": tokens_per_step / seconds_per_step,
+        "tflops_per_device": achieved / n_devices / 1e12,
+        "mfu": achieved / (peak_flops * n_devices),
+        "peak_tflops_per_device": peak_flops / 1e12,
+        "peak_source": peak_source,
+        "train_loss": history[-1]["loss"],
+        "val_loss": val[-1] if val else None,
+        "unigram": unigram,
+        "memory_bytes_per_device": memory[0],
+        "memory_source": memory[1],
+    }
+
+
+def summary_lines(s):
+    throughput = (
+        f"  throughput  {s['tokens_per_sec']:,.0f} tokens/s, {s['step_time_s'] * 1e3:.1f} "
+        f"ms/step, {s['tflops_per_device']:.3f} TFLOP/s per device"
+    )
+    mfu = (
+        f"  MFU         {100 * s['mfu']:.1f}% of {s['peak_tflops_per_device']:.3f} TFLOP/s per "
+        f"device ({s['peak_source']})"
+    )
+    lines = ["summary", throughput, mfu, f"  train loss  {s['train_loss']:.3f} nats/byte"]
+    if s["val_loss"] is not None:
+        lines.append(f"  val loss    {s['val_loss']:.3f} nats/byte")
+    lines.append(f"  unigram     {s['unigram']:.3f} nats/byte (byte frequencies alone, no context)")
+    if s["memory_bytes_per_device"] is not None:
+        lines.append(
+            f"  memory      {s['memory_bytes_per_device'] / 2**20:,.1f} MiB per device "
+            f"({s['memory_source']})"
+        )
     return lines
 
 

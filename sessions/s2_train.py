@@ -19,6 +19,7 @@ chip's peak (MFU).
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import signal
 import sys
@@ -30,6 +31,7 @@ import numpy as np
 from roofline.compare import profile_table
 from roofline.flops import napkin_train_flops, param_count, train_flops
 from roofline.hardware import local_peak_flops
+from roofline.memory import step_memory
 from sessions import data, multihost, sharding
 from sessions.checkpoint import Checkpoints
 from sessions.cli import (
@@ -44,7 +46,7 @@ from sessions.config import UsageError
 from sessions.generate import generate
 from sessions.loop import TrainingDiverged, train_loop
 from sessions.prefetch import Prefetcher, Synchronous
-from sessions.report import plot_loss, summary_lines
+from sessions.report import plot_loss, summarize, summary_lines
 from sessions.train import init_state, make_eval_step, make_optimizer, make_train_step
 
 PROMPT = "The import statement "
@@ -76,6 +78,7 @@ def parse_args(argv):
     )
     parser.add_argument("--eval-every", type=positive_int)
     parser.add_argument("--metrics-out", help="write one JSON object per logged step here")
+    parser.add_argument("--summary-out", help="write the closing summary here, as JSON")
     parser.add_argument("--run-dir", default="runs/s2", help="loss curve and outputs go here")
     parser.add_argument("--profile", metavar="DIR", help="trace a few steps into DIR (xprof)")
     parser.add_argument(
@@ -231,7 +234,7 @@ def main(argv=None):
         prompt = args.prompt or PROMPT[: cfg.seq // 2]
         text = generate(params, cfg, prompt, args.sample_bytes, jax.random.key(tc.seed + 1))
         say("sample:\n" + text)
-    for line in summary_lines(
+    summary = summarize(
         history,
         train_seconds=seconds,
         tokens_per_step=B * S,
@@ -240,8 +243,13 @@ def main(argv=None):
         n_devices=mesh.size,
         unigram=unigram,
         first_step=start,
-    ):
+        memory=step_memory(None if args.no_jit else step_fn),
+    )
+    for line in summary_lines(summary):
         say(line)
+    if args.summary_out and is_main:
+        with open(args.summary_out, "w") as f:
+            json.dump(summary, f, indent=1)
     if is_main:
         path = os.path.join(args.run_dir, "loss.png")
         plot_loss(history, path, unigram, f"s2_train.py --preset {preset}")

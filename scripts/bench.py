@@ -1,0 +1,111 @@
+"""Time the jitted training step of a preset: tokens/s, achieved TFLOP/s,
+MFU and memory; with --compare naive, also the same step written as plainly
+as possible (scripts/naive_step.py), in the same run, and the ratio.
+
+    python scripts/bench.py                            # course shapes, batch 32 on a CPU
+    python scripts/bench.py --compare naive
+    python scripts/bench.py --preset gpt2 --batch 32   # on a GPU (bfloat16 there)
+"""
+
+import dataclasses
+import sys
+
+import jax
+
+from roofline.calibrate import measured
+from roofline.flops import napkin_train_flops, train_flops
+from roofline.hardware import local_peak_flops
+from roofline.memory import step_memory
+from roofline.timing import time_calls
+from scripts.naive_step import make_naive_step
+from sessions import data
+from sessions.cli import ArgumentParser, positive_int, run_main
+from sessions.config import PRESETS
+from sessions.train import init_state, make_optimizer, make_train_step
+
+
+def parse_args(argv):
+    parser = ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="course")
+    parser.add_argument(
+        "--batch", type=positive_int, help="default: 32 on a CPU, else the preset's"
+    )
+    parser.add_argument("--seq", type=positive_int)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"])
+    parser.add_argument("--attention-impl", choices=["einsum", "fused"])
+    parser.add_argument("--repeats", type=positive_int, default=10)
+    parser.add_argument("--warmup", type=positive_int, default=2)
+    parser.add_argument("--compare", choices=["naive"], help="also time this baseline")
+    return parser.parse_args(argv)
+
+
+def configure(args):
+    on_cpu = jax.default_backend() == "cpu"
+    preset = PRESETS[args.preset]
+    fields = {
+        "seq": args.seq or preset.model.seq,
+        "dtype": args.dtype or ("float32" if on_cpu else "bfloat16"),
+        "attention_impl": args.attention_impl or ("einsum" if on_cpu else "fused"),
+    }
+    cfg = dataclasses.replace(preset.model, **fields)
+    batch = args.batch or (32 if on_cpu else preset.train.batch)
+    return cfg, dataclasses.replace(preset.train, batch=batch)
+
+
+def time_step(step, state, batch, args):
+    """Timing of `step`, threading the (donated) state from call to call."""
+    carry = [state]
+
+    def call():
+        carry[0], metrics = step(carry[0], batch)
+        return metrics["loss"]
+
+    return time_calls(call, repeats=args.repeats, warmup=args.warmup)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg, tc = configure(args)
+    B, S = tc.batch, cfg.seq
+    device = jax.local_devices()[0]
+    optimizer = make_optimizer(tc, 1000)
+    train_tokens, _ = data.split(data.default_corpus(), S)
+    batch = jax.device_put(data.get_batch(train_tokens, 0, batch=B, seq=S, seed=0), device)
+    fresh = lambda: init_state(jax.random.key(0), cfg=cfg, optimizer=optimizer)
+
+    compiled = make_train_step(cfg, optimizer).lower(fresh(), batch).compile()
+    ours = time_step(compiled, fresh(), batch, args)
+
+    flops = train_flops(cfg, B)
+    peak, peak_source = local_peak_flops(cfg.dtype)
+    ceiling = measured(cfg.dtype)["matmul_flops"]
+    memory, memory_source = step_memory(compiled, device)
+    print(f"bench | preset {args.preset} | batch {B} x seq {S} = {B * S:,} tokens | {cfg.dtype} "
+          f"| {device.device_kind} | jax {jax.__version__}")  # fmt: skip
+    print(f"FLOPs per step: {flops / 1e9:.2f} GFLOP exact with attention "
+          f"(6·B·P = {napkin_train_flops(cfg, B) / 1e9:.2f})")  # fmt: skip
+    print(f"step time       {ours}")
+    print(f"tokens/s        {B * S / ours.median:,.0f}")
+    print(f"achieved        {flops / ours.median / 1e12:.3f} TFLOP/s")
+    print(f"MFU             {100 * flops / ours.median / peak:.1f}% of {peak / 1e12:.3f} "
+          f"TFLOP/s ({peak_source})")  # fmt: skip
+    if device.platform != "cpu":
+        print(f"MFU (measured)  {100 * flops / ours.median / ceiling:.1f}% of the measured "
+              f"matmul ceiling, {ceiling / 1e12:.1f} TFLOP/s")  # fmt: skip
+    if memory is not None:
+        print(f"memory          {memory / 2**20:,.1f} MiB per device ({memory_source})")
+
+    if args.compare == "naive":
+        naive = time_step(make_naive_step(cfg, optimizer), fresh(), batch, args)
+        _, ours_first = compiled(fresh(), batch)
+        _, naive_first = make_naive_step(cfg, optimizer)(fresh(), batch)
+        print(f"naive step      {naive}")
+        print(f"naive MFU       {100 * flops / naive.median / peak:.1f}%")
+        print(f"speed-up        {naive.median / ours.median:.2f}x (naive median / ours)")
+        print(f"same numbers    first-step loss {float(ours_first['loss']):.6f} ours, "
+              f"{float(naive_first['loss']):.6f} naive")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
