@@ -1,0 +1,90 @@
+"""The ladder: what each concept of session 2 buys, one rung at a time, on
+this machine. One s2_train.py run per rung, each adding one thing to the
+last, all with the same shapes, seed and number of tokens; printed as a
+Markdown table (after LLMs-from-scratch's speed study of GPT-2 small).
+
+    python scripts/ladder.py                    # the cpu preset, 40 steps a rung
+    python scripts/ladder.py --preset course --steps 100
+
+Every rung loads batches from a simulated slow store (--data-delay-ms, 100
+by default): that is the cost the overlapped loader exists to hide.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import jax
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sessions",
+                      "s2_train.py")  # fmt: skip
+
+# (rung, what it changed, the s2_train.py flags that leave the later rungs off)
+RUNGS = [
+    ("session 1", "feed-forward only, op by op, blocking loads, one device",
+     ["--no-attention", "--no-positions", "--no-jit", "--no-overlap"]),
+    ("+ attention", "tokens read earlier tokens", ["--no-positions", "--no-jit", "--no-overlap"]),
+    ("+ positions", "and know their order", ["--no-jit", "--no-overlap"]),
+    ("+ whole-step jit", "forward, backward and AdamW as one program", ["--no-overlap"]),
+    ("+ overlapped loading", "the next batch loads while the step runs", []),
+]  # fmt: skip
+
+
+def run_rung(flags, args, devices, tmp):
+    summary = os.path.join(tmp, "summary.json")
+    env = dict(os.environ)
+    if jax.default_backend() == "cpu":
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    command = [sys.executable, SCRIPT, "--preset", args.preset, "--steps", str(args.steps),
+               "--log-every", str(args.steps), "--eval-every", str(args.steps),
+               "--sample-bytes", "0", "--data-delay-ms", str(args.data_delay_ms),
+               "--run-dir", tmp, "--summary-out", summary, *flags]  # fmt: skip
+    if devices == 1:
+        command += ["--mesh", "fsdp=1"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if result.returncode:
+        raise SystemExit(f"error: a rung failed: {' '.join(flags)}: {result.stderr.strip()}")
+    with open(summary) as f:
+        return json.load(f)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--data-delay-ms", type=int, default=100)
+    parser.add_argument("--devices", type=int, help="for the multichip rung (default: all; "
+                        "on a CPU, one simulated device per core)")  # fmt: skip
+    args = parser.parse_args(argv)
+    on_cpu = jax.default_backend() == "cpu"
+    devices = args.devices or (os.cpu_count() if on_cpu else jax.device_count())
+    rungs = [(name, what, flags, 1) for name, what, flags in RUNGS]
+    multichip = f"params born sharded over {devices} devices (fsdp)"
+    if on_cpu:
+        multichip += "; on a CPU the simulated devices share the same cores"
+    rungs.append(("+ multichip", multichip, [], devices))
+
+    device = jax.devices()[0]
+    print(f"ladder: preset {args.preset}, {args.steps} steps a rung, batches delayed "
+          f"{args.data_delay_ms} ms | {device.device_kind}, {os.cpu_count()} cores | "
+          f"jax {jax.__version__}\n")  # fmt: skip
+    print("| rung | tokens/s | MFU | val loss | memory/device | what it changed |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name, what, flags, n in rungs:
+        with tempfile.TemporaryDirectory() as tmp:
+            s = run_rung(flags, args, n, tmp)
+        memory = s["memory_bytes_per_device"]
+        memory = f"{memory / 2**20:,.0f} MiB" if memory else "n/a"
+        print(f"| {name} | {s['tokens_per_sec']:,.0f} | {100 * s['mfu']:.1f}% | "
+              f"{s['val_loss']:.3f} | {memory} | {what} |", flush=True)  # fmt: skip
+    print("\nMFU: model FLOPs (6·B·P plus attention) over the peak of the devices used; val loss "
+          "after the same number of tokens; memory from XLA's plan of the compiled step "
+          "(n/a when run op by op).")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
