@@ -143,13 +143,7 @@ def main(argv=None):
         abstract = sharding.abstract_sharded(init, key, mesh)
         shardings = jax.tree.map(lambda x: x.sharding, abstract)
         if args.resume:
-            try:
-                start, state = checkpoints.restore_latest(abstract, log=say)
-            except UsageError:
-                checkpoints.close()
-                raise
-            if start >= tc.steps:
-                raise UsageError(f"--resume: the run already finished ({start} steps)")
+            start, state = resume(checkpoints, abstract, tc.steps, say)
         else:
             start, state = 0, jax.jit(init, out_shardings=shardings)(key)
 
@@ -187,13 +181,13 @@ def main(argv=None):
             delay_ms=args.data_delay_ms,
         )
         place = functools.partial(sharding.place_batch, sharding=batch_sharding)
-        loader = (Synchronous if args.no_overlap else Prefetcher)(make_batch, place, start=start)
+        loader_class = Synchronous if args.no_overlap else Prefetcher
         evaluate = make_evaluator(cfg, val_tokens, tc, batch_sharding, jit=not args.no_jit)
         profiler = Profiler(args.profile, start, tc.steps) if args.profile else None
         after_step = AfterStep(profiler, checkpoints)
 
         with contextlib.ExitStack() as stack:
-            stack.enter_context(loader)
+            loader = stack.enter_context(loader_class(make_batch, place, start=start))
             stack.callback(after_step.restore_signals)
             if checkpoints:
                 stack.enter_context(checkpoints)
@@ -290,6 +284,18 @@ def compile_ahead(step_fn, state, B, S, batch_sharding, say):
     compiled = step_fn.lower(state, {"inputs": batch_shape, "targets": batch_shape}).compile()
     say(f"compiled the train step in {time.perf_counter() - start:.1f} s")
     return compiled
+
+
+def resume(checkpoints, abstract, steps, say):
+    """(step, state) of the newest intact checkpoint, placed as `abstract` says."""
+    try:
+        start, state = checkpoints.restore_latest(abstract, log=say)
+        if start >= steps:
+            raise UsageError(f"--resume: the run already finished ({start} of {steps} steps)")
+    except UsageError:
+        checkpoints.close()
+        raise
+    return start, state
 
 
 def open_checkpoints(args, cfg, tc):
