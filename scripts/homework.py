@@ -90,13 +90,17 @@ def run_tests(sessions, solutions, timeout, verbose):
 
 
 def first_line(text):
-    """The first line of a failure message (two when the first only names the error)."""
+    """The first line of a failure message, completed where it says too little."""
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
     if not lines:
         return "failed"
     line = lines[0].removeprefix("Failed: ")
-    if line.endswith(":") and len(lines) > 1:  # "AssertionError:" then numpy's message
+    if line.endswith(":") and len(lines) > 1:  # "AssertionError:", the message below it
         line += " " + lines[1]
+        # numpy's "Not equal to tolerance ..." is followed by the test's err_msg, if any.
+        numpy = lines[1].startswith(("Not equal", "Arrays are not"))
+        if numpy and len(lines) > 2 and not lines[2].startswith(("Mismatch", "(shapes", "x:")):
+            line += f" ({lines[2]})"
     return line
 
 

@@ -41,7 +41,7 @@ def param_specs(shapes):
     Hint: jax.tree_util.tree_map_with_path(fn, shapes); a path's last
     jax.tree_util.DictKey holds the weight's name (path[-1].key).
     """
-    rules = {
+    rules = {  # the same table as sessions/sharding.py's PARAM_SPECS
         "embed": P("tp", "fsdp"),
         "pos": P(None, "fsdp"),
         "wq": P("fsdp", "tp", None),

@@ -82,5 +82,9 @@ def test_a_failure_shows_its_first_line_and_a_measurement_only_on_pass():
     assert homework.exercise_line("a.b", entry) == "❌ `a.b`: AssertionError: loss 3.26"
     entry = {"status": "pass", "why": "", "measured": ["1.9x"]}
     assert homework.exercise_line("a.b", entry) == "✅ `a.b` · 1.9x"
-    assert homework.first_line("AssertionError: \nNot equal\nmore") == "AssertionError: Not equal"
+    assert (
+        homework.first_line("AssertionError: \nNot equal\nMismatch") == "AssertionError: Not equal"
+    )
+    numpy = "AssertionError: \nNot equal to tolerance rtol=0\nquery s=2\nMismatched elements: 8 / 8"
+    assert homework.first_line(numpy) == "AssertionError: Not equal to tolerance rtol=0 (query s=2)"
     assert homework.first_line("Failed: not started: a.b") == "not started: a.b"

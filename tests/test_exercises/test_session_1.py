@@ -24,14 +24,16 @@ def test_feedforward_output_depends_on_its_own_token_only(cfg, key):
     s1 = dataclasses.replace(cfg, attention=False, positions=False)
     moved = np.asarray(influence(init_params(s1, key), tokens_BS(s1), s1))
     assert moved.shape == (6, 6), f"expected [S, S] = (6, 6), got {moved.shape}"
-    np.testing.assert_array_equal(moved, np.eye(6, dtype=bool))
+    np.testing.assert_array_equal(moved, np.eye(6, dtype=bool), err_msg="expected the identity")
 
 
 @pytest.mark.exercise("s1_feedforward.influence")
 def test_with_attention_outputs_depend_on_every_earlier_token(cfg, key):
     """The same probe on session 2's model: causal, so lower triangular and full below."""
     moved = np.asarray(influence(init_params(cfg, key), tokens_BS(cfg), cfg))
-    np.testing.assert_array_equal(moved, np.tril(np.ones((6, 6), dtype=bool)))
+    np.testing.assert_array_equal(
+        moved, np.tril(np.ones((6, 6), dtype=bool)), err_msg="expected lower triangular"
+    )
 
 
 @pytest.mark.exercise("s1_feedforward.bigram_entropy")

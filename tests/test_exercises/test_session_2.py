@@ -42,7 +42,7 @@ def qkv(key=0, S=S):
     return [jax.random.normal(k[i], (B, S, H, D)) for i in range(3)]
 
 
-# --- attention by hand -------------------------------------------------------
+# Attention by hand.
 
 
 @pytest.mark.exercise("attention_by_hand.one_query")
@@ -78,7 +78,10 @@ SEGMENTS = jnp.array([[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 0]])  # row 0: three d
 def test_packed_attention_matches_the_models_attention():
     q, k, v = qkv()
     np.testing.assert_allclose(
-        packed_attention(q, k, v, SEGMENTS), attention(q, k, v, SEGMENTS), atol=1e-5
+        packed_attention(q, k, v, SEGMENTS),
+        attention(q, k, v, SEGMENTS),
+        atol=1e-5,
+        err_msg="differs from sessions.attention.attention with segment_ids",
     )
 
 
@@ -98,7 +101,7 @@ def test_each_packed_document_is_attended_to_alone():
         )
 
 
-# --- positions ----------------------------------------------------------------
+# Positions.
 
 
 def one_layer(positions):
@@ -124,7 +127,7 @@ def test_positions_make_the_order_matter(key):
     assert change > 1e-2, f"with positions the last logits moved by only {change}"
 
 
-# --- jit ----------------------------------------------------------------------
+# Jit.
 
 
 @pytest.mark.exercise("jit_fusion.unfused_bytes")
@@ -165,7 +168,7 @@ def test_measure_speedup_runs_and_reports_consistent_numbers(record_property):
     )
 
 
-# --- overlapped loading ---------------------------------------------------------
+# Overlapped loading.
 
 
 def wait_until(condition, what, timeout=5):
@@ -215,7 +218,7 @@ def test_prefetch_raises_the_loaders_error_to_the_consumer():
         next(batches)
 
 
-# --- multichip ----------------------------------------------------------------
+# Multichip.
 
 # H = 4 so that heads divide over tp = 4; the other sizes still differ pairwise.
 MESH_CFG = ModelConfig(embed=24, ff=40, heads=4, head_dim=8, layers=2, seq=16)
@@ -270,10 +273,10 @@ def test_init_sharded_builds_the_same_params_in_shards(key):
         assert x.sharding.is_equivalent_to(NamedSharding(mesh, spec), x.ndim), (
             f"{name}: {x.sharding.spec}, expected {spec}"
         )
-        np.testing.assert_allclose(x, want, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(x, want, atol=1e-6, err_msg=f"{name}: not init_params' values")
 
 
-# --- training FLOPs -------------------------------------------------------------
+# Training FLOPs.
 
 
 @pytest.mark.exercise("training_flops.param_count")

@@ -20,7 +20,7 @@ H100 = CHIPS["h100-sxm"]  # bf16 989 TFLOP/s, 3.35 TB/s: ridge about 295 FLOPs p
 S, T, D = 2048, 4096, 128  # queries, keys, head dim: attention-like, S != T
 
 
-# --- arithmetic intensity ---------------------------------------------------------
+# Arithmetic intensity.
 
 
 @pytest.mark.exercise("intensity.chain_flops")
@@ -56,7 +56,7 @@ def test_keeping_the_score_matrix_on_chip_crosses_the_ridge():
     )  # on the ridge: either, say compute
 
 
-# --- MFU versus bandwidth -------------------------------------------------------------
+# MFU versus bandwidth.
 
 
 @pytest.mark.exercise("mfu_vs_bandwidth.matmul_utilisation")
@@ -89,7 +89,7 @@ def test_best_mfu_is_capped_by_intensity_over_ridge():
     assert best_mfu(1 / 6, peak, bandwidth) == pytest.approx(1 / 6 / ridge)  # an elementwise add
 
 
-# --- FSDP -------------------------------------------------------------------------------
+# FSDP.
 
 LAYER = 12 * 4096**2  # a layer of a 4096-wide transformer: 4·E² attention + 8·E² MLP
 

@@ -23,7 +23,7 @@ def test_quantize_absmax_maps_the_largest_value_to_127():
     # Round to nearest: each value moves by at most half a step.
     assert float(jnp.max(jnp.abs(q * scale - X))) <= float(scale) / 2 * (1 + 1e-5)
     q0, _ = quantize_absmax(jnp.zeros(8))
-    np.testing.assert_array_equal(q0, 0)
+    np.testing.assert_array_equal(q0, 0, err_msg="all-zero input")
 
 
 @pytest.mark.exercise("int8_numerics.int8_sum")
@@ -64,4 +64,6 @@ def test_pallas_matmul_relu_matches_jax(blocks):
     block_m, block_n, block_k = blocks
     got = matmul_relu(a, b, block_m, block_n, block_k, interpret=True)
     assert got.shape == (64, 48) and got.dtype == jnp.float32
-    np.testing.assert_allclose(got, jax.nn.relu(a @ b), atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(
+        got, jax.nn.relu(a @ b), atol=1e-4, rtol=1e-5, err_msg=f"blocks {blocks}"
+    )

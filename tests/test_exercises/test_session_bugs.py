@@ -46,15 +46,15 @@ class Compiles:
         jax.monitoring.unregister_event_duration_listener(self._listen)
 
 
-# --- inputs built by shifting an all-zero array ---------------------------------------
+# Inputs built by shifting an all-zero array.
 
 
 @pytest.mark.exercise("bug_zero_inputs.inputs_from_targets")
 def test_inputs_are_the_targets_shifted_right():
     targets = np.arange(1, 13, dtype=np.int32).reshape(2, 6)
     inputs = np.asarray(inputs_from_targets(targets))
-    np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1])
-    np.testing.assert_array_equal(inputs[:, 0], 0)
+    np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1], err_msg="inputs[:, 1:]")
+    np.testing.assert_array_equal(inputs[:, 0], 0, err_msg="inputs[:, 0]")
 
 
 @pytest.mark.exercise("bug_zero_inputs.inputs_from_targets")
@@ -80,7 +80,7 @@ def test_with_the_fixed_inputs_the_loss_falls_below_unigram(record_property):
     assert final < unigram - 0.2, f"loss {final:.3f} did not fall below unigram {unigram:.3f}"
 
 
-# --- a host sync every step -------------------------------------------------------------
+# A host sync every step.
 
 
 def slow_step():
@@ -107,8 +107,8 @@ def test_train_loop_returns_every_loss_in_order():
         expected.append(float(m["loss"]))
     final, losses = train_loop(step, state, iter(batches), log_every=3)
     assert len(losses) == 7, f"{len(losses)} losses for 7 steps"
-    np.testing.assert_allclose(losses, expected, rtol=1e-6)
-    np.testing.assert_allclose(final, s, rtol=1e-6)
+    np.testing.assert_allclose(losses, expected, rtol=1e-6, err_msg="losses")
+    np.testing.assert_allclose(final, s, rtol=1e-6, err_msg="final state")
 
 
 @pytest.mark.exercise("bug_host_sync.train_loop")
@@ -140,7 +140,7 @@ def test_train_loop_dispatches_the_next_step_without_waiting(record_property):
     )
 
 
-# --- recompiling every call --------------------------------------------------------------
+# Recompiling every call.
 
 
 def sgd_inputs():
@@ -172,10 +172,10 @@ def test_the_fixed_step_compiles_once_for_every_learning_rate(record_property):
     for i in range(4):
         grad = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w_ref)
         w_ref = w_ref - 0.1 / (1 + i) * grad
-    np.testing.assert_allclose(w, w_ref, rtol=1e-5)
+    np.testing.assert_allclose(w, w_ref, rtol=1e-5, err_msg="not the broken step's arithmetic")
 
 
-# --- parameters built on one device, then moved ---------------------------------------------
+# Parameters built on one device, then moved.
 
 INIT_CFG = ModelConfig(embed=24, ff=40, heads=4, head_dim=8, layers=2, seq=16)
 
@@ -194,10 +194,10 @@ def test_the_initialisers_outputs_are_born_sharded(key):
         assert g.is_equivalent_to(e, len(s.shape)), f"{s.shape}: born {g}, expected {e.spec}"
     params = init(key)
     for x, want in zip(jax.tree.leaves(params), jax.tree.leaves(init_params(INIT_CFG, key))):
-        np.testing.assert_allclose(x, want, atol=1e-6)
+        np.testing.assert_allclose(x, want, atol=1e-6, err_msg="not init_params' values")
 
 
-# --- a loader slower than the step ---------------------------------------------------------------
+# A loader slower than the step.
 
 
 @pytest.mark.exercise("bug_slow_loader.workers_needed")
@@ -267,7 +267,7 @@ def test_parallel_loader_keeps_at_most_workers_in_flight():
     assert taken == list(range(20))
 
 
-# --- attention FLOPs counted the wrong way ----------------------------------------------------
+# Attention FLOPs counted the wrong way.
 
 
 @pytest.mark.exercise("bug_attention_flops.xla_flops")

@@ -1,0 +1,1 @@
+"""Tests that grade exercises/ or solutions/ (see tests/adapters.py)."""
