@@ -35,6 +35,7 @@ import os
 import re
 import statistics
 import sys
+import time
 
 import jax
 
@@ -79,6 +80,39 @@ def capture(step_fn, state, batches, logdir, *, steps=3, name="train"):
     return state, (new or _run_dirs(logdir))[-1]
 
 
+class TraceWindow:
+    """For a training loop: traces a few of its steps into logdir, the loop
+    calling window(step, state) after each step. The run's first step is left
+    out when there are others, as it may still be warming up."""
+
+    def __init__(self, logdir, start, steps, count=3):
+        self.logdir = logdir
+        self.first = start + 1 if steps > start + 1 else start
+        self.last = min(self.first + count, steps) - 1
+        self.active = False
+        if self.first == start:
+            self._open()
+
+    def _open(self):
+        jax.profiler.start_trace(self.logdir)
+        self.active = True
+
+    def __call__(self, step, state):
+        """Returns the seconds spent opening or closing the trace (writing it
+        out takes a while), which are not step time."""
+        spent = 0.0
+        if step + 1 == self.first or (step == self.last and self.active):
+            jax.block_until_ready(state)  # open or close on a quiet device
+            start = time.perf_counter()
+            if step + 1 == self.first:
+                self._open()
+            if step == self.last and self.active:
+                jax.profiler.stop_trace()
+                self.active = False
+            spent = time.perf_counter() - start
+        return spent
+
+
 def _run_dirs(logdir):
     """Run directories under logdir, oldest first (their names are timestamps)."""
     pattern = os.path.join(logdir, "plugins", "profile", "*", "*.trace.json.gz")
@@ -91,23 +125,48 @@ def latest_run(logdir):
         return logdir
     runs = _run_dirs(logdir)
     if not runs:
-        raise FileNotFoundError(f"no trace under {logdir} (expected plugins/profile/*/"
-                                "*.trace.json.gz, as jax.profiler writes)")
+        raise FileNotFoundError(
+            f"no trace under {logdir} (expected plugins/profile/*/"
+            "*.trace.json.gz, as jax.profiler writes)"
+        )
     return runs[-1]
 
 
 # What each HLO opcode does, for the time-by-kind breakdown.
 MATMUL_OPS = {"dot", "convolution", "ragged-dot"}
 COPY_OPS = {"copy", "transpose", "copy-start", "copy-done"}
-COLLECTIVE_PREFIXES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-                       "collective-permute", "collective-broadcast", "ragged-all-to-all")
-OTHER_OPS = {"gather", "scatter", "while", "conditional", "call", "sort", "rng",
-             "rng-bit-generator", "infeed", "outfeed", "send", "recv", "send-done", "recv-done"}
+COLLECTIVE_PREFIXES = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+    "ragged-all-to-all",
+)
+OTHER_OPS = {
+    "gather",
+    "scatter",
+    "while",
+    "conditional",
+    "call",
+    "sort",
+    "rng",
+    "rng-bit-generator",
+    "infeed",
+    "outfeed",
+    "send",
+    "recv",
+    "send-done",
+    "recv-done",
+}
 # Library calls that are matmuls: cuBLAS/cuBLASLt GEMMs, cuDNN's fused attention.
 MATMUL_CALL = re.compile(r"gemm|matmul|cublas|fmha|flash", re.IGNORECASE)
 
 HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(?:\(.*?\)|\S+)\s+([a-z][\w\-]*)\((.*)$")
+INSTRUCTION = re.compile(
+    r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(?:\(.*?\)|\S+)\s+([a-z][\w\-]*)\((.*)$"
+)
 CALLS = re.compile(r"calls=%?([\w.\-]+)")
 TARGET = re.compile(r'custom_call_target="([^"]*)"')
 
@@ -166,8 +225,10 @@ def classify_hlo(hlo_text):
         for name, opcode, calls, target in instructions:
             if opcode == "fusion" and calls:
                 inside = kinds_inside(calls)
-                kind = next((k for k in ("matmul", "collective", "copy/transpose", "other")
-                             if k in inside), "elementwise")
+                kind = next(
+                    (k for k in ("matmul", "collective", "copy/transpose", "other") if k in inside),
+                    "elementwise",
+                )
             else:
                 kind = opcode_kind(opcode, target)
             kinds[name] = kind
@@ -225,7 +286,8 @@ def hlo_from_trace(run_dir, module, op_names=()):
             for path in glob.glob(os.path.join(run_dir, f"{glob.escape(module)}(*).hlo_proto.pb")):
                 program = os.path.basename(path).removesuffix(".hlo_proto.pb")
                 text, _ = raw_to_tool_data.xspace_to_tool_data(
-                    xspaces, "graph_viewer",
+                    xspaces,
+                    "graph_viewer",
                     {"graph_viewer_options": {"module_name": program, "type": "long_txt"}},
                 )
                 text = text.decode() if isinstance(text, bytes) else text
@@ -280,8 +342,11 @@ def _load_events(run_dir):
     for host, path in enumerate(sorted(glob.glob(os.path.join(run_dir, "*.trace.json.gz")))):
         with gzip.open(path, "rt") as f:
             trace = json.load(f)["traceEvents"]
-        processes = {e["pid"]: e["args"]["name"] for e in trace
-                     if e.get("ph") == "M" and e.get("name") == "process_name"}
+        processes = {
+            e["pid"]: e["args"]["name"]
+            for e in trace
+            if e.get("ph") == "M" and e.get("name") == "process_name"
+        }
         for e in trace:
             if e.get("ph") == "X" and "dur" in e:
                 events.append({**e, "host": host, "process": processes.get(e.get("pid"), "")})
@@ -344,8 +409,9 @@ def _step_program(events, run_dir):
 def _steps(ops, events):
     """[(step number, the ops of that step)], in time order: one execution of the
     program (one `run_id`) per step, numbered by the StepTraceAnnotation markers."""
-    markers = sorted((e["ts"], int(e["args"]["step_num"])) for e in events
-                     if "step_num" in e.get("args", {}))
+    markers = sorted(
+        (e["ts"], int(e["args"]["step_num"])) for e in events if "step_num" in e.get("args", {})
+    )
     executions = {}
     for e in ops:
         run = e["args"].get("run_id")
@@ -380,8 +446,12 @@ def _step_profile(number, step_ops, devices, previous_end, kind_of):
         walls.append(end - start)
         busies.append(busy)
     n = len(walls) * 1e6  # averaged over devices, in seconds
-    return StepProfile(step=number, wall_s=sum(walls) / n, busy_s=sum(busies) / n,
-                       by_kind={k: v / n for k, v in kinds.items()})
+    return StepProfile(
+        step=number,
+        wall_s=sum(walls) / n,
+        busy_s=sum(busies) / n,
+        by_kind={k: v / n for k, v in kinds.items()},
+    )
 
 
 def read_trace(logdir, hlo_text=None):
@@ -414,8 +484,10 @@ def read_trace(logdir, hlo_text=None):
 
     devices = sorted({e["device"] for e in ops})
     previous_end = {}
-    steps = tuple(_step_profile(number, step_ops, devices, previous_end, kind_of)
-                  for number, step_ops in _steps(ops, events))
+    steps = tuple(
+        _step_profile(number, step_ops, devices, previous_end, kind_of)
+        for number, step_ops in _steps(ops, events)
+    )
     return TraceProfile(
         run_dir=run_dir,
         module=module,

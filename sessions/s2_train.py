@@ -21,7 +21,6 @@ import dataclasses
 import functools
 import json
 import os
-import signal
 import sys
 import time
 
@@ -32,8 +31,9 @@ from roofline.compare import profile_table
 from roofline.flops import napkin_train_flops, param_count, train_flops
 from roofline.hardware import local_peak_flops
 from roofline.memory import step_memory
+from roofline.profile import TraceWindow
 from sessions import data, multihost, sharding
-from sessions.checkpoint import Checkpoints
+from sessions.checkpoint import Checkpoints, Interrupted, SaveHook
 from sessions.cli import (
     ArgumentParser,
     add_shape_flags,
@@ -183,14 +183,19 @@ def main(argv=None):
         place = functools.partial(sharding.place_batch, sharding=batch_sharding)
         loader_class = Synchronous if args.no_overlap else Prefetcher
         evaluate = make_evaluator(cfg, val_tokens, tc, batch_sharding, jit=not args.no_jit)
-        profiler = Profiler(args.profile, start, tc.steps) if args.profile else None
-        after_step = AfterStep(profiler, checkpoints)
+        trace = TraceWindow(args.profile, start, tc.steps) if args.profile else None
 
         with contextlib.ExitStack() as stack:
             loader = stack.enter_context(loader_class(make_batch, place, start=start))
-            stack.callback(after_step.restore_signals)
+            save = None
             if checkpoints:
                 stack.enter_context(checkpoints)
+                save = stack.enter_context(SaveHook(checkpoints))
+
+            def after_step(step, state):
+                """Seconds spent on anything but the step (saving), for the loop's clock."""
+                return (trace(step, state) if trace else 0.0) + (save(step, state) if save else 0.0)
+
             metrics_file = None
             if args.metrics_out and is_main:
                 mode = "a" if args.resume else "w"  # a resumed run continues the file
@@ -215,7 +220,7 @@ def main(argv=None):
             if checkpoints:
                 checkpoints.maybe_save(tc.steps, state, force=True)
                 say(f"checkpoint saved at step {tc.steps} in {checkpoints.directory}")
-        if profiler and is_main:
+        if trace and is_main:
             # The three columns for the steps just traced: napkin, XLA's count, the trace.
             compiled = None if args.no_jit else step_fn
             for line in profile_table(args.profile, cfg, B, compiled, peak, devices=mesh.size):
@@ -326,73 +331,6 @@ def make_evaluator(cfg, val_tokens, tc, batch_sharding, jit=True):
         for i in range(tc.eval_batches)
     ]
     return lambda params: float(np.mean([eval_step(params, b) for b in batches]))
-
-
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; the state was saved first."""
-
-
-class AfterStep:
-    """Runs after every step: the profiler's window, periodic checkpoints, and,
-    when SIGINT or SIGTERM arrived, a last checkpoint before stopping."""
-
-    def __init__(self, profiler, checkpoints):
-        self.profiler, self.checkpoints = profiler, checkpoints
-        self.signal = None
-        self._previous = {}
-        if checkpoints is not None:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum, frame):
-        self.signal = signal.Signals(signum).name  # acted on after the current step
-
-    def restore_signals(self):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def __call__(self, step, state):
-        """Returns the seconds spent saving, which are not step time."""
-        if self.profiler:
-            self.profiler(step, state)
-        saving = 0.0
-        if self.checkpoints and self.checkpoints.due(step + 1, force=self.signal is not None):
-            jax.block_until_ready(state)  # the step's own time ends here
-            start = time.perf_counter()
-            self.checkpoints.maybe_save(step + 1, state, force=True)
-            saving = time.perf_counter() - start
-        if self.signal:
-            raise Interrupted(
-                f"{self.signal} after step {step + 1}; the checkpoint is saved in "
-                f"{self.checkpoints.directory}: rerun with --resume to continue"
-            )
-        return saving
-
-
-class Profiler:
-    """Traces steps first..first+count-1 with jax.profiler into logdir; the
-    run's first step is left out when there are others, as it may still warm up."""
-
-    def __init__(self, logdir, start, steps, count=3):
-        self.logdir = logdir
-        self.first = start + 1 if steps > start + 1 else start
-        self.last = min(self.first + count, steps) - 1
-        self.active = False
-        if self.first == start:
-            self._start()
-
-    def _start(self):
-        jax.profiler.start_trace(self.logdir)
-        self.active = True
-
-    def __call__(self, step, state):
-        if step + 1 == self.first:
-            jax.block_until_ready(state)  # open the window on a quiet device
-            self._start()
-        if step == self.last and self.active:
-            jax.block_until_ready(state)
-            jax.profiler.stop_trace()
-            self.active = False
 
 
 def cli(argv=None):
