@@ -17,6 +17,8 @@ from sessions.config import ModelConfig
 from sessions.model import init_params
 from sessions.sharding import make_mesh
 
+from .deadlines import take, wait_until
+
 one_query = exercise("attention_by_hand.one_query")
 packed_attention = exercise("attention_by_hand.packed_attention")
 last_output_change = exercise("positions.last_output_change")
@@ -171,19 +173,10 @@ def test_measure_speedup_runs_and_reports_consistent_numbers(record_property):
 # Overlapped loading.
 
 
-def wait_until(condition, what, timeout=5):
-    """Poll until condition() holds: a deadlock guard, not a speed test."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"waited {timeout} s: {what}")
-        time.sleep(0.005)
-
-
 @pytest.mark.exercise("prefetch.prefetch")
 def test_prefetch_yields_every_batch_in_order():
-    assert list(prefetch(lambda step: step * step, 10, 3)) == [s * s for s in range(10)]
-    assert list(prefetch(lambda step: step, 0, 2)) == []
+    assert take(prefetch(lambda step: step * step, 10, 3)) == ([s * s for s in range(10)], None)
+    assert take(prefetch(lambda step: step, 0, 2)) == ([], None)
 
 
 @pytest.mark.exercise("prefetch.prefetch")
@@ -196,13 +189,13 @@ def test_prefetch_runs_ahead_by_depth_on_another_thread_and_no_further():
         return step
 
     batches = prefetch(make_batch, 20, depth)
-    assert next(batches) == 0
+    assert take(batches, 1) == ([0], None)
     # The consumer holds batch 0; a prefetcher fills its `depth` places meanwhile.
     wait_until(lambda: len(made) >= 1 + depth, f"only {len(made)} batches were made ahead")
     time.sleep(0.1)  # give a runaway thread the chance to overrun
     assert len(made) <= 1 + depth + 1, f"{len(made)} batches made with 1 taken, depth {depth}"
     assert threading.get_ident() not in threads, "batches were made on the consumer's thread"
-    assert list(batches) == list(range(1, 20))
+    assert take(batches) == (list(range(1, 20)), None)
 
 
 @pytest.mark.exercise("prefetch.prefetch")
@@ -212,10 +205,9 @@ def test_prefetch_raises_the_loaders_error_to_the_consumer():
             raise ValueError("disk on fire")
         return step
 
-    batches = prefetch(make_batch, 5, 2)
-    assert [next(batches), next(batches)] == [0, 1]
-    with pytest.raises(ValueError, match="disk on fire"):
-        next(batches)
+    taken, error = take(prefetch(make_batch, 5, 2))
+    assert taken == [0, 1], f"took {taken} before the error"
+    assert isinstance(error, ValueError) and "disk on fire" in str(error), f"raised {error!r}"
 
 
 # Multichip.

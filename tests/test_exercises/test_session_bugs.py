@@ -18,6 +18,8 @@ from sessions.model import init_params
 from sessions.sharding import make_mesh, tree_shardings
 from sessions.train import init_state, make_optimizer, make_train_step
 
+from .deadlines import take
+
 inputs_from_targets = exercise("bug_zero_inputs.inputs_from_targets")
 train_loop = exercise("bug_host_sync.train_loop")
 count_compiles = exercise("bug_recompile.count_compiles")
@@ -207,30 +209,6 @@ def test_workers_needed_by_hand():
     assert workers_needed(0.001, 0.005) == 1
 
 
-def take_all(batches, timeout=20):
-    """Consume a generator on a helper thread: a hung loader fails, not hangs."""
-    result = {}
-
-    def run():
-        try:
-            taken = []
-            for batch in batches:
-                taken.append(batch)
-                time.sleep(0.01)  # a consumer with work of its own
-            result["taken"] = taken
-        except Exception as e:  # noqa: BLE001 - reported by the test
-            result["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        pytest.fail(f"the loader did not finish within {timeout} s")
-    if "error" in result:
-        raise result["error"]
-    return result["taken"]
-
-
 @pytest.mark.exercise("bug_slow_loader.parallel_loader")
 def test_parallel_loader_loads_workers_batches_at_once_in_order():
     """Each batch waits at a barrier until `workers` loads are running together:
@@ -251,18 +229,22 @@ def test_parallel_loader_loads_workers_batches_at_once_in_order():
             running[0] -= 1
         return step
 
-    assert take_all(parallel_loader(make_batch, steps, workers)) == list(range(steps))
+    taken, error = take(parallel_loader(make_batch, steps, workers), pause_s=0.01)
+    if error is not None:
+        raise error
+    assert taken == list(range(steps))
     assert most[0] <= workers + 1, f"{most[0]} loads at once with {workers} workers"
 
 
 @pytest.mark.exercise("bug_slow_loader.parallel_loader")
 def test_parallel_loader_keeps_at_most_workers_in_flight():
-    workers, made = 2, []
+    workers, made, taken = 2, [], []
     batches = parallel_loader(lambda step: made.append(step) or step, 20, workers)
-    taken = []
-    for batch in batches:
-        taken.append(batch)
-        time.sleep(0.01)  # a slow consumer: an unbounded loader runs away
+    for _ in range(20):
+        item, error = take(batches, 1)  # one at a time, each under a deadline
+        assert error is None and item, f"after {taken}: {item}, {error!r}"
+        taken += item
+        time.sleep(0.01)  # a slow consumer: an unbounded loader runs away meanwhile
         assert len(made) <= len(taken) + workers, f"{len(made)} made, {len(taken)} taken"
     assert taken == list(range(20))
 
