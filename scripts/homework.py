@@ -215,7 +215,7 @@ def main(argv=None):
         action="store_true",
         help="grade solutions/ instead (instructors: they must all pass)",
     )
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds (default 1800)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
     parser.add_argument("--verbose", action="store_true", help="show pytest's own output too")
     args = parser.parse_args(argv)
 
