@@ -62,7 +62,11 @@ def cached(dtype="float32"):
 
 
 def measured(dtype="float32", refresh=False):
-    """The cached measurement for this device and dtype, measuring if absent."""
+    """The cached measurement for this device and dtype, measuring if absent.
+
+    refresh measures again, and each figure keeps the best of the old and the
+    new: a ceiling is the most the device has been seen to do, and a
+    measurement taken while something else used the cores must not lower it."""
     key = device_key(dtype)
     cache = {}
     if os.path.exists(CACHE):
@@ -72,7 +76,8 @@ def measured(dtype="float32", refresh=False):
         except (OSError, ValueError):
             cache = {}  # a damaged cache is just measured again
     if refresh or key not in cache:
-        cache[key] = measure(dtype)
+        new, old = measure(dtype), cache.get(key, {})
+        cache[key] = {name: max(value, old.get(name, 0)) for name, value in new.items()}
         os.makedirs(os.path.dirname(CACHE), exist_ok=True)
         tmp = f"{CACHE}.{os.getpid()}"
         with open(tmp, "w") as f:
