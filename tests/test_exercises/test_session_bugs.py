@@ -120,7 +120,7 @@ def test_train_loop_dispatches_the_next_step_without_waiting(record_property):
     running (a step takes milliseconds, dispatching the next microseconds).
     Finishing is allowed only after a log step."""
     step, log_every, steps = slow_step(), 4, 12
-    state = jax.random.normal(jax.random.key(0), (384, 384)) / 20
+    state = jax.random.normal(jax.random.key(0), (512, 512)) / 24
     jax.block_until_ready(step(state, jnp.float32(0)))  # compile outside the loop
     outputs, finished_at_dispatch = [], {}
 
