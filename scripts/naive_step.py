@@ -31,7 +31,7 @@ def forward(params, tokens, cfg):
             out = jnp.einsum("BHST,BTHD->BSHD", probs, v)
             x = x + jnp.einsum("BSHD,HDE->BSE", out, layer["wo"])
         h = norm(x, layer["mlp_norm"])
-        h = jax.nn.gelu(jnp.einsum("BSE,EF->BSF", h, layer["w_in"]))
+        h = jax.nn.relu(jnp.einsum("BSE,EF->BSF", h, layer["w_in"]))
         x = x + jnp.einsum("BSF,FE->BSE", h, layer["w_out"])
     x = norm(x, params["final_norm"])
     return jnp.einsum("BSE,VE->BSV", x, params["embed"])

@@ -100,7 +100,9 @@ def attention_block(layer, x, cfg, segment_ids=None):
 def mlp_block(layer, x):
     """x: [B, S, E] -> [B, S, E]; acts on each position alone."""
     h = constrain(dense(x, layer["w_in"]), "BSF")  # "BSE,EF->BSF"
-    h = jax.nn.gelu(h)
+    # ReLU, as in the course. GELU (GPT-2's) learns about as well here and
+    # costs 3-5% more per step on a CPU, where its tanh is not free.
+    h = jax.nn.relu(h)
     return constrain(dense(h, layer["w_out"]), "BSE")  # "BSF,FE->BSE"
 
 
