@@ -13,6 +13,7 @@ by default): that is the cost the overlapped loader exists to hide.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,21 +35,29 @@ RUNGS = [
 
 
 def run_rung(flags, args, devices, tmp):
-    summary = os.path.join(tmp, "summary.json")
+    """The rung's summary, its throughput taken as the median over log
+    intervals after the first (which still warms up)."""
+    summary, metrics = os.path.join(tmp, "summary.json"), os.path.join(tmp, "metrics.jsonl")
     env = dict(os.environ)
     if jax.default_backend() == "cpu":
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     command = [sys.executable, SCRIPT, "--preset", args.preset, "--steps", str(args.steps),
-               "--log-every", str(args.steps), "--eval-every", str(args.steps),
+               "--log-every", str(max(args.steps // 8, 1)), "--eval-every", str(args.steps),
                "--sample-bytes", "0", "--data-delay-ms", str(args.data_delay_ms),
-               "--run-dir", tmp, "--summary-out", summary, *flags]  # fmt: skip
+               "--run-dir", tmp, "--summary-out", summary, "--metrics-out", metrics,
+               *flags]  # fmt: skip
     if devices == 1:
         command += ["--mesh", "fsdp=1"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if result.returncode:
         raise SystemExit(f"error: a rung failed: {' '.join(flags)}: {result.stderr.strip()}")
     with open(summary) as f:
-        return json.load(f)
+        result = json.load(f)
+    with open(metrics) as f:
+        records = [json.loads(line) for line in f][1:] or [result]
+    for key in ("tokens_per_sec", "mfu"):
+        result[key] = statistics.median(r[key] for r in records)
+    return result
 
 
 def main(argv=None):
@@ -80,7 +89,7 @@ def main(argv=None):
         memory = f"{memory / 2**20:,.0f} MiB" if memory else "n/a"
         print(f"| {name} | {s['tokens_per_sec']:,.0f} | {100 * s['mfu']:.1f}% | "
               f"{s['val_loss']:.3f} | {memory} | {what} |", flush=True)  # fmt: skip
-    print("\nMFU: model FLOPs (6·B·P plus attention) over the peak of the devices used; val loss "
+    print("\ntokens/s and MFU: the median over log intervals after the first; MFU: model FLOPs (6·B·P plus attention) over the peak of the devices used; val loss "
           "after the same number of tokens; memory from XLA's plan of the compiled step "
           "(n/a when run op by op).")  # fmt: skip
     return 0

@@ -37,8 +37,13 @@ def train_loop(
     log=print,
     metrics_file=None,
     on_step=None,
+    wait_for_step=False,
 ):
     """Runs steps start..steps-1. Returns (state, history, seconds spent in steps).
+
+    wait_for_step: wait for each step to finish before asking for the next
+    batch, so loading and computing never overlap (session 1's blocking loads;
+    s2_train.py --no-overlap).
 
     history: one dict per log line (the --metrics-out JSON objects).
     peak_flops: of one device. on_step(step, state), if given, is called after
@@ -50,6 +55,8 @@ def train_loop(
     last_time, last_step = time.perf_counter(), start
     paused = 0.0  # seconds since last_time spent in on_step's own work
     for step in range(start, steps):
+        if wait_for_step:
+            jax.block_until_ready(state)
         with (
             jax.profiler.StepTraceAnnotation("train", step_num=step),
             jax.transfer_guard_device_to_host("disallow"),

@@ -1,10 +1,17 @@
 """Overlapped data loading: lay the track faster than the train.
 
-A training step is dispatched asynchronously: `step_fn(state, batch)` returns
-at once while the devices work. If the next batch is then read, cut and copied
-to the devices in the same thread, the devices sit idle meanwhile. A
-background thread that keeps `depth` batches ready, already on the devices,
-hides that time whenever loading one batch is faster than one step.
+A loop that loads each batch only once the previous step is done (session 1:
+it reads its loss every step, then loads) leaves the devices idle while the
+host reads, cuts and copies the next batch. A background thread that keeps
+`depth` batches ready, already on the devices, hides that time whenever
+loading one batch is faster than one step: `--no-overlap` turns it off, and
+`--data-delay-ms` makes loading slow enough to see the difference.
+
+A subtlety worth a look in the trace: JAX dispatches a jitted step
+asynchronously, so a loop that never waits on the device already loads the
+next batch while the current step runs, even without this thread. The thread
+keeps that overlap when the loop does wait (a loss read for logging, a
+checkpoint), and moves the copy to the devices off the dispatching thread.
 """
 
 import queue

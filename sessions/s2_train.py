@@ -69,7 +69,11 @@ def parse_args(argv):
     parser.add_argument("--no-attention", action="store_true")
     parser.add_argument("--no-positions", action="store_true")
     parser.add_argument("--no-jit", action="store_true")
-    parser.add_argument("--no-overlap", action="store_true")
+    parser.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="load each batch in the loop once the previous step is done (blocking loads)",
+    )
     parser.add_argument(
         "--data-delay-ms",
         type=non_negative_int,
@@ -216,6 +220,7 @@ def main(argv=None):
                 log=say,
                 metrics_file=metrics_file,
                 on_step=after_step,
+                wait_for_step=args.no_overlap,
             )
             if checkpoints:
                 checkpoints.maybe_save(tc.steps, state, force=True)
