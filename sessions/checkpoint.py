@@ -25,6 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from sessions.config import UsageError
+from sessions.loop import TrainingDiverged
 
 KEEP = 3  # the newest three checkpoints are kept
 
@@ -77,10 +78,21 @@ class Checkpoints:
         return bool(wanted) and step not in self.manager.all_steps()
 
     def maybe_save(self, step, state, force=False):
-        """Save after `step` steps if it is a checkpoint step (or forced)."""
+        """Save after `step` steps if it is a checkpoint step (or forced).
+
+        A state holding NaN or infinity is never saved: the loss is only read
+        on log steps, and a checkpoint taken between a divergence and the next
+        log line must not replace the last good one."""
         if not self.due(step, force):
             return False
-        meta = {"step": step, **self.identity, "fingerprint": _fingerprint_list(state)}
+        fingerprint = _fingerprint_list(state)
+        if not np.all(np.isfinite(fingerprint)):
+            kept = self.steps()
+            raise TrainingDiverged(
+                f"the weights became NaN or infinite by step {step}; nothing was saved, "
+                f"the last good checkpoint is {f'step {kept[-1]}' if kept else 'none'}"
+            )
+        meta = {"step": step, **self.identity, "fingerprint": fingerprint}
         self.manager.save(
             step,
             args=ocp.args.Composite(

@@ -2,6 +2,7 @@
 a damaged checkpoint is skipped for the one before; a checkpoint restores
 onto another mesh; and every misuse is one line with exit status 2."""
 
+import dataclasses
 import functools
 import json
 import random
@@ -179,3 +180,21 @@ def test_every_checkpoint_damaged_is_an_error(tmp_path):
         pytest.raises(UsageError, match="damaged"),
     ):
         checkpoints.restore_latest(abstract, log=lambda line: None)
+
+
+def test_a_diverged_state_is_never_saved_over_the_last_good_one(tmp_path, capsys):
+    """The loss is read only on log steps: a checkpoint step between a
+    divergence and the next log line must keep the last good checkpoint."""
+    argv = ["--preset", "tiny", "--steps", "30", "--log-every", "30", "--checkpoint-every", "1",
+            "--lr", "1e12", "--run-dir", str(tmp_path)]  # fmt: skip
+    code, err = s2_in_process(argv, capsys)
+    assert code == 1
+    assert "NaN or infinite by step" in err and "nothing was saved" in err
+    cfg, tc = _tiny()
+    tc = dataclasses.replace(tc, steps=30)
+    with Checkpoints(tmp_path / "checkpoints", 1, cfg, tc) as checkpoints:
+        kept = checkpoints.steps()
+        _, abstract = _state("fsdp=8")
+        _, restored = checkpoints.restore_latest(abstract, log=lambda line: None)
+    assert kept and kept[-1] < 30
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored))

@@ -96,3 +96,18 @@ def test_a_diverging_run_stops_with_the_step_and_advice(tmp_path, capsys):
     code, err = s2_in_process(argv, capsys)
     assert code == 1
     assert "the loss became nan at step" in err and "--lr" in err
+
+
+def test_unreadable_data_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """Permission denied, simulated: as root (CI), chmod 000 would not stop a read."""
+    from sessions import data
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("x" * 1000)
+
+    def denied(filename, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(filename))
+
+    monkeypatch.setattr(data.np, "memmap", denied)
+    code, err = s2_in_process(["--preset", "tiny", "--data", str(path)], capsys)
+    assert code == 2 and f"cannot read {path}" in err and len(err.strip().splitlines()) == 1
