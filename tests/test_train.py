@@ -61,8 +61,6 @@ def test_jitted_step_equals_eager_step(cfg):
 class CompileCounter:
     """Counts XLA backend compilations through JAX's monitoring events."""
 
-    EVENT = "/jax/compilation_cache/compile_time_saved_sec"
-
     def __init__(self):
         self.count = 0
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
