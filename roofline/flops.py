@@ -91,7 +91,7 @@ def activations_per_token(cfg):
     The backward pass of y = x @ W needs x (for W's gradient); a nonlinearity
     needs its input. Per layer, the course's model keeps:
         attention: the normed input E; q, k, v 3·H·D; the heads' output H·D
-        MLP:       the normed input E; GELU's input F and output F
+        MLP:       the normed input E; ReLU's input F and output F
     and after the last layer the final normed stream E. The score matrix
     (H·S per token) and the float32 logits (V per token) are counted apart,
     in `train_bytes`, because their dtype and existence depend on the
