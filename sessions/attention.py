@@ -44,13 +44,25 @@ def einsum_attention(q, k, v, segment_ids=None):
 
 
 def fused_attention(q, k, v, segment_ids=None):
-    """The library call: on NVIDIA GPUs in bf16 it runs cuDNN's fused (flash)
-    kernel, which never writes the [B, H, S, T] score matrix to memory; on
-    other backends it lowers to the same einsums as above."""
-    if segment_ids is None:
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
-    mask = attention_mask(q.shape[1], k.shape[1], segment_ids)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask)
+    """The library call. On an NVIDIA GPU in bf16/fp16 it asks for cuDNN's
+    fused (flash) kernel, which never writes the [B, H, S, T] score matrix to
+    memory; it must be asked for by name, since JAX's default implementation
+    (None) still means XLA's. Where cuDNN cannot run the shapes, and on other
+    backends, XLA lowers the call to the same einsums as above."""
+    mask = None if segment_ids is None else attention_mask(q.shape[1], k.shape[1], segment_ids)
+    causal = segment_ids is None  # the mask, when given, already is causal
+
+    def call(implementation):
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=mask, is_causal=causal, implementation=implementation
+        )
+
+    if jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
+        try:
+            return call("cudnn")
+        except (ValueError, NotImplementedError, RuntimeError):
+            pass  # e.g. no cuDNN, or a head dim it does not support: XLA's below
+    return call(None)
 
 
 IMPLEMENTATIONS = {"einsum": einsum_attention, "fused": fused_attention}
