@@ -14,15 +14,8 @@ import os
 import sys
 
 from roofline import calibrate
-from roofline.compare import (
-    compare,
-    compile_train_step,
-    load_metadata,
-    local_roofs,
-    report_lines,
-    xla_cost,
-)
-from roofline.flops import ledger_lines, train_bytes
+from roofline.compare import compare, load_metadata, local_roofs, report_lines
+from roofline.flops import flash_kernel, ledger_lines, train_bytes
 from roofline.hardware import CHIPS, find_chip, measured_chip
 from roofline.predict import predict_train_step
 from roofline.profile import read_trace
@@ -60,8 +53,9 @@ def add_model_flags(parser, preset_default="cpu"):
     parser.add_argument("--batch", type=positive_int, help="sequences per step (default: preset's)")
     for flag in ("seq", "embed", "ff", "heads", "head-dim", "layers", "vocab"):
         parser.add_argument(f"--{flag}", type=positive_int)
-    parser.add_argument("--attention-impl", choices=["einsum", "fused"],
-                        help="einsum keeps the [B, H, S, S] probabilities for backward; fused does not")
+    parser.add_argument("--attention-impl", choices=["einsum", "fused", "cudnn", "splash"],
+                        help="einsum and fused (XLA's) keep the [B, H, S, S] probabilities for "
+                        "backward; the flash kernels (cudnn, splash) do not")
 
 
 def model_from_args(args, **overrides):
@@ -129,7 +123,7 @@ def predict_lines(args):
     batch = tc.batch
     p = predict_train_step(cfg, batch, chip, dtype=dtype, chips=args.chips)
     b = train_bytes(cfg, batch)
-    kept = "with" if cfg.attention and cfg.attention_impl == "einsum" else "without"
+    kept = "with" if cfg.attention and not flash_kernel(cfg) else "without"
     return [
         f"predict: preset {args.preset} | {batch} x {cfg.seq} = {batch * cfg.seq:,} tokens per step"
         + f" | L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim}"
@@ -165,9 +159,10 @@ def compare_lines(args):
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(str(e)) from None
     saved = load_metadata(args.logdir)
-    if args.preset:  # the model given on the command line: XLA's count compiled afresh
+    if args.preset:  # the model given on the command line; XLA's count only if it is what ran
         cfg, tc = model_from_args(args)
-        batch, cost, devices = tc.batch, xla_cost(compile_train_step(cfg, tc)), 1
+        same = saved and saved[0] == cfg and saved[1] == tc.batch
+        batch, cost, devices = tc.batch, saved[2] if same else None, saved[3] if same else 1
     elif saved:
         cfg, batch, cost, devices = saved
     else:

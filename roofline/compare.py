@@ -14,32 +14,18 @@ really ran, and why. `roofline_chart` draws the same on the roofline plot.
 """
 
 import dataclasses
-import functools
 import json
 import os
 
 import jax
-import numpy as np
 
 from roofline.flops import ledger, train_bytes
 from roofline.hardware import datasheet_chip, measured_chip
 from roofline.predict import predict, utilisation
 from roofline.profile import KIND_NOTES, KINDS, open_command, read_trace
 from sessions.config import ModelConfig
-from sessions.train import init_state, make_optimizer, make_train_step
 
 METADATA = "roofline.json"  # written beside a trace: what ran, so `compare LOGDIR` can redo the table
-
-
-def compile_train_step(cfg, tc):
-    """The course's training step (sessions/train.py), compiled from shapes alone
-    on one device: what XLA's cost analysis is asked about."""
-    optimizer = make_optimizer(tc, tc.steps)
-    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
-    state = jax.eval_shape(init, jax.random.key(tc.seed))
-    tokens = jax.ShapeDtypeStruct((tc.batch, cfg.seq), np.int32)
-    step = make_train_step(cfg, optimizer)
-    return step.lower(state, {"inputs": tokens, "targets": tokens}).compile()
 
 
 def xla_cost(compiled_or_cost, devices=None):

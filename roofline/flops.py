@@ -14,11 +14,14 @@ write at least once (weights, gradients, optimizer state, activations kept for
 the backward pass), however cleverly the compiler fuses everything else.
 """
 
-import functools
 import math
 from typing import NamedTuple
 
 import jax
+
+# Attention kernels that recompute the [B, H, S, T] probabilities in the backward
+# pass instead of keeping them (flash attention: cuDNN's, Pallas splash).
+FLASH_KERNELS = ("cudnn", "splash")
 
 
 def count_params(tree):
@@ -26,12 +29,22 @@ def count_params(tree):
     return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
 
 
-@functools.cache  # a frozen ModelConfig is hashable, and P depends on it alone
 def param_count(cfg):
-    """P for a ModelConfig, without building the params."""
-    from sessions.model import init_params
+    """P for a ModelConfig, counted from its shapes (sessions/model.py's params):
 
-    return count_params(jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0)))
+        embedding V·E (tied: also the output projection), positions S·E,
+        per layer: q, k, v, o 4·E·H·D and a norm scale E (with attention),
+                   w_in, w_out 2·E·F and a norm scale E,
+        final norm scale E."""
+    E, F, H, D = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim
+    per_layer = 2 * E * F + E + ((4 * E * H * D + E) if cfg.attention else 0)
+    positions = cfg.seq * E if cfg.positions else 0
+    return cfg.vocab * E + positions + cfg.layers * per_layer + E
+
+
+def flash_kernel(cfg):
+    """True if attention runs in a flash kernel, which keeps no probabilities."""
+    return cfg.attention_impl in FLASH_KERNELS
 
 
 def matmul_params(cfg):
@@ -111,8 +124,8 @@ def train_bytes(cfg, batch, opt_states=2):
     (7 arrays: 28·P). 36 bytes per parameter in all.
 
     Activations (compute dtype, cfg.dtype): `activations_per_token` values per
-    token, plus the softmax probabilities [B, H, S, S] when attention is the
-    einsum kind (a fused, flash-style kernel recomputes them instead), plus
+    token, plus the softmax probabilities [B, H, S, S] unless attention runs in
+    a flash kernel (cuDNN's, Pallas splash), which recomputes them instead, plus
     float32 logits [B, S, V]; each written in the forward pass and read in the
     backward pass (x2).
 
@@ -125,7 +138,7 @@ def train_bytes(cfg, batch, opt_states=2):
     act_bytes = 2 if cfg.dtype == "bfloat16" else 4
     tokens = batch * cfg.seq
     kept = tokens * activations_per_token(cfg) * act_bytes
-    if cfg.attention and cfg.attention_impl == "einsum":
+    if cfg.attention and not flash_kernel(cfg):
         kept += cfg.layers * batch * cfg.heads * cfg.seq * cfg.seq * act_bytes
     kept += tokens * cfg.vocab * 4  # logits are float32 (preferred_element_type)
     return StepBytes(

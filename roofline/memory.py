@@ -15,11 +15,16 @@ def step_memory(compiled=None, device=None):
         return stats["peak_bytes_in_use"], "allocator peak"
     if compiled is None:
         return None, "not reported by this backend"
-    m = compiled.memory_analysis()
-    planned = (
+    return planned_bytes(compiled.memory_analysis()), "XLA's memory plan of the compiled step"
+
+
+def planned_bytes(m):
+    """Bytes one device needs by XLA's plan (`compiled.memory_analysis()`):
+    arguments, outputs and temporaries, less the outputs that reuse donated
+    arguments (counted once, as arguments)."""
+    return (
         m.argument_size_in_bytes
         + m.output_size_in_bytes
         + m.temp_size_in_bytes
         - m.alias_size_in_bytes
     )
-    return planned, "XLA's memory plan of the compiled step"

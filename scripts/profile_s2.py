@@ -17,15 +17,10 @@ import sys
 
 import jax
 
-from roofline.compare import (
-    METADATA,
-    compile_train_step,
-    profile_comparison,
-    report_lines,
-    xla_cost,
-)
+from roofline.compare import METADATA, profile_comparison, report_lines, xla_cost
 from roofline.hardware import local_peak_flops
 from sessions import s2_train
+from sessions.aot import compile_train_step
 from sessions.cli import ArgumentParser, positive_int
 from sessions.config import PRESETS
 
@@ -65,7 +60,7 @@ def main(argv=None):
     printed = os.path.exists(saved)
 
     # The same configuration s2_train.py resolved from these flags.
-    _, cfg, tc = s2_train.choose_configs(s2_train.parse_args(s2_argv))
+    _, cfg, tc, _ = s2_train.choose_configs(s2_train.parse_args(s2_argv))
     peak = local_peak_flops(cfg.dtype)
     c = profile_comparison(args.logdir, cfg, tc.batch, xla_cost(compile_train_step(cfg, tc)), peak,
                            devices=jax.device_count())

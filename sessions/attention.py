@@ -8,10 +8,21 @@ matches their keys:
     out[b, s, h, :]    = sum_t softmax_t(scores)[b, h, s, t] * v[b, t, h, :]
 
 Shapes: q [B, S, H, D]; k, v [B, T, H, D] (T = S in self-attention).
+
+Four implementations compute the same thing (`IMPLEMENTATIONS`): the einsums
+below, the reference; `jax.nn.dot_product_attention` (XLA's); cuDNN's flash
+kernel on NVIDIA GPUs; and JAX's Pallas splash-attention kernel on TPUs. The
+two flash kernels never write the [B, H, S, T] scores to memory. `choose`
+picks one for the chip the step is compiled for, which need not be this one.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from sessions.config import UsageError
 
 
 def attention_mask(S, T, segment_ids=None):
@@ -44,28 +55,131 @@ def einsum_attention(q, k, v, segment_ids=None):
 
 
 def fused_attention(q, k, v, segment_ids=None):
-    """The library call. On an NVIDIA GPU in bf16/fp16 it asks for cuDNN's
-    fused (flash) kernel, which never writes the [B, H, S, T] score matrix to
-    memory; it must be asked for by name, since JAX's default implementation
-    (None) still means XLA's. Where cuDNN cannot run the shapes, and on other
-    backends, XLA lowers the call to the same einsums as above."""
+    """The library call, `jax.nn.dot_product_attention`, in XLA's implementation
+    (JAX's default, on every backend): the same einsums as above, with XLA free
+    to fuse them. The flash kernels below are asked for by name."""
     mask = None if segment_ids is None else attention_mask(q.shape[1], k.shape[1], segment_ids)
     causal = segment_ids is None  # the mask, when given, already is causal
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal)
 
-    def call(implementation):
-        return jax.nn.dot_product_attention(
-            q, k, v, mask=mask, is_causal=causal, implementation=implementation
+
+def cudnn_attention(q, k, v, segment_ids=None):
+    """cuDNN's fused flash attention (NVIDIA, bf16/fp16), asked for by name: no
+    fallback, so a step compiled with it certainly runs it (`choose` checks the
+    shapes first). Its forward and backward are the custom calls
+    __cudnn$fmhaSoftmax and __cudnn$fmhaSoftmaxBackward in the compiled step."""
+    mask = None if segment_ids is None else attention_mask(q.shape[1], k.shape[1], segment_ids)
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=mask, is_causal=segment_ids is None, implementation="cudnn"
+    )
+
+
+def splash_kernel(q, k, v, segment_ids=None, *, interpret=False):
+    """JAX's Pallas splash-attention kernel for TPUs, on one device's shard.
+
+    The kernel works on one sequence at a time with heads first ([H, S, D]), so
+    it is vmapped over B; it takes no softmax scale, so q arrives scaled. It
+    skips the blocks the causal mask hides entirely. interpret=True runs the
+    same kernel as plain JAX ops on any backend (slow; for checking it)."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    B, S, H, D = q.shape
+    T = k.shape[1]
+    mask = splash.MultiHeadMask([splash.CausalMask((S, T))] * H)
+    bq, bt = min(512, S), min(512, T)  # tiles of up to 512 queries x 512 keys
+    sizes = splash.BlockSizes(
+        block_q=bq, block_kv=bt, block_kv_compute=bt,
+        block_q_dkv=bq, block_kv_dkv=bt, block_kv_dkv_compute=bt,
+        block_q_dq=bq, block_kv_dq=bt,
+    )
+    kernel = splash.make_splash_mha(
+        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+    )
+    heads_first = functools.partial(jnp.swapaxes, axis1=1, axis2=2)  # [B,S,H,D] <-> [B,H,S,D]
+    q = (q * D**-0.5).astype(k.dtype)
+    if segment_ids is None:
+        out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v))
+    else:
+        ids = splash.SegmentIds(q=segment_ids, kv=segment_ids)
+        out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v), segment_ids=ids)
+    return heads_first(out)
+
+
+def splash_attention(q, k, v, segment_ids=None):
+    """The splash kernel over a mesh: a Pallas kernel is one device's program,
+    which XLA's partitioner cannot split, so `jax.shard_map` hands each device
+    its own rows (data, fsdp) and heads (tp), as the activations are laid out
+    (sessions/sharding.py). On a TPU the kernel is compiled; lowered for any
+    other platform it runs interpreted, as the same arithmetic."""
+
+    def local(q, k, v, segment_ids):
+        return jax.lax.platform_dependent(
+            q, k, v, segment_ids,
+            tpu=functools.partial(splash_kernel, interpret=False),
+            default=functools.partial(splash_kernel, interpret=True),
         )
 
-    if jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
-        try:
-            return call("cudnn")
-        except (ValueError, NotImplementedError, RuntimeError):
-            pass  # e.g. no cuDNN, or a head dim it does not support: XLA's below
-    return call(None)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return local(q, k, v, segment_ids)
+    qkv = P(("data", "fsdp"), None, "tp", None)
+    ids = None if segment_ids is None else P(("data", "fsdp"), None)
+    return jax.shard_map(local, in_specs=(qkv, qkv, qkv, ids), out_specs=qkv)(
+        q, k, v, segment_ids
+    )
 
 
-IMPLEMENTATIONS = {"einsum": einsum_attention, "fused": fused_attention}
+IMPLEMENTATIONS = {
+    "einsum": einsum_attention,
+    "fused": fused_attention,
+    "cudnn": cudnn_attention,
+    "splash": splash_attention,
+}
+KERNEL_PLATFORM = {"cudnn": "gpu", "splash": "tpu"}
+
+
+def kernel_refusal(impl, cfg, batch):
+    """Why `impl` cannot take these shapes on its chip, or None if it can."""
+    if impl == "splash" and cfg.seq % 128:
+        # Its tiles are 128 keys wide (the TPU's lanes); the sequence must fill them.
+        return f"splash attention needs a sequence divisible by 128, not {cfg.seq}"
+    if impl == "cudnn":
+        if cfg.dtype != "bfloat16":
+            return f"cuDNN's flash attention needs bfloat16 or float16, not {cfg.dtype}"
+        shape = jax.ShapeDtypeStruct((batch, cfg.seq, cfg.heads, cfg.head_dim), jnp.bfloat16)
+        try:  # cuDNN's own checks (head dim, sequence, library version) run at trace time
+            jax.eval_shape(cudnn_attention, shape, shape, shape)
+        except Exception as e:  # noqa: BLE001  (its errors are of several types)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return f"cuDNN's flash attention refused the shapes: {first}"
+    return None
+
+
+def choose(requested, platform, cfg, batch):
+    """(implementation, note) for a step compiled for `platform` ("cpu", "gpu", "tpu").
+
+    requested None or "fused" means the fastest the chip has: cuDNN's flash
+    kernel on NVIDIA in bf16, the splash kernel on TPU, where they take the
+    shapes; else XLA's fused call, with a note saying why. "einsum" is always
+    honoured; asking for a kernel of another chip is a usage error."""
+    if requested == "einsum" or (requested is None and platform == "cpu"):
+        return "einsum", None
+    if requested in KERNEL_PLATFORM and KERNEL_PLATFORM[requested] != platform:
+        raise UsageError(
+            f"--attention-impl {requested} runs on {KERNEL_PLATFORM[requested].upper()}s, "
+            f"not on this step's {platform.upper()}"
+        )
+    kernel = requested if requested in KERNEL_PLATFORM else {"gpu": "cudnn", "tpu": "splash"}.get(
+        platform
+    )
+    if kernel is None:
+        return "fused", None
+    refusal = kernel_refusal(kernel, cfg, batch)
+    if refusal is None:
+        return kernel, None
+    if requested == kernel:
+        raise UsageError(f"--attention-impl {kernel}: {refusal}")
+    return "fused", f"{refusal}: XLA's fused attention instead"
 
 
 def attention(q, k, v, segment_ids=None, impl="einsum"):

@@ -14,6 +14,7 @@ chip's peak (MFU).
     python sessions/s2_train.py --preset tiny --steps 3
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
         python sessions/s2_train.py --preset tiny --mesh fsdp=4,tp=2
+    python sessions/s2_train.py --preset gpt2 --target tpu-v5e:2x4   # compile only, for a TPU
 """
 
 import contextlib
@@ -32,7 +33,8 @@ from roofline.flops import napkin_train_flops, param_count, train_flops
 from roofline.hardware import local_peak_flops
 from roofline.memory import step_memory
 from roofline.profile import TraceWindow
-from sessions import data, multihost, sharding
+from sessions import aot, data, multihost, sharding
+from sessions.attention import choose as choose_attention
 from sessions.checkpoint import Checkpoints, Interrupted, SaveHook
 from sessions.cli import (
     ArgumentParser,
@@ -63,8 +65,15 @@ def parse_args(argv):
     )
     parser.add_argument(
         "--attention-impl",
-        choices=["einsum", "fused"],
-        help="einsum by hand, or jax.nn.dot_product_attention (default on GPU)",
+        choices=["einsum", "fused", "cudnn", "splash"],
+        help="einsum by hand (default on CPU); fused: the chip's fastest, cuDNN's flash "
+        "kernel on NVIDIA, Pallas splash on TPU, else jax.nn.dot_product_attention",
+    )
+    parser.add_argument(
+        "--target",
+        metavar="CHIP[:SHAPE]",
+        help="compile the step for a chip this machine lacks (tpu-v5e:2x4, h100:8; chips: "
+        "python -m roofline chips), print its memory, collectives, kernels and roofline, exit",
     )
     parser.add_argument("--no-attention", action="store_true")
     parser.add_argument("--no-positions", action="store_true")
@@ -104,27 +113,48 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def choose_configs(args):
-    on_cpu = jax.default_backend() == "cpu"
+def choose_configs(args, platform=None):
+    """(preset, ModelConfig, TrainConfig, attention note) for the chip the step
+    is built for: `platform` ("cpu", "gpu", "tpu"), by default this machine's.
+    Accelerators default to the course's shapes, bf16 and their flash kernel."""
+    platform = platform or jax.default_backend()
+    on_cpu = platform == "cpu"
     preset = args.preset or ("cpu" if on_cpu else "course")
     overrides = {
         "attention": not args.no_attention,
         "positions": not args.no_positions,
         "dtype": args.dtype or ("float32" if on_cpu else "bfloat16"),
-        "attention_impl": args.attention_impl or ("einsum" if on_cpu else "fused"),
     }
     model_cfg, train_cfg = configs_from_args(args, preset, **overrides)
+    impl, note = choose_attention(args.attention_impl, platform, model_cfg, train_cfg.batch)
+    model_cfg = dataclasses.replace(model_cfg, attention_impl=impl)
     if args.eval_every:
         train_cfg = dataclasses.replace(train_cfg, eval_every=args.eval_every)
-    return preset, model_cfg, train_cfg
+    return preset, model_cfg, train_cfg, note
+
+
+def plan_on_target(args):
+    """--target: compile the step these flags describe for a chip this machine
+    lacks, print what the compiler did and the roofline, and exit."""
+    target, devices = aot.devices_for(args.target)
+    preset, cfg, tc, note = choose_configs(args, platform=target.chip.platform)
+    summary = aot.plan_target(args, cfg, tc, preset, target, devices, print, note)
+    if args.summary_out:
+        with open(args.summary_out, "w") as f:
+            json.dump(summary, f, indent=1)
+    if "error" in summary:
+        raise UsageError(summary["error"])
+    return 0
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.target:
+        return plan_on_target(args)
     multihost.initialize(args)  # before anything touches a device
     is_main = jax.process_index() == 0
     say = print if is_main else (lambda *a, **k: None)
-    preset, cfg, tc = choose_configs(args)
+    preset, cfg, tc, attention_note = choose_configs(args)
     B, S = tc.batch, cfg.seq
 
     # Data: bytes are tokens; batches are a pure function of (seed, step).
@@ -154,6 +184,8 @@ def main(argv=None):
         flops = train_flops(cfg, B)
         peak = local_peak_flops(cfg.dtype)
         print_header(say, args, preset, cfg, tc, flops, peak, train_tokens, val_tokens, unigram)
+        if attention_note:
+            say(f"attention: {attention_note}")
         if mesh.size > 1 or args.show_sharding:
             for line in sharding.describe(state["params"], shardings["params"], mesh):
                 say(line)

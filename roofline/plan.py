@@ -1,0 +1,204 @@
+"""Plan a run on a chip you don't have: one compiled step, read and put on the roofline.
+
+From a step compiled for a target (roofline/targets.py) and the config it was
+built from, per device:
+
+    memory      XLA's plan of the compiled step beside the chip's HBM: fits, or not
+    FLOPs       XLA's count of the compiled step beside the exact count
+    collectives what the partitioner inserted, and the bytes they send
+    kernels     the custom kernels the compiler chose (cuDNN, Pallas)
+    roofline    compute-, memory- and communication-bound step times; the step
+                takes at least the largest (all three overlapped perfectly)
+"""
+
+import dataclasses
+
+from roofline.flops import attention_flops, train_bytes, train_flops
+from roofline.program import kernel_lines
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    target: str  # "tpu-v5e:2x4"
+    devices: int
+    mesh: dict  # axis -> size
+    tokens: int  # per step
+    exact_flops_per_device: float
+    xla_flops_per_device: float | None  # XLA's count of the compiled step (None on NVIDIA)
+    xla_source: str  # where that count comes from
+    kernel_flops_per_device: float  # exact FLOPs inside custom kernels XLA cannot count
+    memory_per_device_bytes: int
+    hbm_bytes_per_device: float
+    collectives: dict  # kind -> roofline.program.Collective
+    kernels: dict  # custom call target -> count
+    matmul_dtypes: dict
+    peak: float  # FLOP/s per device at the precision the matmuls run
+    peak_note: str
+    hbm_bandwidth: float
+    interconnect: float | None  # bytes/s per chip, one direction
+    compute_s: float
+    memory_s: float
+    comm_s: float | None
+
+    @property
+    def fits(self):
+        return self.memory_per_device_bytes <= self.hbm_bytes_per_device
+
+    @property
+    def link_bytes(self):
+        return sum(c.bytes for c in self.collectives.values())
+
+    @property
+    def step_s(self):
+        return max(self.compute_s, self.memory_s, self.comm_s or 0.0)
+
+    @property
+    def bound(self):
+        times = {"compute": self.compute_s, "memory": self.memory_s, "communication":
+                 self.comm_s or 0.0}
+        return max(times, key=times.get)
+
+    @property
+    def tokens_per_s(self):
+        return self.tokens / self.step_s
+
+    @property
+    def mfu(self):
+        """The best MFU this step can reach: compute time over step time."""
+        return self.compute_s / self.step_s
+
+
+def plan(cfg, batch, target, facts, *, mesh, kernel_attention=False, xla_flops=None,
+         xla_source="XLA's cost analysis of the compiled step"):
+    """The Plan of one training step of `batch` sequences compiled for `target`.
+
+    facts: roofline.program.ProgramFacts of the compiled step. kernel_attention:
+    attention runs inside a custom kernel (cuDNN, splash), whose FLOPs XLA's
+    count cannot see. xla_flops (per device) overrides facts.xla_flops, e.g.
+    with the count of the program before optimisation where the target's
+    compiler gives none."""
+    chip, n = target.chip, target.devices
+    dtype = cfg.dtype
+    peak = chip.peak(dtype, facts.matmul_precision)
+    if dtype == "float32" and "tf32" in chip.flops and facts.matmul_precision == "default":
+        peak_note = "float32 matmuls run as TF32 under JAX's default precision"
+    elif dtype == "float32" and chip.platform == "tpu":
+        peak_note = "float32 matmuls run as bf16 passes under JAX's default precision"
+    else:
+        peak_note = f"{dtype} matmuls"
+    exact = train_flops(cfg, batch) / n
+    link = chip.interconnect / 2 if chip.interconnect else None  # one direction of the link
+    link_bytes = sum(c.bytes for c in facts.collectives.values())
+    if xla_flops is None:
+        xla_flops = facts.xla_flops
+    return Plan(
+        target=target.name,
+        devices=n,
+        mesh=dict(mesh),
+        tokens=batch * cfg.seq,
+        exact_flops_per_device=exact,
+        xla_flops_per_device=xla_flops,
+        xla_source=xla_source,
+        kernel_flops_per_device=3 * attention_flops(cfg, batch) / n if kernel_attention else 0,
+        memory_per_device_bytes=facts.memory_bytes,
+        hbm_bytes_per_device=target.hbm_per_device,
+        collectives=facts.collectives,
+        kernels=facts.kernels,
+        matmul_dtypes=facts.matmul_dtypes,
+        peak=peak,
+        peak_note=peak_note,
+        hbm_bandwidth=chip.hbm_bandwidth * target.chips / n,
+        interconnect=link,
+        compute_s=exact / peak,
+        memory_s=train_bytes(cfg, batch).total / n / (chip.hbm_bandwidth * target.chips / n),
+        comm_s=link_bytes / link if link else (None if link_bytes else 0.0),
+    )
+
+
+def _gb(x):
+    return f"{x / 1e9:,.2f} GB" if x >= 1e8 else f"{x / 1e6:,.2f} MB"
+
+
+def _ms(s):
+    return f"{s * 1e3:,.2f} ms" if s >= 1e-4 else f"{s * 1e6:,.2f} us"
+
+
+def _flops(x):
+    return f"{x / 1e9:,.1f} GFLOP" if x >= 1e10 else f"{x / 1e6:,.1f} MFLOP"
+
+
+def plan_lines(p):
+    """The plan as text, in the order a student reads it."""
+    fit = "fits" if p.fits else "DOES NOT FIT"
+    lines = [
+        f"memory per device: {_gb(p.memory_per_device_bytes)} of {_gb(p.hbm_bytes_per_device)} "
+        f"HBM ({100 * p.memory_per_device_bytes / p.hbm_bytes_per_device:.0f}%): {fit}",
+    ]
+    exact = p.exact_flops_per_device
+    if p.xla_flops_per_device is None:
+        lines.append(f"FLOPs per device: exact {_flops(exact)}; the target's compiler "
+                     "gives no count")
+    else:
+        xla = p.xla_flops_per_device
+        lines.append(f"FLOPs per device: XLA {_flops(xla)}, exact {_flops(exact)}: "
+                     f"{100 * (xla / exact - 1):+.1f}%")
+        lines.append(f"  XLA's count: {p.xla_source}")
+        if p.kernel_flops_per_device:
+            seen = exact - p.kernel_flops_per_device
+            lines.append(f"  attention runs inside a custom kernel XLA cannot count "
+                         f"({_flops(p.kernel_flops_per_device)}): exact without it "
+                         f"{_flops(seen)}, XLA {100 * (xla / seen - 1):+.1f}%")
+    if p.collectives:
+        lines.append("collectives per step, per device (link bytes: what a device sends, ring):")
+        for kind, c in p.collectives.items():
+            lines.append(f"  {kind:<19}x{c.count:<4} {_gb(c.output_bytes):>10} results "
+                         f"{_gb(c.bytes):>10} over the links")
+    else:
+        lines.append("collectives: none (one device, or nothing to share)")
+    kinds = kernel_lines(p.kernels)
+    lines.append("custom kernels: " + ("; ".join(kinds) if kinds else "none (XLA's own fusions)"))
+    dtypes = ", ".join(f"{lhs} x {rhs} -> {out}: {n}" for (lhs, rhs, out), n in
+                       sorted(p.matmul_dtypes.items(), key=lambda kv: -kv[1]))
+    lines.append(f"matmuls (dot/convolution ops) by dtype: {dtypes or 'none visible'}")
+    comm = (f"{_ms(p.comm_s)} at {p.interconnect / 1e9:,.0f} GB/s a direction"
+            if p.comm_s is not None and p.interconnect else "unknown (no interconnect figure)")
+    hidden = ""
+    if p.comm_s:
+        hidden = (" (hides behind compute, if overlapped)" if p.comm_s <= p.compute_s
+                  else " (longer than compute: it cannot hide)")
+    lines += [
+        f"roofline per device: {p.peak / 1e12:,.1f} TFLOP/s ({p.peak_note}), "
+        f"{p.hbm_bandwidth / 1e9:,.0f} GB/s HBM",
+        f"  compute-bound  {_ms(p.compute_s)}   exact FLOPs / peak",
+        f"  memory-bound   {_ms(p.memory_s)}   bytes lower bound / HBM bandwidth",
+        f"  communication  {comm}{hidden}",
+        f"  best case: {_ms(p.step_s)} a step ({p.bound}-bound), "
+        f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.0f}%",
+    ]
+    return lines
+
+
+def plan_summary(p):
+    """The plan as JSON-ready values (s2_train.py --target ... --summary-out)."""
+    return {
+        "target": p.target,
+        "devices": p.devices,
+        "mesh": p.mesh,
+        "exact_flops_per_device": p.exact_flops_per_device,
+        "xla_flops_per_device": p.xla_flops_per_device,
+        "xla_flops_source": p.xla_source,
+        "memory_per_device_bytes": p.memory_per_device_bytes,
+        "hbm_bytes_per_device": p.hbm_bytes_per_device,
+        "fits": p.fits,
+        "collectives": {k: {"count": c.count, "bytes": c.bytes, "output_bytes": c.output_bytes}
+                        for k, c in p.collectives.items()},
+        "kernels": sorted(p.kernels),
+        "matmul_dtypes": {f"{a},{b}->{c}": n for (a, b, c), n in p.matmul_dtypes.items()},
+        "peak_flops_per_device": p.peak,
+        "compute_seconds": p.compute_s,
+        "memory_seconds": p.memory_s,
+        "communication_seconds": p.comm_s,
+        "predicted_step_seconds": p.step_s,
+        "predicted_tokens_per_sec": p.tokens_per_s,
+        "predicted_mfu": p.mfu,
+    }

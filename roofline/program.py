@@ -1,0 +1,208 @@
+"""What the compiler did: read a compiled program instead of trusting the source.
+
+Takes a `jax.stages.Compiled` (or its HLO text) and returns named quantities:
+memory per device, XLA's FLOP count, the collectives the partitioner inserted,
+the custom kernels it chose, and the dtypes of the matmuls. Nothing here
+needs the program's source, so it works the same for this machine and for a
+chip compiled for deviceless (roofline/targets.py).
+"""
+
+import collections
+import math
+import re
+from typing import NamedTuple
+
+from roofline.memory import planned_bytes
+
+# Collectives as HLO names them; the "-start" forms are their asynchronous halves.
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+# Custom calls worth a name; others (layout and sharding markers) are not kernels.
+KERNELS = {
+    "__cudnn$fmhaSoftmax": "cuDNN flash attention, forward",
+    "__cudnn$fmhaSoftmaxBackward": "cuDNN flash attention, backward",
+    "__cudnn$fmhaSoftmaxDropout": "cuDNN flash attention with dropout, forward",
+    "__cublas$gemm": "cuBLAS matmul",
+    "__cublas$lt$matmul": "cuBLASLt matmul",
+    "tpu_custom_call": "Pallas (Mosaic) kernel on TPU",
+}
+NOT_KERNELS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "ConcatBitcast",
+               "AllocateBuffer", "MoveToHost", "MoveToDevice", "LayoutConstraint",
+               "AsyncCollectiveStart", "AsyncCollectiveDone", "AssumeGatherIndicesInBound",
+               "GatherScatterIndicesBitpacked"}
+
+BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2,
+         "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.+?) ("
+    + "|".join(COLLECTIVES)
+    + r")(-start|-done)?\((.*)$"
+)
+
+
+def array_bytes(type_text):
+    """Bytes of every array in an HLO type: 'bf16[96,768]{1,0}' or a tuple of them."""
+    total = 0
+    for dtype, dims in _ARRAY.findall(type_text):
+        if dtype in BYTES:
+            total += BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+def group_size(attributes, devices):
+    """Devices in each replica group of a collective, from its HLO attributes.
+
+    Three spellings: explicit groups {{0,1,2,3},{4,5,6,7}}; iota groups
+    [2,4]<=[8] (2 groups of 4); and mesh axes, mesh['axis_0'=2,'axis_1'=4] {'axis_1'}."""
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes)
+    if mesh:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh.group(1)))
+        return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh.group(2)))
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attributes)
+    if iota:
+        return int(iota.group(2))
+    explicit = re.search(r"replica_groups=\{\{([\d,]*)\}", attributes)
+    if explicit:
+        return len(explicit.group(1).split(","))
+    return devices  # replica_groups={} means every device
+
+
+def link_bytes(kind, output_bytes, n):
+    """Bytes one device sends over its links for one collective, on a ring of n
+    devices (How to Scale Your Model, chapter 3): an all-gather passes on the
+    n-1 shards it did not have; a reduce-scatter the n-1 partial sums of
+    shards it does not keep; an all-reduce is both."""
+    if kind == "collective-permute":
+        return output_bytes  # the buffer goes to one neighbour
+    if n <= 1:
+        return 0
+    if kind == "all-gather" or kind == "all-to-all":
+        return output_bytes * (n - 1) // n
+    if kind == "reduce-scatter":
+        return output_bytes * (n - 1)
+    if kind == "all-reduce":
+        return 2 * output_bytes * (n - 1) // n
+    raise ValueError(f"not a collective: {kind}")
+
+
+class Collective(NamedTuple):
+    count: int  # instructions in the program (a combined one moves many arrays at once)
+    output_bytes: int  # bytes of their results, per device
+    bytes: int  # bytes each device sends over its links (ring model), per step
+
+
+def collectives(hlo_text, devices):
+    """{kind: Collective} for the collectives in a compiled (partitioned) HLO module.
+
+    Counted as written: a collective inside a loop body counts once, not once
+    per trip (the course's model unrolls its layers, so it has none)."""
+    done_types, found = {}, []
+    for line in hlo_text.splitlines():
+        m = _INSTRUCTION.match(line)
+        if not m:
+            continue
+        name, type_text, kind, phase, rest = m.groups()
+        if phase == "-done":
+            start = re.match(r"\s*%?([\w.\-]+)", rest)
+            done_types[start.group(1)] = type_text
+        else:
+            found.append((name, kind, phase, type_text, group_size(rest, devices)))
+    totals = collections.defaultdict(lambda: [0, 0, 0])
+    for name, kind, phase, type_text, n in found:
+        # An async start's own type holds its operands too; its -done holds the result.
+        out = array_bytes(done_types.get(name, type_text) if phase else type_text)
+        t = totals[kind]
+        t[0], t[1], t[2] = t[0] + 1, t[1] + out, t[2] + link_bytes(kind, out, n)
+    return {kind: Collective(*t) for kind, t in sorted(totals.items())}
+
+
+def kernels(hlo_text):
+    """{custom call target: count}, leaving out sharding and layout markers."""
+    targets = re.findall(r'custom_call_target="([^"]+)"', hlo_text)
+    return dict(collections.Counter(t for t in targets if t not in NOT_KERNELS))
+
+
+def kernel_lines(found):
+    """One line per custom kernel: its name, what it is, how many calls."""
+    return [f"{target} x{n}: {KERNELS.get(target, 'custom call')}"
+            for target, n in sorted(found.items())]
+
+
+_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = \(?(\w+)\[[^=]*?\s([\w\-$]+)\((.*)$")
+_MATMUL_CALLS = ("__cublas$gemm", "__cublas$lt$matmul")
+
+
+def matmul_dtypes(hlo_text):
+    """{(lhs dtype, rhs dtype, result dtype): count} over the matmuls of the
+    program: dot and convolution instructions, fused or not, and cuBLAS calls.
+    The precision the matmuls really run in, whatever the source asked for.
+
+    Operands are named, not typed, in a compiled module's text, so every
+    instruction's type is looked up by its name (unique within the module)."""
+    types, matmuls = {}, []
+    for line in hlo_text.splitlines():
+        m = _DEFINITION.match(line)
+        if not m:
+            continue
+        name, dtype, op, rest = m.groups()
+        types[name] = dtype
+        is_library = op == "custom-call" and any(f'"{t}"' in rest for t in _MATMUL_CALLS)
+        if op in ("dot", "convolution") or is_library:
+            operands = re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0])[:2]
+            matmuls.append((operands, dtype))
+    for header in re.findall(r"\(([^()]*)\) -> ", hlo_text):  # computation parameters
+        for name, dtype in re.findall(r"([\w.\-]+): \(?(\w+)\[", header):
+            types.setdefault(name, dtype)
+    found = collections.Counter()
+    for operands, out in matmuls:
+        if len(operands) == 2:
+            found[(types.get(operands[0], "?"), types.get(operands[1], "?"), out)] += 1
+    return dict(found)
+
+
+def matmul_precision(hlo_text):
+    """'highest' if any matmul asks for full float32 (jax.default_matmul_precision
+    or precision=HIGHEST), else 'default': what the chip's peak depends on."""
+    if re.search(r"operand_precision=\{highest|\"operand_precision\":\[\"HIGHEST", hlo_text):
+        return "highest"
+    return "default"
+
+
+def xla_flops(compiled):
+    """FLOPs per device from XLA's cost analysis of the compiled program, or None
+    where the target's compiler gives no count (NVIDIA, deviceless)."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # some backends raise rather than return nothing
+        return None
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    if not cost or "flops" not in cost:
+        return None
+    return float(cost["flops"])
+
+
+class ProgramFacts(NamedTuple):
+    """What the compiler did to one step, per device."""
+
+    memory_bytes: int  # arguments + outputs + temporaries - donated (XLA's plan)
+    xla_flops: float | None  # XLA's count, or None
+    collectives: dict  # kind -> Collective
+    kernels: dict  # custom call target -> count
+    matmul_dtypes: dict  # (lhs, rhs, out) -> count
+    matmul_precision: str  # "default" or "highest"
+
+
+def read_program(compiled, devices):
+    """ProgramFacts of a compiled program partitioned over `devices`."""
+    text = compiled.as_text()
+    return ProgramFacts(
+        memory_bytes=planned_bytes(compiled.memory_analysis()),
+        xla_flops=xla_flops(compiled),
+        collectives=collectives(text, devices),
+        kernels=kernels(text),
+        matmul_dtypes=matmul_dtypes(text),
+        matmul_precision=matmul_precision(text),
+    )

@@ -1,0 +1,173 @@
+"""Chips this machine lacks: compile-only devices of a real TPU slice or NVIDIA GPU.
+
+Both production compilers run on a plain Linux CPU:
+
+    TPU     libtpu (what `jax[tpu]` installs) describes a slice by its topology
+            name, e.g. "v5e:2x4", through `jax.experimental.topologies`.
+    NVIDIA  the CUDA plugin (`jax[cuda12-local]`) compiles deviceless from a GPU
+            target description: the device facts XLA keeps for each GPU in its
+            own source tree (openxla/xla, xla/backends/gpu/target_config/specs),
+            given as a GpuTargetConfig text proto.
+
+`jax.jit(f).lower(...).compile()` over a mesh of these devices runs the real
+compiler for the target: the program it returns is what the chip would run,
+so its memory plan, collectives and kernels can be read (roofline/program.py),
+though never executed. Set up with `pip install -r requirements-aot.txt`.
+"""
+
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+
+from roofline.hardware import CHIPS, Chip
+
+EXTRAS = "requirements-aot.txt"
+
+# The fields of XLA's GPU target descriptions (xla/backends/gpu/target_config/specs/*.txtpb,
+# copied from there) that the compiler needs: SM count and limits, memory and caches,
+# clocks and the compute capability. The rest of those files (measured unit rates,
+# driver versions) postdates some jaxlib releases, whose parser would reject it.
+GPU_SPECS = {
+    # h100_sxm.txtpb
+    "h100-sxm": dict(name="NVIDIA H100 80GB HBM3", major=9, cores=132, fpus=128, clock=1.98,
+                     bandwidth=3352320000000, memory=84942979072, l2=52428800,
+                     smem_core=233472, smem_optin=232448),
+    # h100_pcie.txtpb
+    "h100-pcie": dict(name="NVIDIA H100 PCIe", major=9, cores=114, fpus=128, clock=1.755,
+                      bandwidth=2039040000000, memory=84942979072, l2=52428800,
+                      smem_core=233472, smem_optin=232448),
+    # h200.txtpb
+    "h200": dict(name="NVIDIA H200 141GB HBM3e", major=9, cores=132, fpus=128, clock=1.98,
+                 bandwidth=4800000000000, memory=151397597184, l2=52428800,
+                 smem_core=233472, smem_optin=232448),
+    # a100_sxm_80.txtpb
+    "a100-80gb": dict(name="NVIDIA A100-SXM4-80GB", major=8, cores=108, fpus=64, clock=1.41,
+                      bandwidth=2039040000000, memory=85100068864, l2=41943040,
+                      smem_core=167936, smem_optin=166912),
+    # a100_sxm_40.txtpb
+    "a100-40gb": dict(name="NVIDIA A100-SXM4-40GB", major=8, cores=108, fpus=64, clock=1.41,
+                      bandwidth=1555200000000, memory=42331013120, l2=41943040,
+                      smem_core=167936, smem_optin=166912),
+}
+
+
+class TargetError(ValueError):
+    """A target this machine cannot compile for, with what to do about it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    chip: Chip
+    shape: str  # the TPU topology ("2x4") or the GPU count ("8")
+    devices: int  # compile-only devices the program is partitioned over
+    chips: int  # physical chips (a TPU v4 chip shows its two cores as two devices)
+
+    @property
+    def name(self):
+        return f"{self.chip.name}:{self.shape}"
+
+    @property
+    def hbm_per_device(self):
+        return self.chip.hbm_bytes * self.chips / self.devices
+
+
+def parse_target(text):
+    """'tpu-v5e:2x4' or 'h100:8' (or 'h100', one host's worth) -> (Chip, shape)."""
+    name, _, shape = text.partition(":")
+    chip = CHIPS.get(name.lower())
+    targets = sorted(n for n, c in CHIPS.items() if c.platform != "cpu")
+    if chip is None or chip.platform == "cpu":
+        raise TargetError(f"--target: unknown chip '{name}' (one of {', '.join(targets)})")
+    shape = shape or chip.host_shape
+    if chip.platform == "gpu" and not (shape.isdigit() and int(shape) >= 1):
+        raise TargetError(f"--target {text}: a GPU target takes a GPU count, e.g. {name}:8")
+    if chip.platform == "tpu" and not re.fullmatch(r"\d+(x\d+){1,2}", shape):
+        raise TargetError(f"--target {text}: a TPU target takes a slice topology, e.g. {name}:2x4")
+    return chip, shape
+
+
+def missing_extras(platform):
+    """None if this machine can compile for platform, else what is missing."""
+    if platform == "tpu":
+        return None if importlib.util.find_spec("libtpu") else "the TPU compiler (libtpu)"
+    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        return "the NVIDIA compiler (jax-cuda12-plugin)"
+    if importlib.util.find_spec("nvidia.cudnn") is None:
+        return "cuDNN (nvidia-cudnn-cu12)"
+    return None
+
+
+def gpu_target_config(chip):
+    """The GpuTargetConfig text proto XLA compiles against for this NVIDIA chip."""
+    s = GPU_SPECS[chip.name]
+    return f"""gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: {s["smem_core"]}
+  threads_per_core_limit: 2048
+  core_count: {s["cores"]}
+  fpus_per_core: {s["fpus"]}
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {s["bandwidth"]}
+  l2_cache_size: {s["l2"]}
+  clock_rate_ghz: {s["clock"]}
+  device_memory_size: {s["memory"]}
+  shared_memory_per_block_optin: {s["smem_optin"]}
+  cuda_compute_capability {{ major: {s["major"]} }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 8 }}
+device_description_str: "{s["name"]}"
+"""
+
+
+def _quiet_libtpu():
+    """libtpu looks for the TPU VM it runs on; say there is none, so it does not
+    print a page of warnings about missing metadata before compiling. And it
+    takes a lock file (/tmp/libtpu_lockfile) so that two processes never drive
+    the same chips; with no chips to drive, two compiling processes may share."""
+    for var, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v5litepod-8"),
+                       ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_WORKER_ID", "0"),
+                       ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
+        os.environ.setdefault(var, value)
+
+
+def compile_only_devices(text):
+    """(Target, list of compile-only jax devices) for 'CHIP[:SHAPE]'.
+
+    Raises TargetError, one line, for an unknown chip or topology or missing extras."""
+    chip, shape = parse_target(text)
+    missing = missing_extras(chip.platform)
+    if missing:
+        raise TargetError(
+            f"--target {chip.name}: {missing} is not installed; "
+            f"pip install -r {EXTRAS} (Linux x86-64)"
+        )
+    from jax.experimental import topologies
+
+    try:
+        if chip.platform == "tpu":
+            _quiet_libtpu()
+            generation = chip.name.removeprefix("tpu-")
+            topology = topologies.get_topology_desc(
+                platform="tpu", topology_name=f"{generation}:{shape}"
+            )
+            chips = math.prod(int(n) for n in shape.split("x"))
+        else:
+            os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # no driver to check
+            topology = topologies.get_topology_desc(
+                platform="cuda", target_config=gpu_target_config(chip), topology=f"1x1x{shape}"
+            )
+            chips = int(shape)
+    except Exception as e:  # the compiler's own words: a bad topology, an old libtpu
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TargetError(f"--target {text}: {first}") from None
+    devices = list(topology.devices)
+    return Target(chip, shape, len(devices), chips), devices
