@@ -47,8 +47,9 @@ def train_loop(
 
     history: one dict per log line (the --metrics-out JSON objects).
     peak_flops: of one device. on_step(step, state), if given, is called after
-    every step (the profiler and the checkpoints use it); it returns the seconds
-    it spent on work of its own (a save), which are not counted as step time.
+    every step, and on a log step after its line is written (the profiler and
+    the checkpoints use it); it returns the seconds it spent on work of its own
+    (a save), which are not counted as step time.
     """
     history = []
     train_seconds = 0.0
@@ -62,36 +63,47 @@ def train_loop(
             jax.transfer_guard_device_to_host("disallow"),
         ):
             state, metrics = step_fn(state, next(batches))
+        done = step + 1
+        logged = not (done % log_every and done != steps)
+        if logged:
+            loss = float(metrics["loss"])  # waits for this step: the only sync between logs
+            seconds = time.perf_counter() - last_time - paused
+            train_seconds += seconds
+            step_time = seconds / (done - last_step)
+            record = make_record(
+                done, loss, step_time, tokens_per_step, flops_per_step, peak_flops, n_devices
+            )
+            if not math.isfinite(loss):
+                raise TrainingDiverged(f"the loss became {loss} at step {done}")
+            if evaluate is not None and (done % eval_every == 0 or done == steps):
+                record["val_loss"] = evaluate(state["params"])
+            history.append(record)
+            # Written before on_step, which may save a checkpoint of this step: a
+            # run killed after that save resumes past this step, so its line must
+            # be on disk already. Written before it is printed, so a line seen on
+            # the screen is in the file.
+            if metrics_file is not None:
+                metrics_file.write(json.dumps(record) + "\n")
+                metrics_file.flush()
+            log(format_record(record))
         if on_step is not None:
             paused += on_step(step, state) or 0.0
-        done = step + 1
-        if done % log_every and done != steps:
-            continue
-        loss = float(metrics["loss"])  # waits for this step: the only sync between logs
-        now = time.perf_counter()
-        seconds = now - last_time - paused
-        train_seconds += seconds
-        step_time = seconds / (done - last_step)
-        record = {
-            "step": done,
-            "loss": loss,
-            "step_time_s": step_time,
-            "tokens_per_sec": tokens_per_step / step_time,
-            "tflops_per_device": flops_per_step / step_time / n_devices / 1e12,
-            "mfu": flops_per_step / step_time / (peak_flops * n_devices),
-        }
-        if not math.isfinite(loss):
-            raise TrainingDiverged(f"the loss became {loss} at step {done}")
-        if evaluate is not None and (done % eval_every == 0 or done == steps):
-            record["val_loss"] = evaluate(state["params"])
-        history.append(record)
-        log(format_record(record))
-        if metrics_file is not None:
-            metrics_file.write(json.dumps(record) + "\n")
-            metrics_file.flush()
-        # Restart the clock after logging and validation: they are not step time.
-        last_time, last_step, paused = time.perf_counter(), done, 0.0
+        if logged:
+            # Restart the clock after logging, validation and saving: not step time.
+            last_time, last_step, paused = time.perf_counter(), done, 0.0
     return state, history, train_seconds
+
+
+def make_record(step, loss, step_time, tokens_per_step, flops_per_step, peak_flops, n_devices):
+    """One log line's numbers; step_time is seconds per step, peak_flops of one device."""
+    return {
+        "step": step,
+        "loss": loss,
+        "step_time_s": step_time,
+        "tokens_per_sec": tokens_per_step / step_time,
+        "tflops_per_device": flops_per_step / step_time / n_devices / 1e12,
+        "mfu": flops_per_step / step_time / (peak_flops * n_devices),
+    }
 
 
 def format_record(r):

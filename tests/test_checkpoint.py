@@ -6,11 +6,13 @@ import dataclasses
 import functools
 import json
 import random
+import shutil
 import signal
 import subprocess
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from conftest import PYTHON, REPO, run_python, s2_in_process, subprocess_env
 
@@ -23,11 +25,36 @@ RUN = ["--preset", "tiny", "--steps", "40", "--checkpoint-every", "10", "--log-e
        "--sample-bytes", "0"]  # fmt: skip
 
 
-def start(tmp_path, name, *extra):
+# Run as `python -c KILLER sessions/s2_train.py FLAGS`: s2_train.py, killed
+# (SIGKILL, nothing flushed or cleaned up) right after the checkpoint of step
+# $KILL_AFTER_SAVE is on disk, before the loop does anything else. Whatever the
+# loop writes for a step after saving it is lost there, and the resumed run
+# starts after that step: the worst point for a kill.
+KILLER = """
+import os, runpy, signal, sys
+from sessions.checkpoint import Checkpoints
+save = Checkpoints.maybe_save
+def save_then_die(self, step, state, force=False):
+    saved = save(self, step, state, force)
+    if saved and step == int(os.environ["KILL_AFTER_SAVE"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return saved
+Checkpoints.maybe_save = save_then_die
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def start(tmp_path, name, *extra, kill_after_save=None):
     metrics = tmp_path / f"{name}.jsonl"
-    command = [PYTHON, "sessions/s2_train.py", *RUN, "--run-dir", str(tmp_path / name),
-               "--metrics-out", str(metrics), *extra]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=REPO, env=subprocess_env(1), text=True,
+    env = subprocess_env(1)
+    env["PYTHONUNBUFFERED"] = "1"  # a step's line reaches the test as it is printed
+    command = [PYTHON, "sessions/s2_train.py"]
+    if kill_after_save is not None:
+        env["KILL_AFTER_SAVE"] = str(kill_after_save)
+        command = [PYTHON, "-c", KILLER, "sessions/s2_train.py"]
+    command += [*RUN, "--run-dir", str(tmp_path / name), "--metrics-out", str(metrics), *extra]
+    proc = subprocess.Popen(command, cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     return proc, metrics
 
@@ -44,22 +71,56 @@ def wait_for_step(proc, step):
     raise AssertionError(f"the run ended before step {step}")
 
 
-def test_killed_run_resumes_on_the_same_trajectory(tmp_path):
-    full, full_metrics = start(tmp_path, "full")
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The run the killed ones must match, started at once; wait() gives its losses."""
+    tmp_path = tmp_path_factory.mktemp("full")
+    proc, metrics = start(tmp_path, "full")
+    done = {}
+
+    def wait():
+        if not done:
+            output = proc.stdout.read()
+            assert proc.wait() == 0, output
+            done.update(losses(metrics))
+        return done
+
+    yield wait
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def resume_and_compare(tmp_path, metrics, expected, where):
+    resumed = run_python("sessions/s2_train.py", *RUN, "--run-dir", str(tmp_path / "killed"),
+                         "--metrics-out", str(metrics), "--resume")  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from the checkpoint at step" in resumed.stdout
+    got = losses(metrics)
+    assert sorted(got) == list(range(1, 41)), f"killed {where}: steps {sorted(got)}"
+    np.testing.assert_allclose([got[s] for s in range(1, 41)],
+                               [expected[s] for s in range(1, 41)], rtol=1e-6)  # fmt: skip
+
+
+def test_killed_run_resumes_on_the_same_trajectory(tmp_path, uninterrupted):
+    """Killed after a random step's line is printed."""
     kill_after = random.randint(12, 35)
     killed, killed_metrics = start(tmp_path, "killed")
     wait_for_step(killed, kill_after)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
-    assert full.wait() == 0
-    resumed = run_python("sessions/s2_train.py", *RUN, "--run-dir", str(tmp_path / "killed"),
-                         "--metrics-out", str(killed_metrics), "--resume")  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resumed from the checkpoint at step" in resumed.stdout
-    expected, got = losses(full_metrics), losses(killed_metrics)
-    assert sorted(got) == list(range(1, 41)), f"killed after step {kill_after}"
-    np.testing.assert_allclose([got[s] for s in range(1, 41)],
-                               [expected[s] for s in range(1, 41)], rtol=1e-6)  # fmt: skip
+    resume_and_compare(tmp_path, killed_metrics, uninterrupted(), f"after step {kill_after}")
+
+
+def test_killed_right_after_a_checkpoint_resumes_with_every_line(tmp_path, uninterrupted):
+    """Killed the instant step 20's checkpoint is on disk: step 20's metrics
+    line must already be in the file, since the resumed run starts at 21."""
+    killed, killed_metrics = start(tmp_path, "killed", kill_after_save=20)
+    output = killed.stdout.read()
+    assert killed.wait() == -signal.SIGKILL, output
+    with Checkpoints(tmp_path / "killed" / "checkpoints", 0, *_tiny(steps=40)) as checkpoints:
+        assert checkpoints.steps() == [10, 20]
+    resume_and_compare(tmp_path, killed_metrics, uninterrupted(), "right after saving step 20")
 
 
 def test_sigterm_saves_then_stops_and_resume_finishes(tmp_path):
@@ -78,9 +139,9 @@ def test_sigterm_saves_then_stops_and_resume_finishes(tmp_path):
     assert f"resumed from the checkpoint at step {saved[0]}" in resumed.stdout
 
 
-def _tiny():
+def _tiny(**train):
     preset = PRESETS["tiny"]
-    return preset.model, preset.train
+    return preset.model, dataclasses.replace(preset.train, **train)
 
 
 def _state(mesh_text, seed=0):
@@ -138,6 +199,33 @@ def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tmp_path, da
         step, restored = checkpoints.restore_latest(abstract, notes.append)
     assert step == 10
     assert notes and notes[0].startswith("checkpoint 20:")
+    _assert_equal_trees(restored, first)
+
+
+def test_a_checkpoint_changed_on_disk_fails_its_fingerprint(tmp_path):
+    """Damage orbax cannot see: step 20 rewritten whole and readable, with one
+    weight changed and its metadata (fingerprint included) as saved."""
+    cfg, tc = _tiny()
+    first, abstract = _state("fsdp=8", seed=0)
+    second, _ = _state("fsdp=8", seed=1)
+    with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
+        checkpoints.maybe_save(10, first)
+        checkpoints.maybe_save(20, second)
+        meta = checkpoints._read_meta(20)
+    changed = jax.tree.map(lambda x: x, second)
+    changed["params"]["final_norm"] = changed["params"]["final_norm"].at[0].add(1.0)
+    shutil.rmtree(tmp_path / "20")
+    with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
+        checkpoints.manager.save(20, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(changed), meta=ocp.args.JsonSave(meta)))  # fmt: skip
+    notes = []
+    with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
+        assert checkpoints.steps() == [10, 20]
+        step, restored = checkpoints.restore_latest(abstract, notes.append)
+    assert notes == [
+        "checkpoint 20: its data does not match its fingerprint, trying the one before"
+    ]
+    assert step == 10
     _assert_equal_trees(restored, first)
 
 
