@@ -3,13 +3,16 @@
     python scripts/homework.py 2            # session 2's exercises
     python scripts/homework.py all          # every session
     python scripts/homework.py 2 --solutions   # instructors: grade solutions/
+    python scripts/homework.py 2 --post --webhook URL   # and post it (or DISCORD_WEBHOOK_URL)
 
 It runs the session's tests (tests/test_exercises/) against exercises/ in a
 fresh pytest process, then prints one line per exercise: pass, fail with the
 first line of the failure, or not started; the numbers an exercise measured;
 and the machine it ran on. A Discord message holds 2,000 characters, so a
 longer report is split into numbered parts, each to be pasted as one
-message. Exit status 0 only when every exercise passes.
+message; --post sends them, in order, through the course's Discord webhook
+(scripts/discord.py). Exit status 0 only when every exercise passes; 2 when
+posting fails or is refused.
 """
 
 import argparse
@@ -19,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+
+from scripts import discord
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join("tests", "test_exercises")
@@ -217,6 +222,12 @@ def main(argv=None):
     )
     parser.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
     parser.add_argument("--verbose", action="store_true", help="show pytest's own output too")
+    parser.add_argument("--post", action="store_true", help="post the report to Discord")
+    parser.add_argument(
+        "--webhook",
+        metavar="URL",
+        help="Discord webhook URL for --post (default: $DISCORD_WEBHOOK_URL)",
+    )
     args = parser.parse_args(argv)
 
     sessions = session_names(args.session)
@@ -226,6 +237,17 @@ def main(argv=None):
             file=sys.stderr,
         )
         return 2
+    webhook = args.webhook or os.environ.get("DISCORD_WEBHOOK_URL")
+    if args.post:  # a missing or wrong URL is said before minutes of grading, not after
+        try:
+            if not webhook:
+                raise discord.PostError("--post needs --webhook URL or DISCORD_WEBHOOK_URL")
+            discord.check_url(webhook)
+        except discord.PostError as e:
+            print(f"homework.py: {e}", file=sys.stderr)
+            return 2
+    elif args.webhook:
+        print("homework.py: --webhook without --post: nothing will be posted", file=sys.stderr)
 
     root, output = run_tests(sessions, args.solutions, args.timeout, args.verbose)
     machine, exercises = results(root) if root is not None else ({}, {})
@@ -237,7 +259,18 @@ def main(argv=None):
     name = "all sessions" if len(sessions) > 1 else SESSIONS[sessions[0]][1]
     title = f"**Homework · {name}**"
     parts = split_parts(title, report_blocks(sessions, machine, exercises, args.solutions))
-    print(f"\n{SEPARATOR}\n".join(parts))
+    print(f"\n{SEPARATOR}\n".join(parts), flush=True)
+    if args.post:
+
+        def log(line):
+            print(f"homework.py: {line}", file=sys.stderr)
+
+        try:
+            sent = discord.post_parts(webhook, parts, log=log)
+        except discord.PostError as e:
+            log(f"posting failed: {e}")
+            return 2
+        log(f"posted {sent} part(s) to {discord.mask(webhook)}")
     return 0 if all(e["status"] == "pass" for e in exercises.values()) else 1
 
 
