@@ -10,6 +10,7 @@ carrying their shardings, exactly as s2_train.py builds it for real.
 
 import functools
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -107,12 +108,22 @@ def compile_for(lowered, chip, say):
     return lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
 
 
-def plan_target(args, cfg, tc, preset, target, devices, say, attention_note=None):
-    """Compile the step `cfg, tc` for `target` over `--mesh`, print its report,
-    and return the summary (a dict for --summary-out). Raises UsageError for a
-    mesh the target cannot hold or a step that does not fit."""
+class Planned(NamedTuple):
+    """One step compiled for a target, and what was read off it."""
+
+    plan: object  # roofline.plan.Plan
+    summary: dict  # the plan as JSON (--summary-out); "error" if the step does not fit
+    compiled: object  # jax.stages.Compiled, for the target: inspect it, never run it
+    state_bytes_per_device: int  # params + optimizer state, by the sharding rules
+
+
+def plan_target(mesh_text, cfg, tc, preset, target, devices, say, attention_note=None):
+    """Compile the step `cfg, tc` for `target` over the mesh `mesh_text`
+    ('fsdp=4,tp=2', None: all on fsdp), print its report, and return it as
+    Planned. Raises UsageError for a mesh the target cannot hold or a step the
+    compiler refuses for want of memory."""
     try:
-        sizes = sharding.parse_mesh(args.mesh, len(devices))
+        sizes = sharding.parse_mesh(mesh_text, len(devices))
     except UsageError as e:
         raise UsageError(f"{e} (--target {target.name})") from None
     sharding.check_divisible(cfg, tc.batch, sizes)
@@ -168,4 +179,4 @@ def plan_target(args, cfg, tc, preset, target, devices, say, attention_note=None
         summary["error"] = str(too_big(f"the compiled step needs "
                                        f"{p.memory_per_device_bytes / 1e9:.2f} GB per device",
                                        target, tc, sizes))
-    return summary
+    return Planned(p, summary, compiled, held)

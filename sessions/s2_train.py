@@ -138,7 +138,7 @@ def plan_on_target(args):
     lacks, print what the compiler did and the roofline, and exit."""
     target, devices = aot.devices_for(args.target)
     preset, cfg, tc, note = choose_configs(args, platform=target.chip.platform)
-    summary = aot.plan_target(args, cfg, tc, preset, target, devices, print, note)
+    summary = aot.plan_target(args.mesh, cfg, tc, preset, target, devices, print, note).summary
     if args.summary_out:
         with open(args.summary_out, "w") as f:
             json.dump(summary, f, indent=1)
