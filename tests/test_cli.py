@@ -5,41 +5,93 @@ import json
 
 import pytest
 from conftest import run_python, s2_in_process
+from test_roofline import hand_flops, hand_params
+
+from roofline import calibrate
+from sessions.config import PRESETS
+from sessions.loop import format_record
+from sessions.report import summary_lines
 
 REQUIRED = {"step", "loss", "tokens_per_sec", "tflops_per_device", "mfu"}
 
 
-def test_s1_runs_end_to_end():
-    result = run_python(
-        "sessions/s1_train.py", "--preset", "tiny", "--steps", "3", "--log-every", "1"
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count("| loss ") == 3
+class Ticks:
+    """A stand-in for a script's `time`: each reading is one second after the last."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        self.now += 1.0
+        return self.now
 
 
-def test_s2_runs_end_to_end_and_writes_metrics(tmp_path):
-    metrics = tmp_path / "metrics.jsonl"
-    result = run_python(
-        "sessions/s2_train.py",
-        "--preset",
-        "tiny",
-        "--steps",
-        "3",
-        "--log-every",
-        "1",
-        "--metrics-out",
-        str(metrics),
-        "--run-dir",
-        str(tmp_path),
-    )
+def test_s1_runs_end_to_end_and_counts_its_tokens(monkeypatch, capsys):
+    """s1_train.py reads the clock once at the start and once per log line, so
+    with one second between readings step k's line covers k seconds and
+    k · 16 · 64 tokens: 1,024 tokens/s on every line."""
+    from sessions import s1_train
+
+    monkeypatch.setattr(s1_train, "time", Ticks())
+    assert s1_train.main(["--preset", "tiny", "--steps", "3", "--log-every", "1"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "| loss " in line]
+    assert len(lines) == 3
+    assert all(line.endswith("| 1,024 tok/s") for line in lines), lines
+
+
+def test_s2_runs_end_to_end_and_every_number_it_prints_is_right(tmp_path):
+    """The tiny preset for 3 steps on 8 simulated devices (fsdp=8). Counts are
+    checked against hand counts; timed figures against each other and the
+    step time, so a factor (devices, tokens, a step too many) shows."""
+    metrics, summary_path = tmp_path / "metrics.jsonl", tmp_path / "summary.json"
+    result = run_python("sessions/s2_train.py", "--preset", "tiny", "--steps", "3",
+                        "--log-every", "1", "--metrics-out", str(metrics),
+                        "--summary-out", str(summary_path), "--run-dir", str(tmp_path),
+                        devices=8)  # fmt: skip
     assert result.returncode == 0, result.stderr
+    out = result.stdout
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    summary = json.loads(summary_path.read_text())
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(REQUIRED <= set(r) for r in records)
-    assert all(r["mfu"] > 0 and r["tokens_per_sec"] > 0 for r in records)
     assert "val_loss" in records[-1]
-    assert "sample:" in result.stdout and "summary" in result.stdout
+    assert "sample:" in out
     assert (tmp_path / "loss.png").stat().st_size > 1000
+
+    cfg, B, n = PRESETS["tiny"].model, PRESETS["tiny"].train.batch, 8
+    P, tokens = hand_params(cfg), B * cfg.seq
+    exact = sum(hand_flops(cfg, B))
+    assert f"| {P / 1e6:.2f}M params |" in out
+    assert f"6·B·P = {6 * tokens * P / 1e9:.2f} GFLOP" in out
+    assert f"exact with attention = {exact / 1e9:.2f} GFLOP" in out
+    # Params, Adam's mu and nu (4 bytes each) and two int32 counters; fsdp=8
+    # splits every weight but the 2·L + 1 norm scales [E].
+    state = 12 * P + 8
+    norms = 12 * (2 * cfg.layers + 1) * cfg.embed
+    per_device = (12 * P - norms) // n + norms + 8
+    assert (
+        f"params + optimizer state: {state / 2**20:.2f} MiB in all, "
+        f"{per_device / 2**20:.2f} MiB per device"
+    ) in out
+
+    # The peak: this machine's measured matmul rate, shared by the 8 devices.
+    measured = calibrate.cached("float32")["matmul_flops"]
+    peak = summary["peak_tflops_per_device"] * 1e12
+    assert peak == pytest.approx(measured / n, rel=1e-9)
+    for r in records:
+        assert r["tokens_per_sec"] * r["step_time_s"] == pytest.approx(tokens)
+        assert r["tflops_per_device"] * 1e12 * r["step_time_s"] * n == pytest.approx(exact)
+        assert r["mfu"] * peak * n * r["step_time_s"] == pytest.approx(exact)
+        assert format_record(r) in out
+    # Each log interval is one step, so the summary's step time is their mean.
+    step = sum(r["step_time_s"] for r in records) / 3
+    assert summary["step_time_s"] == pytest.approx(step)
+    assert summary["tokens_per_sec"] == pytest.approx(tokens / step)
+    assert summary["tflops_per_device"] == pytest.approx(exact / step / n / 1e12)
+    assert summary["mfu"] == pytest.approx(exact / step / (peak * n))
+    assert summary["memory_bytes_per_device"] > per_device + 2 * tokens // n * 4
+    for line in summary_lines(summary):
+        assert line in out
 
 
 BAD_INPUTS = {

@@ -96,6 +96,47 @@ def test_every_shard_has_the_shape_its_rule_implies(sharded):
     assert checked == 3 * len(list(weights(run["initial"]["params"])))
 
 
+# The layout, worked out by hand for the tiny preset (V=256, S=64, E=48, F=96,
+# H=4, D=12), independently of PARAM_SPECS: per weight, the shape each device
+# holds and how many different shards there are (the rest are replicas).
+# Intended: fsdp splits E, tp splits V, H and F, data splits no weight.
+NORM = ((48,), 1)
+LAYOUT = {
+    "data=8": {
+        "embed": ((256, 48), 1), "pos": ((64, 48), 1), "wq": ((48, 4, 12), 1),
+        "wo": ((4, 12, 48), 1), "w_in": ((48, 96), 1), "w_out": ((96, 48), 1),
+    },
+    "fsdp=8": {
+        "embed": ((256, 6), 8), "pos": ((64, 6), 8), "wq": ((6, 4, 12), 8),
+        "wo": ((4, 12, 6), 8), "w_in": ((6, 96), 8), "w_out": ((96, 6), 8),
+    },
+    "fsdp=4,tp=2": {
+        "embed": ((128, 12), 8), "pos": ((64, 12), 4), "wq": ((12, 2, 12), 8),
+        "wo": ((2, 12, 12), 8), "w_in": ((12, 48), 8), "w_out": ((48, 12), 8),
+    },
+    "data=2,fsdp=2,tp=2": {
+        "embed": ((128, 24), 4), "pos": ((64, 24), 2), "wq": ((24, 2, 12), 4),
+        "wo": ((2, 12, 24), 4), "w_in": ((24, 48), 4), "w_out": ((48, 24), 4),
+    },
+}  # fmt: skip
+for layout in LAYOUT.values():
+    layout.update(wk=layout["wq"], wv=layout["wq"], attn_norm=NORM, mlp_norm=NORM, final_norm=NORM)
+
+
+def test_the_layout_by_hand(sharded):
+    """Each weight, and Adam's two moments of it, laid out as worked out above."""
+    mesh_text, run = sharded
+    seen = set()
+    for name, leaf in weights(run["initial"]):
+        shape, distinct = LAYOUT[mesh_text][name]
+        shards = leaf.addressable_shards
+        assert [s.data.shape for s in shards] == [shape] * 8, (mesh_text, name)
+        indices = {tuple((i.start, i.stop) for i in s.index) for s in shards}
+        assert len(indices) == distinct, (mesh_text, name)
+        seen.add(name)
+    assert seen == set(LAYOUT[mesh_text])
+
+
 def test_the_compiled_initialiser_outputs_the_intended_shardings(sharded):
     mesh_text, run = sharded
     mesh = run["mesh"]

@@ -1,6 +1,8 @@
 """scripts/homework.py: a report per exercise, in Discord-sized parts, an honest exit status."""
 
+import itertools
 import os
+import random
 import subprocess
 import sys
 
@@ -88,3 +90,39 @@ def test_a_failure_shows_its_first_line_and_a_measurement_only_on_pass():
     numpy = "AssertionError: \nNot equal to tolerance rtol=0\nquery s=2\nMismatched elements: 8 / 8"
     assert homework.first_line(numpy) == "AssertionError: Not equal to tolerance rtol=0 (query s=2)"
     assert homework.first_line("Failed: not started: a.b") == "not started: a.b"
+
+
+def utf16(text):
+    return len(text.encode("utf-16-le")) // 2
+
+
+def test_every_part_fits_discord_at_the_boundary():
+    """Discord refuses a message over 2,000 characters (it counts UTF-16 code
+    units: an emoji outside the BMP is two). Blocks of lines of awkward lengths
+    (1 to 300, the longest an exercise line gets), with accents, marks and
+    emoji, over many seeds, land parts on every side of the limit."""
+    alphabet = ["a", "b", " ", "é", "✅", "…", "😀", "𝔸"]
+    title = "**Homework · all sessions**"
+    nearly_full = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        blocks = [
+            ["".join(rng.choices(alphabet, k=rng.randint(1, 300))) for _ in range(n)]
+            for n in rng.choices([1, 1, 1, 2, 4], k=rng.randint(5, 60))
+        ]
+        parts = homework.split_parts(title, blocks)
+        for i, part in enumerate(parts, 1):
+            assert utf16(part) <= 2000, (seed, i, utf16(part))
+            if len(parts) > 1:
+                assert part.startswith(f"{title} (part {i}/{len(parts)})\n")
+        body = [line for part in parts for line in part.splitlines()[1:]]
+        assert body == [line for block in blocks for line in block], seed
+        # Every block fits in one message, so a part ends only where the next
+        # block would not fit: the header keeps room for "(part 99/99)", 13
+        # characters at most, and nothing else is lost.
+        starts = {block[0]: block for block in blocks}
+        for part, following in itertools.pairwise(parts):
+            block = starts[following.splitlines()[1]]
+            assert utf16("\n".join([part, *block])) > 2000 - 13, seed
+            nearly_full += utf16(part) > 2000 - 20
+    assert nearly_full >= 3, "the seeds must put some parts right at the limit"

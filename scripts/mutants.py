@@ -1,0 +1,219 @@
+"""A curated mutation check: plant known bugs one at a time, each in a fresh
+copy of the repository, and run the tests that must catch it. A bug that
+every named test lets through is a hole in the suite.
+
+    python scripts/mutants.py                     # every mutant (about 15 minutes on 2 cores)
+    python scripts/mutants.py --list
+    python scripts/mutants.py clip decay-mask     # only these
+
+Each mutant names a file, a text in it and its replacement, and the tests
+that must fail, every one of them: a test named here that passes with the
+bug planted is a test that does not check what it is listed for. The copy is
+the working tree (tracked files and untracked ones git does not ignore). A
+mutant whose text is no longer in its file is reported as stale: the code
+moved, and the list must follow it. Before any mutant, the named tests must
+pass on an untouched copy, or a failure would prove nothing.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import NamedTuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Mutant(NamedTuple):
+    name: str
+    why: str  # the bug, in words
+    path: str
+    edits: tuple  # (text, replacement) pairs, each text found exactly once
+    tests: tuple  # pytest node ids (a prefix: a test's every parametrization)
+
+
+CHECKPOINT = "tests/test_checkpoint.py"
+DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_discord_at_the_boundary"
+LOOP_SAVE = "        if on_step is not None:\n            paused += on_step(step, state) or 0.0\n"
+
+MUTANTS = [
+    Mutant("clip", "gradient clipping removed from the optimizer", "sessions/train.py",
+           (("        optax.clip_by_global_norm(tc.clip),\n", ""),),
+           ("tests/test_train.py::test_clipping_bounds_a_huge_gradient",)),
+    Mutant("decay-mask", "weight decay on norm scales instead of matrices", "sessions/train.py",
+           (("lambda w: w.ndim >= 2", "lambda w: w.ndim < 2"),),
+           ("tests/test_train.py::test_weight_decay_shrinks_matrices_and_spares_norm_scales",)),
+    Mutant("w_in-rule", "w_in split as P('tp', 'fsdp'), a legal but wrong layout",
+           "sessions/sharding.py", (('"w_in": P("fsdp", "tp")', '"w_in": P("tp", "fsdp")'),),
+           ("tests/test_multichip.py::test_the_layout_by_hand[fsdp=4,tp=2]",)),
+    Mutant("napkin-4", "the napkin's 6·B·P printed as 4·B·P", "roofline/flops.py",
+           (("return 6 * batch * cfg.seq * param_count(cfg)",
+             "return 4 * batch * cfg.seq * param_count(cfg)"),),
+           ("tests/test_roofline.py::test_parameter_and_flop_counts_equal_hand_counts",)),
+    Mutant("fingerprint", "the fingerprint check skipped on restore", "sessions/checkpoint.py",
+           (('if not np.allclose(_fingerprint_list(restored), meta["fingerprint"], rtol=1e-5):',
+             "if False:"),),
+           (f"{CHECKPOINT}::test_a_checkpoint_changed_on_disk_fails_its_fingerprint",)),
+    Mutant("discord-2100", "Discord parts of up to 2,100 characters", "scripts/homework.py",
+           (("DISCORD_LIMIT = 2000", "DISCORD_LIMIT = 2100"),),
+           (DISCORD_TEST,)),
+    Mutant("discord-code-points", "message length counted in code points, not UTF-16 units",
+           "scripts/homework.py",
+           (('return len(text.encode("utf-16-le")) // 2', "return len(text)"),),
+           (DISCORD_TEST,)),
+    Mutant("positions-reversed", "position s gets pos[S-1-s]", "sessions/positions.py",
+           (("[None, :, :]", "[None, ::-1, :]"),),
+           ("tests/test_model.py::test_zero_blocks_are_the_identity_and_position_s_gets_pos_s",
+            "tests/test_model.py::test_forward_equals_the_plain_reference")),
+    Mutant("mlp-residual", "the MLP's residual connection dropped", "sessions/model.py",
+           (("x + mlp_block(", "mlp_block("),),
+           ("tests/test_model.py::test_zero_blocks_are_the_identity_and_position_s_gets_pos_s",
+            "tests/test_model.py::test_forward_equals_the_plain_reference")),
+    Mutant("metrics-after-save", "a log step's metrics line written after its checkpoint "
+           "(the flaky resume test's cause)", "sessions/loop.py",
+           (("        done = step + 1\n", "        done = step + 1\n" + LOOP_SAVE),
+            (LOOP_SAVE + "        if logged:\n", "        if logged:\n")),
+           ("tests/test_train.py::test_a_log_line_is_in_the_file_before_its_step_is_saved",
+            f"{CHECKPOINT}::test_killed_right_after_a_checkpoint_resumes_with_every_line")),
+    Mutant("step-time", "a log interval's step time divided by one step too many",
+           "sessions/loop.py",
+           (("seconds / (done - last_step)", "seconds / (done - last_step + 1)"),),
+           ("tests/test_train.py::test_the_loop_s_numbers_by_hand",)),
+    Mutant("mfu-one-device", "MFU against one device's peak on several devices",
+           "sessions/loop.py",
+           (("/ (peak_flops * n_devices)", "/ peak_flops"),),
+           ("tests/test_train.py::test_the_loop_s_numbers_by_hand",)),
+    Mutant("summary-steps", "the summary's step count one too many", "sessions/report.py",
+           (('["step"] - first_step', '["step"] - first_step + 1'),),
+           ("tests/test_train.py::test_the_summary_by_hand",)),
+    Mutant("bench-tokens", "bench.py's tokens/s counts sequences, not tokens", "scripts/bench.py",
+           (("{B * S / ours.median:,.0f}", "{B / ours.median:,.0f}"),),
+           ("tests/test_scripts.py::test_bench_compares_with_naive_on_equal_numbers",)),
+    Mutant("s1-tokens", "s1_train.py's tokens/s one step short", "sessions/s1_train.py",
+           (("tokens = (step + 1) * tc.batch * cfg.seq", "tokens = step * tc.batch * cfg.seq"),),
+           ("tests/test_cli.py::test_s1_runs_end_to_end_and_counts_its_tokens",)),
+    Mutant("sparse-peak", "the TPU v5e's bf16 peak doubled", "roofline/hardware.py",
+           (('"tpu-v5e", {"bfloat16": 197 * T}', '"tpu-v5e", {"bfloat16": 394 * T}'),),
+           ("tests/test_roofline.py::test_chip_figures_are_the_datasheet_s[tpu-v5e]",)),
+    Mutant("memory-alias", "donated buffers counted twice in the memory plan", "roofline/memory.py",
+           (("- m.alias_size_in_bytes", ""),),
+           ("tests/test_roofline.py::test_step_memory_by_hand",)),
+    Mutant("state-bytes", "bytes per device counted as if every device held everything",
+           "sessions/sharding.py",
+           (("math.prod(s.shard_shape(x.shape))", "math.prod(x.shape)"),),
+           ("tests/test_cli.py::test_s2_runs_end_to_end_and_every_number_it_prints_is_right",)),
+]  # fmt: skip
+
+
+def copy_tree(destination):
+    """The working tree as git sees it (tracked and untracked, not ignored)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    ).stdout.split("\0")  # fmt: skip
+    for path in filter(None, listed):
+        source = os.path.join(REPO, path)
+        if os.path.isfile(source):  # a tracked file may be deleted in the tree
+            os.makedirs(os.path.join(destination, os.path.dirname(path)), exist_ok=True)
+            shutil.copy2(source, os.path.join(destination, path))
+
+
+def plant(root, mutant):
+    """Apply the edits; None when done, else why not (the mutant is stale)."""
+    path = os.path.join(root, mutant.path)
+    if not os.path.exists(path):
+        return f"{mutant.path} is gone"
+    with open(path) as f:
+        text = f.read()
+    for old, new in mutant.edits:
+        if text.count(old) != 1:
+            return f"{old.strip()!r} found {text.count(old)} times in {mutant.path}"
+        text = text.replace(old, new)
+    with open(path, "w") as f:
+        f.write(text)
+    return None
+
+
+def run_tests(root, tests, timeout):
+    """(pytest's exit status, the failed node ids, the output's tail)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests]
+    try:
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
+                              timeout=timeout, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None, set(), f"timed out after {timeout} s"
+    out = done.stdout + done.stderr
+    failed = set(re.findall(r"^(?:FAILED|ERROR) (\S+?)(?: - .*)?$", out, re.MULTILINE))
+    return done.returncode, failed, "\n".join(out.strip().splitlines()[-15:])
+
+
+def missed(tests, failed):
+    """The named tests that did not fail (a name covers its parametrizations)."""
+    return [t for t in tests if not any(f == t or f.startswith(t + "[") for f in failed)]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per pytest run")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip running the tests on an untouched copy first")  # fmt: skip
+    args = parser.parse_args(argv)
+    known = {m.name: m for m in MUTANTS}
+    if args.list:
+        for m in MUTANTS:
+            print(f"{m.name:<22} {m.path:<24} {m.why}")
+            for t in m.tests:
+                print(f"{'':<22}   must fail: {t}")
+        return 0
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        print(f"mutants.py: unknown mutant(s) {', '.join(unknown)} (see --list)", file=sys.stderr)
+        return 2
+    chosen = [known[n] for n in args.names] if args.names else MUTANTS
+
+    if not args.no_baseline:
+        tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
+        with tempfile.TemporaryDirectory(prefix="mutants-") as root:
+            copy_tree(root)
+            start = time.perf_counter()
+            status, _, tail = run_tests(root, tests, args.timeout)
+        if status != 0:
+            print(f"baseline: the named tests fail without any mutant:\n{tail}", file=sys.stderr)
+            return 1
+        print(f"baseline: {len(tests)} tests pass untouched ({time.perf_counter() - start:.0f} s)")
+
+    results = {}
+    for m in chosen:
+        with tempfile.TemporaryDirectory(prefix="mutants-") as root:
+            copy_tree(root)
+            stale = plant(root, m)
+            start = time.perf_counter()
+            if stale:
+                verdict, note = "stale", stale
+            else:
+                status, failed, tail = run_tests(root, m.tests, args.timeout)
+                left = missed(m.tests, failed)
+                if status is None or status not in (0, 1):
+                    verdict, note = "error", tail  # a collection error, a timeout
+                elif left:
+                    verdict, note = "MISSED", "passed with the bug: " + ", ".join(left)
+                else:
+                    verdict, note = "caught", f"{len(m.tests)} test(s) failed"
+        results[m.name] = verdict
+        print(f"{verdict:<7} {m.name:<22} {time.perf_counter() - start:5.0f} s  {m.why}")
+        if verdict != "caught":
+            print("        " + note.replace("\n", "\n        "))
+    caught = sum(v == "caught" for v in results.values())
+    print(f"score: {caught} of {len(results)} caught")
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
