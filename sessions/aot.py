@@ -9,6 +9,7 @@ carrying their shardings, exactly as s2_train.py builds it for real.
 """
 
 import functools
+import os
 import time
 from typing import NamedTuple
 
@@ -67,7 +68,14 @@ def count_before_optimisation(cfg, tc):
 
 
 def devices_for(target_text):
-    """(Target, compile-only devices); a target this machine cannot reach is a UsageError."""
+    """(Target, compile-only devices); a target this machine cannot reach is a UsageError.
+
+    This machine's own backend is then only needed for shapes and a CPU count,
+    so it is pinned to the CPU before JAX starts one: otherwise, with the chip
+    compilers installed, JAX would first try to start a TPU and a GPU it lacks,
+    and say so at length."""
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")
     try:
         return compile_only_devices(target_text)
     except TargetError as e:
@@ -79,7 +87,7 @@ def too_big(error, target, tc, sizes):
     needed = " ".join(str(error).split())
     for marker in ("total memory required", "Ran out of memory"):
         if marker in needed:
-            needed = needed[needed.index(marker):][:200]
+            needed = needed[needed.index(marker):][:200].rstrip(". ")
             break
     tries = [f"a smaller --batch (now {tc.batch})"]
     if sizes["fsdp"] < target.devices:

@@ -313,7 +313,7 @@ def print_header(say, args, preset, cfg, tc, flops, peak, train_tokens, val_toke
     )
     say(f"peak: {peak[0] / 1e12:.3f} TFLOP/s per device ({peak[1]})")
     say(
-        f"data: {args.data or 'pydoc_data.topics (CPython docs)'} | {len(train_tokens):,} "
+        f"data: {data.describe_corpus(args.data)} | {len(train_tokens):,} "
         f"train / {len(val_tokens):,} val bytes | unigram baseline {unigram:.3f} nats/byte"
     )
 
