@@ -73,11 +73,13 @@ def chips_lines():
     def tflops(chip, dtype):
         return f"{chip.flops[dtype] / 1e12:,.1f}" if dtype in chip.flops else "-"
 
-    row = "{:<11}{:>7}{:>8}{:>7}{:>10}{:>8}{:>9}{:>8}  {}".format
+    row = "{:<11}{:>7}{:>8}{:>7}{:>10}{:>8}{:>9}{:>8}{:>7}  {}".format
     lines = [
         "peak dense TFLOP/s per chip, memory, interconnect (bidirectional, per chip); "
-        + "ridge = bf16 peak / HBM bandwidth",
-        row("chip", "bf16", "tf32", "fp32", "HBM GB/s", "HBM GB", "ICI GB/s", "ridge", "source"),
+        + "ridge = bf16 peak / HBM bandwidth; host = one host's worth, the default "
+        + "of s2_train.py --target CHIP[:SHAPE]",
+        row("chip", "bf16", "tf32", "fp32", "HBM GB/s", "HBM GB", "ICI GB/s", "ridge", "host",
+            "source"),
     ]
     for name, chip in CHIPS.items():
         if name != chip.name:
@@ -87,7 +89,7 @@ def chips_lines():
         lines.append(row(name, tflops(chip, "bfloat16"), tflops(chip, "tf32"),
                          tflops(chip, "float32"), f"{chip.hbm_bandwidth / 1e9:,.0f}",
                          f"{chip.hbm_bytes / 1e9:,.0f}", link, f"{chip.ridge('bfloat16'):,.0f}",
-                         chip.source))
+                         chip.host_shape or "-", chip.source))
     local = calibrate.cached("float32")
     if local:
         lines.append(f"local      {local['matmul_flops'] / 1e12:.3f} TFLOP/s float32 matmul, "

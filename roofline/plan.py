@@ -31,6 +31,7 @@ class Plan:
     hbm_bytes_per_device: float
     collectives: dict  # kind -> roofline.program.Collective
     kernels: dict  # custom call target -> count
+    windowed_loops: int  # collective-matmul loops: XLA counts their bodies once
     matmul_dtypes: dict
     peak: float  # FLOP/s per device at the precision the matmuls run
     peak_note: str
@@ -104,6 +105,7 @@ def plan(cfg, batch, target, facts, *, mesh, kernel_attention=False, xla_flops=N
         hbm_bytes_per_device=target.hbm_per_device,
         collectives=facts.collectives,
         kernels=facts.kernels,
+        windowed_loops=facts.windowed_loops,
         matmul_dtypes=facts.matmul_dtypes,
         peak=peak,
         peak_note=peak_note,
@@ -148,6 +150,10 @@ def plan_lines(p):
             lines.append(f"  attention runs inside a custom kernel XLA cannot count "
                          f"({_flops(p.kernel_flops_per_device)}): exact without it "
                          f"{_flops(seen)}, XLA {100 * (xla / seen - 1):+.1f}%")
+        if p.windowed_loops:
+            lines.append(f"  {p.windowed_loops} collective matmuls (windowed einsums: loops that "
+                         "multiply while they pass shards around) are counted once a loop, not "
+                         "once a trip: XLA falls short (roofline/README.md)")
     if p.collectives:
         lines.append("collectives per step, per device (link bytes: what a device sends, ring):")
         for kind, c in p.collectives.items():
@@ -193,6 +199,7 @@ def plan_summary(p):
         "collectives": {k: {"count": c.count, "bytes": c.bytes, "output_bytes": c.output_bytes}
                         for k, c in p.collectives.items()},
         "kernels": sorted(p.kernels),
+        "windowed_einsum_loops": p.windowed_loops,
         "matmul_dtypes": {f"{a},{b}->{c}": n for (a, b, c), n in p.matmul_dtypes.items()},
         "peak_flops_per_device": p.peak,
         "compute_seconds": p.compute_s,

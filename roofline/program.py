@@ -184,6 +184,14 @@ def xla_flops(compiled):
     return float(cost["flops"])
 
 
+def windowed_loops(hlo_text):
+    """How many collective matmuls (windowed einsums) the compiler built: loops
+    that multiply one shard while passing the next around the ring. XLA's cost
+    analysis counts a loop's body once, not once per trip, so their FLOPs are
+    mostly missing from its count (roofline/README.md)."""
+    return len(re.findall(r" while\(.*body=%?[\w.\-]*windowed_dot_general", hlo_text))
+
+
 class ProgramFacts(NamedTuple):
     """What the compiler did to one step, per device."""
 
@@ -193,6 +201,7 @@ class ProgramFacts(NamedTuple):
     kernels: dict  # custom call target -> count
     matmul_dtypes: dict  # (lhs, rhs, out) -> count
     matmul_precision: str  # "default" or "highest"
+    windowed_loops: int = 0  # collective-matmul loops, whose FLOPs XLA counts once
 
 
 def read_program(compiled, devices):
@@ -205,4 +214,5 @@ def read_program(compiled, devices):
         kernels=kernels(text),
         matmul_dtypes=matmul_dtypes(text),
         matmul_precision=matmul_precision(text),
+        windowed_loops=windowed_loops(text),
     )
