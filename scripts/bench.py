@@ -1,9 +1,12 @@
 """Time the jitted training step of a preset: tokens/s, achieved TFLOP/s,
 MFU and memory; with --compare naive, also the same step written as plainly
-as possible (scripts/naive_step.py), in the same run, and the ratio.
+as possible (scripts/naive_step.py), in the same run, and the ratio; with
+--compare flax, the same model and step as Flax NNX writes them
+(sessions/flax_model.py), and the ratio.
 
     python scripts/bench.py                            # course shapes, batch 32 on a CPU
     python scripts/bench.py --compare naive
+    python scripts/bench.py --compare flax
     python scripts/bench.py --preset gpt2 --batch 32   # on a GPU (bfloat16 there)
 """
 
@@ -35,7 +38,7 @@ def parse_args(argv):
     parser.add_argument("--attention-impl", choices=["einsum", "fused"])
     parser.add_argument("--repeats", type=positive_int, default=10)
     parser.add_argument("--warmup", type=positive_int, default=2)
-    parser.add_argument("--compare", choices=["naive"], help="also time this baseline")
+    parser.add_argument("--compare", choices=["naive", "flax"], help="also time this step")
     return parser.parse_args(argv)
 
 
@@ -104,7 +107,25 @@ def main(argv=None):
         print(f"speed-up        {naive.median / ours.median:.2f}x (naive median / ours)")
         print(f"same numbers    first-step loss {float(ours_first['loss']):.6f} ours, "
               f"{float(naive_first['loss']):.6f} naive")  # fmt: skip
+    if args.compare == "flax":
+        compare_flax(cfg, optimizer, fresh, batch, ours, compiled, args)
     return 0
+
+
+def compare_flax(cfg, optimizer, fresh, batch, ours, compiled, args):
+    """The Flax NNX step from the same initial weights, timed the same way."""
+    from sessions import flax_model  # imported only when asked for
+
+    model = flax_model.from_params(fresh()["params"], cfg)
+    opt = flax_model.make_flax_optimizer(model, optimizer)
+    step = flax_model.make_flax_train_step()
+    flax_first = step(model, opt, batch)  # also compiles
+    _, ours_first = compiled(fresh(), batch)
+    flax = time_calls(lambda: step(model, opt, batch)["loss"], args.repeats, args.warmup)
+    print(f"flax nnx step   {flax}")
+    print(f"flax / ours     {flax.median / ours.median:.2f}x (Flax NNX median / ours)")
+    print(f"same numbers    first-step loss {float(ours_first['loss']):.6f} ours, "
+          f"{float(flax_first['loss']):.6f} flax")  # fmt: skip
 
 
 if __name__ == "__main__":
