@@ -79,7 +79,7 @@ class Attention(nnx.Module):
 
     def __call__(self, x, segment_ids=None):
         """x: [B, S, E] -> [B, S, E]."""
-        w = lambda p: p[...].astype(x.dtype)  # noqa: E731  the float32 master weight, cast
+        w = lambda p: p[...].astype(x.dtype)  # the float32 master weight, cast
         q = constrain(dense(x, w(self.wq)), "BSHD")  # "BSE,EHD->BSHD"
         k = constrain(dense(x, w(self.wk)), "BSHD")
         v = constrain(dense(x, w(self.wv)), "BSHD")
