@@ -393,21 +393,32 @@ def test_float32_on_h100_is_held_against_the_tf32_peak():
     assert planned.plan.peak == 67e12
 
 
-def test_target_cli_prints_the_report_and_writes_the_summary(tmp_path, capsys):
-    need("gpu")
+@pytest.mark.parametrize("target, platform, devices, hbm", [
+    ("h100:8", "gpu", 8, 80e9),  # NVIDIA's datasheet: 80 GB
+    ("tpu-v5e:2x4", "tpu", 8, 16e9),  # Google's v5e page: 16 GB a chip
+])
+def test_target_cli_prints_the_report_and_writes_the_summary(target, platform, devices, hbm,
+                                                             tmp_path, capsys):
+    need(platform)
     out = tmp_path / "summary.json"
-    code, err = s2_in_process(["--preset", "tiny", "--target", "h100:8", "--summary-out",
-                               str(out)], capsys)
+    code = s2_train.cli(["--preset", "tiny", "--target", target, "--summary-out", str(out)])
+    printed, err = capsys.readouterr()
     assert code == 0, err
+    for heading in ("memory per device", "FLOPs per device", "collectives", "custom kernels",
+                    "compute-bound", "memory-bound", "communication", "best case"):
+        assert heading in printed
     summary = json.loads(out.read_text())
     for key in ("target", "devices", "mesh", "exact_flops_per_device", "xla_flops_per_device",
                 "memory_per_device_bytes", "hbm_bytes_per_device", "fits", "collectives",
                 "kernels", "predicted_step_seconds", "predicted_tokens_per_sec"):
         assert key in summary, key
-    assert summary["devices"] == 8 and summary["mesh"] == {"data": 1, "fsdp": 8, "tp": 1}
+    assert summary["devices"] == devices
+    assert summary["mesh"] == {"data": 1, "fsdp": devices, "tp": 1}
     assert summary["exact_flops_per_device"] == train_flops(
-        ModelConfig(embed=48, ff=96, heads=4, head_dim=12, layers=2, seq=64), 16) / 8
-    assert summary["hbm_bytes_per_device"] == 80e9
+        ModelConfig(embed=48, ff=96, heads=4, head_dim=12, layers=2, seq=64), 16) / devices
+    assert summary["hbm_bytes_per_device"] == hbm
+    assert summary["fits"] and summary["memory_per_device_bytes"] < hbm
+    assert set(summary["collectives"]) >= {"all-gather"}
     tokens = 16 * 64
     assert summary["predicted_tokens_per_sec"] == pytest.approx(
         tokens / summary["predicted_step_seconds"])
