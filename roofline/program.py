@@ -87,34 +87,79 @@ def link_bytes(kind, output_bytes, n):
     raise ValueError(f"not a collective: {kind}")
 
 
+def computations(hlo_text):
+    """{computation name: its instruction lines} of an HLO module's text."""
+    found, name = {}, None
+    for line in hlo_text.splitlines():
+        header = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(.*\{\s*$", line)
+        if header:
+            name = header.group(1)
+            found[name] = []
+        elif line.startswith("}"):
+            name = None
+        elif name is not None:
+            found[name].append(line)
+    return found
+
+
+def trip_counts(hlo_text):
+    """{computation name: how many times it runs per step}, for the bodies of
+    `while` loops (and loops inside them); computations not listed run once.
+
+    A loop's trip count is read from its condition, `counter < N` with N a
+    constant, the form XLA gives the loops it builds itself (collective
+    matmuls, scans); a loop whose count cannot be read counts once."""
+    comps = computations(hlo_text)
+    loops = []  # (computation holding the loop, body, condition)
+    for holder, lines in comps.items():
+        for line in lines:
+            m = re.search(r" while\(.*condition=%?([\w.\-]+), body=%?([\w.\-]+)", line)
+            if m:
+                loops.append((holder, m.group(2), m.group(1)))
+
+    def trips(condition):
+        text = "\n".join(comps.get(condition, []))
+        limit = re.search(r"constant\((\d+)\)", text)
+        return int(limit.group(1)) if limit and "direction=LT" in text else 1
+
+    times = {}
+    for _ in range(4):  # loops nested up to four deep
+        for holder, body, condition in loops:
+            times[body] = times.get(holder, 1) * trips(condition)
+    return times
+
+
 class Collective(NamedTuple):
-    count: int  # instructions in the program (a combined one moves many arrays at once)
+    count: int  # collectives executed per step (a combined one moves many arrays at once)
     output_bytes: int  # bytes of their results, per device
     bytes: int  # bytes each device sends over its links (ring model), per step
 
 
 def collectives(hlo_text, devices):
-    """{kind: Collective} for the collectives in a compiled (partitioned) HLO module.
-
-    Counted as written: a collective inside a loop body counts once, not once
-    per trip (the course's model unrolls its layers, so it has none)."""
+    """{kind: Collective} for the collectives in a compiled (partitioned) HLO
+    module, per step: one inside a loop counts once per trip (trip_counts)."""
+    times = trip_counts(hlo_text)
     done_types, found = {}, []
-    for line in hlo_text.splitlines():
-        m = _INSTRUCTION.match(line)
-        if not m:
-            continue
-        name, type_text, kind, phase, rest = m.groups()
-        if phase == "-done":
-            start = re.match(r"\s*%?([\w.\-]+)", rest)
-            done_types[start.group(1)] = type_text
-        else:
-            found.append((name, kind, phase, type_text, group_size(rest, devices)))
+    for computation, lines in computations(hlo_text).items() or [(None, hlo_text.splitlines())]:
+        for line in lines:
+            m = _INSTRUCTION.match(line)
+            if not m:
+                continue
+            name, type_text, kind, phase, rest = m.groups()
+            if phase == "-done":
+                start = re.match(r"\s*%?([\w.\-]+)", rest)
+                done_types[start.group(1)] = type_text
+            else:
+                n = group_size(rest, devices)
+                found.append((name, kind, phase, type_text, n, times.get(computation, 1)))
     totals = collections.defaultdict(lambda: [0, 0, 0])
-    for name, kind, phase, type_text, n in found:
+    for name, kind, phase, type_text, n, repeat in found:
         # An async start's own type holds its operands too; its -done holds the result.
         out = array_bytes(done_types.get(name, type_text) if phase else type_text)
         t = totals[kind]
-        t[0], t[1], t[2] = t[0] + 1, t[1] + out, t[2] + link_bytes(kind, out, n)
+        t[0] += repeat
+        t[1] += repeat * out
+        t[2] += repeat * link_bytes(kind, out, n)
     return {kind: Collective(*t) for kind, t in sorted(totals.items())}
 
 

@@ -327,6 +327,33 @@ def test_xla_tpu_count_reconciles_with_the_exact_count_on_each_mesh(tpu_fsdp, tp
         assert p.xla_flops_per_device == pytest.approx(seen, rel=0.03), p.mesh
 
 
+LOOP_HLO = """
+%cond (p: (bf16[8,32], u32[])) -> pred[] {
+  %p = (bf16[8,32]{1,0}, u32[]) parameter(0)
+  %i = u32[] get-tuple-element(%p), index=1
+  %n = u32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+%body (p: (bf16[8,32], u32[])) -> (bf16[8,32], u32[]) {
+  %p = (bf16[8,32]{1,0}, u32[]) parameter(0)
+  %x = bf16[8,32]{1,0} get-tuple-element(%p), index=0
+  %cp-start = (bf16[8,32]{1,0}, bf16[8,32]{1,0}, u32[], u32[]) collective-permute-start(%x), source_target_pairs={{0,1},{1,0}}
+  %cp-done = bf16[8,32]{1,0} collective-permute-done(%cp-start)
+  ROOT %t = (bf16[8,32]{1,0}, u32[]) tuple(%cp-done, %i)
+}
+ENTRY %main (x: bf16[8,32]) -> bf16[8,32] {
+  %x = bf16[8,32]{1,0} parameter(0)
+  %w = (bf16[8,32]{1,0}, u32[]) while(%t0), condition=%cond, body=%body
+  ROOT %g = bf16[8,32]{1,0} get-tuple-element(%w), index=0
+}
+"""
+
+
+def test_a_collective_in_a_loop_counts_once_per_trip():
+    # The loop runs while i < 4: four permutes of 8*32 bf16 = 512 B each.
+    assert collectives(LOOP_HLO, devices=2)["collective-permute"] == (4, 4 * 512, 4 * 512)
+
+
 def test_windowed_einsum_loops_are_found():
     hlo = ("  %while.1 = (bf16[8,4]{1,0}, u32[]) while(%t), condition=%wide.windowed_dot_"
            "general_cond_ag.1, body=%wide.windowed_dot_general_body_ag.1, metadata={}\n"
