@@ -8,6 +8,7 @@ executed and no array is ever allocated: the state is `jax.ShapeDtypeStruct`s
 carrying their shardings, exactly as s2_train.py builds it for real.
 """
 
+import dataclasses
 import functools
 import os
 import time
@@ -43,10 +44,14 @@ def abstract_step(cfg, tc, mesh):
     return step, state, {"inputs": tokens, "targets": tokens}
 
 
+def one_device_mesh():
+    return sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, devices=jax.devices()[:1])
+
+
 def compile_train_step(cfg, tc):
     """The training step compiled for one device of this machine: what XLA's
     cost analysis is asked about (scripts/profile_s2.py)."""
-    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, devices=jax.devices()[:1])
+    mesh = one_device_mesh()
     step, state, batch = abstract_step(cfg, tc, mesh)
     with jax.set_mesh(mesh):
         return step.lower(state, batch).compile()
@@ -56,10 +61,8 @@ def count_before_optimisation(cfg, tc):
     """XLA's FLOP count of the whole step before any target's optimisation: the
     program lowered for this CPU, unpartitioned, attention as einsums (a
     custom kernel's FLOPs are invisible to the count)."""
-    import dataclasses
-
     cfg = dataclasses.replace(cfg, attention_impl="einsum")
-    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, devices=jax.devices()[:1])
+    mesh = one_device_mesh()
     step, state, batch = abstract_step(cfg, tc, mesh)
     with jax.set_mesh(mesh):
         cost = step.lower(state, batch).cost_analysis()
