@@ -106,6 +106,7 @@ def calibrate_lines(dtype):
         f"{calibrate.device_key(dtype)}",
         f"  matmul  {m['matmul_flops'] / 1e12:.3f} TFLOP/s ({m['n']} x {m['n']} {dtype}, best of 5)",
         f"  copy    {m['copy_bandwidth'] / 1e9:,.1f} GB/s (read + write of a large array)",
+        f"  read    {calibrate.read_bandwidth(refresh=True) / 1e9:,.1f} GB/s (read-only: decode's roof)",
         f"cached in {calibrate.CACHE}",
     ]
 

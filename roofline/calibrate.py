@@ -84,3 +84,44 @@ def measured(dtype="float32", refresh=False):
             json.dump(cache, f, indent=1)
         os.replace(tmp, CACHE)
     return cache[key]
+
+
+def measure_read_bandwidth():
+    """bytes/s of a read-only stream over a large float32 array on the first
+    local device: the fastest of a sum and the two matrix-vector products
+    (vector on the right, on the left), which XLA's CPU backend spreads over
+    its threads differently. Decode reads weights and cache and writes almost
+    nothing, so this, not a copy, is its roof."""
+    device = jax.local_devices()[0]
+    rows = 2**14 if device.platform == "cpu" else 2**16  # 256 MiB or 1 GiB: past every cache
+    a = jax.device_put(jnp.ones((rows, 4096), jnp.float32), device)
+    right = jax.device_put(jnp.ones((4096,), jnp.float32), device)
+    left = jax.device_put(jnp.ones((rows,), jnp.float32), device)
+    seconds = min(
+        best_time(jax.jit(jnp.sum), a),
+        best_time(jax.jit(jnp.matmul), a, right),
+        best_time(jax.jit(jnp.matmul), left, a),
+    )
+    return a.nbytes / seconds
+
+
+def read_bandwidth(refresh=False):
+    """This device's read-only stream bandwidth, bytes/s: measured once and cached
+    beside `measured`'s figures; refresh measures again and keeps the best seen."""
+    key = device_key("read")
+    cache = {}
+    if os.path.exists(CACHE):
+        try:
+            with open(CACHE) as f:
+                cache = json.load(f)
+        except (OSError, ValueError):
+            cache = {}  # a damaged cache is just measured again
+    if refresh or key not in cache:
+        old = cache.get(key, {}).get("read_bandwidth", 0)
+        cache[key] = {"read_bandwidth": max(measure_read_bandwidth(), old)}
+        os.makedirs(os.path.dirname(CACHE), exist_ok=True)
+        tmp = f"{CACHE}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(cache, f, indent=1)
+        os.replace(tmp, CACHE)
+    return cache[key]["read_bandwidth"]

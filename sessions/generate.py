@@ -1,42 +1,39 @@
-"""Sampling a continuation, one byte at a time.
+"""Sampling a continuation of a text, with the cached decoder of sessions/inference.py.
 
-No KV cache: each new byte reruns the model over a fixed [1, S] window. The
-window's shape never changes, so the forward pass compiles once; the cost is
-S times the work of a cached decoder, which is nothing at this size.
+The model sees at most cfg.seq bytes. A continuation longer than that slides
+its window: when the context is full, its last half is prefilled again and
+decoding goes on from there, so every byte still sees at least half a
+context, at positions the model was trained on.
 """
-
-import functools
 
 import jax
 import numpy as np
 
+from sessions import inference
 from sessions.config import UsageError
 from sessions.data import decode, encode
-from sessions.model import forward
-
-
-@functools.partial(jax.jit, static_argnames="cfg")
-def _next_token(params, window, length, key, temperature, cfg):
-    """window: int [1, S], the first `length` slots filled; -> the next token."""
-    logits = forward(params, window, cfg)[0, length - 1]  # [V]
-    return jax.random.categorical(key, logits / temperature)
 
 
 def generate(params, cfg, prompt, n_new, key, temperature=0.8):
-    """prompt: str -> the prompt followed by n_new sampled bytes, as str."""
-    tokens = list(encode(prompt))
-    if not tokens:
+    """prompt: str -> the prompt followed by n_new sampled bytes, as str
+    (temperature 0: greedy)."""
+    tokens = encode(prompt)  # int32 [P]
+    if not len(tokens):
         raise UsageError("the prompt is empty")
     if len(tokens) > cfg.seq:
         raise UsageError(f"the prompt is {len(tokens)} bytes, longer than the context of {cfg.seq}")
     # One device, one copy of the weights: generation is tiny next to training.
     params = jax.device_put(params, jax.local_devices()[0])
-    for i in range(n_new):
-        context = tokens[-cfg.seq :]
-        window = np.zeros((1, cfg.seq), np.int32)
-        window[0, : len(context)] = context
-        token = _next_token(
-            params, window, len(context), jax.random.fold_in(key, i), temperature, cfg
+    context, left = tokens, n_new
+    while left:
+        if len(context) == cfg.seq:
+            context = context[-(cfg.seq // 2) :]  # slide: keep the last half
+        n = min(left, cfg.seq - len(context))
+        chunk_key = jax.random.fold_in(key, len(tokens))  # a fresh stream per window
+        out = inference.generate(
+            params, cfg, context[None], n, key=chunk_key, temperature=temperature
         )
-        tokens.append(int(token))
+        context = np.asarray(out[0])
+        tokens = np.concatenate([tokens, context[-n:]])
+        left -= n
     return decode(tokens)

@@ -88,13 +88,19 @@ def dense(x, w, n_in=1):
     return (x2 @ w2).reshape(B, S, *out_shape)
 
 
-def attention_block(layer, x, cfg, segment_ids=None):
-    """x: [B, S, E] -> [B, S, E]."""
-    q = constrain(dense(x, layer["wq"]), "BSHD")  # "BSE,EHD->BSHD"
-    k = constrain(dense(x, layer["wk"]), "BSHD")
-    v = constrain(dense(x, layer["wv"]), "BSHD")
-    out = attention(q, k, v, segment_ids, impl=cfg.attention_impl)
-    return constrain(dense(out, layer["wo"], n_in=2), "BSE")  # "BSHD,HDE->BSE"
+def qkv(layer, x):
+    """x: [B, S, E] -> q, k, v, each [B, S, H, D] ("BSE,EHD->BSHD")."""
+    return tuple(constrain(dense(x, layer[w]), "BSHD") for w in ("wq", "wk", "wv"))
+
+
+def attention_block(layer, x, attend):
+    """x: [B, S, E] -> ([B, S, E], what attend returned beside its output).
+
+    attend(q, k, v) -> (out [B, S, H, D], extra) is the attention itself: in
+    training, causal self-attention over the S positions (extra None); in
+    decoding, attention over a KV cache, which it returns updated as extra."""
+    out, extra = attend(*qkv(layer, x))
+    return constrain(dense(out, layer["wo"], n_in=2), "BSE"), extra  # "BSHD,HDE->BSE"
 
 
 def mlp_block(layer, x):
@@ -106,23 +112,49 @@ def mlp_block(layer, x):
     return constrain(dense(h, layer["w_out"]), "BSE")  # "BSF,FE->BSE"
 
 
+def block(layer, x, cfg, attend):
+    """One layer, pre-norm residual: x [B, S, E] -> ([B, S, E], attend's extra)."""
+    extra = None
+    if cfg.attention:
+        a, extra = attention_block(layer, rms_norm(x, layer["attn_norm"]), attend)
+        x = x + a
+    return x + mlp_block(layer, rms_norm(x, layer["mlp_norm"])), extra
+
+
+def cast(params, cfg: ModelConfig):
+    """The params in the compute dtype (a no-op in float32)."""
+    dtype = jnp.dtype(cfg.dtype)
+    return jax.tree.map(lambda w: w.astype(dtype), params)
+
+
+def embed(p, tokens, cfg: ModelConfig, start=0):
+    """tokens: int [B, S] at positions start..start+S-1 -> x [B, S, E]."""
+    x = p["embed"][tokens]  # a gather, no FLOPs
+    if cfg.positions:
+        x = add_positions(x, p["pos"], start)
+    return constrain(x, "BSE")
+
+
+def unembed(p, x):
+    """x: [B, S, E] -> logits float32 [B, S, V], through the tied embedding."""
+    x = rms_norm(x, p["final_norm"])
+    logits = jnp.einsum("BSE,VE->BSV", x, p["embed"], preferred_element_type=jnp.float32)
+    return constrain(logits, "BSV")
+
+
 def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
     """tokens: int [B, S] -> logits float32 [B, S, V].
 
     segment_ids (optional, int [B, S]): packed documents; tokens attend only
     within their own segment."""
-    dtype = jnp.dtype(cfg.dtype)
     # Mixed precision: the float32 master weights are cast once per step to
     # the compute dtype; gradients flow back through the cast in float32.
-    p = jax.tree.map(lambda w: w.astype(dtype), params)
-    x = p["embed"][tokens]  # [B, S, E]: a gather, no FLOPs
-    if cfg.positions:
-        x = add_positions(x, p["pos"])
-    x = constrain(x, "BSE")
+    p = cast(params, cfg)
+
+    def causal(q, k, v):
+        return attention(q, k, v, segment_ids, impl=cfg.attention_impl), None
+
+    x = embed(p, tokens, cfg)
     for layer in p["layers"]:
-        if cfg.attention:
-            x = x + attention_block(layer, rms_norm(x, layer["attn_norm"]), cfg, segment_ids)
-        x = x + mlp_block(layer, rms_norm(x, layer["mlp_norm"]))
-    x = rms_norm(x, p["final_norm"])
-    logits = jnp.einsum("BSE,VE->BSV", x, p["embed"], preferred_element_type=jnp.float32)
-    return constrain(logits, "BSV")
+        x, _ = block(layer, x, cfg, causal)
+    return unembed(p, x)

@@ -16,7 +16,8 @@ def init_positions(key, seq, embed):
     return 0.01 * jax.random.normal(key, (seq, embed))
 
 
-def add_positions(x, pos_SE):
-    """x: [B, S, E] token embeddings -> [B, S, E], position s gets pos_SE[s]."""
+def add_positions(x, pos_SE, start=0):
+    """x: [B, S, E] token embeddings at positions start..start+S-1 -> [B, S, E];
+    position s gets pos_SE[s]. start may be traced (a decoder's position)."""
     S = x.shape[1]
-    return x + pos_SE[:S][None, :, :]
+    return x + jax.lax.dynamic_slice_in_dim(pos_SE, start, S)[None, :, :]

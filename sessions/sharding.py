@@ -50,6 +50,10 @@ ACTIVATION_SPECS = {
     "BSHD": P(BATCH, None, "tp", None),  # queries, keys, values
     "BSF": P(BATCH, None, "tp"),  # the MLP's hidden layer
     "BSV": P(BATCH, None, "tp"),  # logits
+    # The KV cache, one layer: values [B, H, T, D], keys stored transposed [B, H, D, T]
+    # (sessions/inference.py says why); split like the keys and values themselves.
+    "BHTD": P(BATCH, "tp", None, None),
+    "BHDT": P(BATCH, "tp", None, None),
 }
 
 

@@ -1,0 +1,139 @@
+"""The cached decoder against the model it caches: the same tokens, the same
+logits, the napkin's bytes, a reproducible sample, the same output on a mesh;
+and the session script's bad inputs and summary."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from roofline.decode import kv_cache_bytes
+from sessions import inference, sharding
+from sessions.generate import generate as generate_text
+from sessions.model import cast, forward, init_params
+
+B, P = 2, 5
+
+
+def prompts(cfg, batch=B, length=P, seed=1):
+    return jax.random.randint(jax.random.key(seed), (batch, length), 0, cfg.vocab)
+
+
+@pytest.fixture(scope="module")
+def params(cfg, key):
+    """Weights scaled up, so the greedy continuation wanders over many bytes
+    instead of repeating one: an off-by-one then changes the tokens."""
+    return jax.tree.map(lambda w: 3 * w, init_params(cfg, key))
+
+
+def test_greedy_equals_the_uncached_argmax_at_every_position(cfg, params):
+    out = inference.generate(params, cfg, prompts(cfg), cfg.seq - P)
+    assert out.shape == (B, cfg.seq) and out.dtype == jnp.int32
+    np.testing.assert_array_equal(out[:, :P], prompts(cfg))
+    assert len(np.unique(np.asarray(out[:, P:]))) > 3, "a degenerate continuation tests little"
+    # The model without a cache, over the growing sequence. It is causal, so the
+    # sequence can sit at the start of a fixed [B, S] window: one compile.
+    seq = jnp.zeros((B, cfg.seq), jnp.int32).at[:, :P].set(prompts(cfg))
+    model = jax.jit(forward, static_argnames="cfg")
+    for n in range(P, cfg.seq):
+        nxt = jnp.argmax(model(params, seq, cfg=cfg)[:, n - 1], axis=-1)
+        seq = seq.at[:, n].set(nxt)
+    np.testing.assert_array_equal(out, seq)
+
+
+def test_each_decode_step_gives_the_model_s_logits(cfg, params):
+    """Teacher-forced: fed the same tokens, the cache's logits equal forward's at every position."""
+    tokens = prompts(cfg, length=cfg.seq, seed=2)
+    expected = forward(params, tokens, cfg)  # [B, S, V]
+    logits, cache = inference.prefill(params, tokens[:, :P], cfg)
+    np.testing.assert_allclose(logits, expected[:, P - 1], atol=1e-3, rtol=1e-3)
+    step = jax.jit(inference.decode_step, static_argnames="cfg")  # pos traced: one compile
+    p = cast(params, cfg)
+    for pos in range(P, cfg.seq):
+        logits, cache = step(p, cache, tokens[:, pos], pos, cfg=cfg)
+        np.testing.assert_allclose(logits, expected[:, pos], atol=1e-3, rtol=1e-3, err_msg=pos)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cache_bytes_equal_the_napkin(cfg, params, dtype):
+    c = dataclasses.replace(cfg, dtype=dtype)
+    _, cache = inference.prefill(params, prompts(c), c)
+    assert {x.dtype for x in jax.tree.leaves(cache)} == {jnp.dtype(dtype)}
+    per_value = 4 if dtype == "float32" else 2
+    napkin = 2 * c.layers * B * c.seq * c.heads * c.head_dim * per_value
+    assert inference.cache_bytes(cache) == napkin == kv_cache_bytes(c, B)
+
+
+def test_sampling_is_reproducible_from_its_key(cfg, params):
+    def sample(seed):
+        key = jax.random.key(seed)
+        return inference.generate(params, cfg, prompts(cfg), 8, key=key, temperature=1.0)
+
+    first = sample(0)
+    np.testing.assert_array_equal(first, sample(0))
+    assert not np.array_equal(first, sample(1))
+    greedy = inference.generate(params, cfg, prompts(cfg), 8)
+    assert not np.array_equal(first, greedy)
+    # Near-uniform: a fresh draw per step gives many bytes; one key reused for every step, one.
+    hot = inference.generate(params, cfg, prompts(cfg), 8, key=jax.random.key(0), temperature=1e6)
+    assert len(np.unique(np.asarray(hot[0, P:]))) > 4
+
+
+def test_one_compile_per_shape(cfg, params):
+    """Prompt lengths and step counts are arguments of the decode loop, not shapes."""
+    inference.generate(params, cfg, prompts(cfg), 3)
+    before = inference.decode._cache_size()
+    for length, n in ((P, 4), (P + 2, 1), (1, cfg.seq - 1)):
+        inference.generate(params, cfg, prompts(cfg, length=length), n)
+    assert inference.decode._cache_size() == before
+
+
+def test_sharded_equals_one_device(cfg, key):
+    """On a data x fsdp x tp mesh of 8 devices the cache is split like the
+    activations, and a sample (its key folded per position) is the one of one device."""
+    c = dataclasses.replace(cfg, heads=2)  # tp=2 must divide H, F and V
+    batch, sizes = 4, {"data": 2, "fsdp": 2, "tp": 2}
+    sharding.check_divisible(c, batch, sizes)
+
+    def init(k):
+        return jax.tree.map(lambda w: 3 * w, init_params(c, k))
+
+    def sample(params, tokens):
+        n = c.seq - P
+        return inference.generate(params, c, tokens, n, key=jax.random.key(5), temperature=0.5)
+
+    expected = sample(init(key), prompts(c, batch=batch))
+    mesh = sharding.make_mesh(sizes)
+    with jax.set_mesh(mesh):
+        params, _ = sharding.init_sharded(init, key, mesh)
+        tokens = jax.device_put(prompts(c, batch=batch), sharding.batch_sharding(mesh))
+        _, cache = inference.prefill(params, tokens, c)
+        for layer in cache:  # rows over data x fsdp = 4, heads over tp = 2
+            k, v = layer["k"], layer["v"]
+            assert k.sharding.shard_shape(k.shape) == (1, 1, c.head_dim, c.seq)
+            assert v.sharding.shard_shape(v.shape) == (1, 1, c.seq, c.head_dim)
+        out = sample(params, tokens)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_the_text_helper_slides_past_the_context(cfg, params):
+    """s2_train's closing sample: more bytes than the context holds, and its
+    first window is the cached decoder's own continuation."""
+    text = generate_text(params, cfg, "abc", 2 * cfg.seq, jax.random.key(0), temperature=0.0)
+    first = inference.generate(params, cfg, jnp.array([list(b"abc")]), cfg.seq - 3)
+    window = bytes(np.asarray(first[0]).astype(np.uint8).tolist()).decode("utf-8", "replace")
+    assert text.startswith(window[:-1])  # a byte sequence cut at the end decodes differently
+    assert len(text.encode("utf-8")) >= 3 + 2 * cfg.seq  # "\ufffd" for a bad byte is 3 bytes
+
+
+@pytest.mark.parametrize(
+    "shape, n_new, why",
+    [((B, 0), 4, "empty"), ((B, 17), 0, "longer than the context"), ((B, P), 12, "do not fit")],
+)
+def test_bad_lengths_are_usage_errors(cfg, params, shape, n_new, why):
+    from sessions.config import UsageError
+
+    with pytest.raises(UsageError, match=why):
+        inference.generate(params, cfg, jnp.zeros(shape, jnp.int32), n_new)
