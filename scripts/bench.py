@@ -19,7 +19,7 @@ from roofline.calibrate import measured
 from roofline.flops import napkin_train_flops, train_flops
 from roofline.hardware import local_peak_flops
 from roofline.memory import step_memory
-from roofline.timing import time_calls
+from roofline.timing import Timing, time_calls
 from scripts.naive_step import make_naive_step
 from sessions import data
 from sessions.cli import ArgumentParser, positive_int, run_main
@@ -108,20 +108,35 @@ def main(argv=None):
         print(f"same numbers    first-step loss {float(ours_first['loss']):.6f} ours, "
               f"{float(naive_first['loss']):.6f} naive")  # fmt: skip
     if args.compare == "flax":
-        compare_flax(cfg, optimizer, fresh, batch, ours, compiled, args)
+        compare_flax(cfg, optimizer, fresh, batch, compiled, args)
     return 0
 
 
-def compare_flax(cfg, optimizer, fresh, batch, ours, compiled, args):
-    """The Flax NNX step from the same initial weights, timed the same way."""
+def compare_flax(cfg, optimizer, fresh, batch, compiled, args):
+    """The Flax NNX step from the same initial weights. The two steps are timed
+    call by call in turn, so that both see the same load on a shared machine."""
     from sessions import flax_model  # imported only when asked for
 
     model = flax_model.from_params(fresh()["params"], cfg)
     opt = flax_model.make_flax_optimizer(model, optimizer)
     step = flax_model.make_flax_train_step()
     flax_first = step(model, opt, batch)  # also compiles
-    _, ours_first = compiled(fresh(), batch)
-    flax = time_calls(lambda: step(model, opt, batch)["loss"], args.repeats, args.warmup)
+    carry = [fresh()]
+    carry[0], ours_first = compiled(carry[0], batch)
+
+    def ours_call():
+        carry[0], metrics = compiled(carry[0], batch)
+        return metrics["loss"]
+
+    calls = {"ours": ours_call, "flax": lambda: step(model, opt, batch)["loss"]}
+    times = {name: [] for name in calls}
+    for _ in range(args.warmup):
+        jax.block_until_ready([call() for call in calls.values()])
+    for _ in range(args.repeats):
+        for name, call in calls.items():
+            times[name] += time_calls(call, repeats=1, warmup=0).times
+    ours, flax = Timing(tuple(times["ours"])), Timing(tuple(times["flax"]))
+    print(f"ours, in turn   {ours}")
     print(f"flax nnx step   {flax}")
     print(f"flax / ours     {flax.median / ours.median:.2f}x (Flax NNX median / ours)")
     print(f"same numbers    first-step loss {float(ours_first['loss']):.6f} ours, "
