@@ -92,6 +92,9 @@ def parse_args(argv):
     parser.add_argument("--eval-every", type=positive_int)
     parser.add_argument("--metrics-out", help="write one JSON object per logged step here")
     parser.add_argument("--summary-out", help="write the closing summary here, as JSON")
+    parser.add_argument(
+        "--hlo-out", help="with --target: write the compiled program (HLO text) here, to read"
+    )
     parser.add_argument("--run-dir", default="runs/s2", help="loss curve and outputs go here")
     parser.add_argument("--profile", metavar="DIR", help="trace a few steps into DIR (xprof)")
     parser.add_argument(
@@ -138,7 +141,11 @@ def plan_on_target(args):
     lacks, print what the compiler did and the roofline, and exit."""
     target, devices = aot.devices_for(args.target)
     preset, cfg, tc, note = choose_configs(args, platform=target.chip.platform)
-    summary = aot.plan_target(args.mesh, cfg, tc, preset, target, devices, print, note).summary
+    planned = aot.plan_target(args.mesh, cfg, tc, preset, target, devices, print, note)
+    summary = planned.summary
+    if args.hlo_out:
+        with open(args.hlo_out, "w") as f:
+            f.write(planned.compiled.as_text())
     if args.summary_out:
         with open(args.summary_out, "w") as f:
             json.dump(summary, f, indent=1)

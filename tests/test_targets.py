@@ -303,14 +303,17 @@ def test_memory_per_device_falls_with_fsdp_as_the_sharding_table_says(tpu_fsdp, 
 
 
 def assert_bf16_matmuls(planned, cfg):
+    """bf16 operands everywhere but where the code asks for float32: the loss's
+    float32 gradient flowing into the tied output projection's two backward
+    matmuls (the logits are float32 by preferred_element_type), which a TPU runs
+    as f32 x bf16 and a GPU as f32 x f32."""
     assert cfg.dtype == "bfloat16"
     dtypes = planned.plan.matmul_dtypes
     assert dtypes, "no matmul found in the compiled step"
-    for lhs, rhs, out in dtypes:
-        # float32 only where the code asks for it: float32 results of bf16 operands
-        # (preferred_element_type), and the loss's float32 gradient into the logits.
-        assert "bf16" in (lhs, rhs) and (lhs == rhs == "bf16" or out == "f32"), dtypes
-    assert sum(n for (lhs, rhs, _), n in dtypes.items() if lhs == rhs == "bf16") > 0
+    wide = {k: n for k, n in dtypes.items() if "f32" in k[:2]}
+    assert all(out == "f32" for _, _, out in wide), dtypes
+    assert sum(wide.values()) <= 3, dtypes
+    assert sum(n for (lhs, rhs, _), n in dtypes.items() if lhs == rhs == "bf16") >= 6 * cfg.layers
 
 
 def test_bf16_step_runs_its_matmuls_in_bf16(tpu_fsdp):
