@@ -88,15 +88,17 @@ def link_bytes(kind, output_bytes, n):
 
 
 def computations(hlo_text):
-    """{computation name: its instruction lines} of an HLO module's text."""
+    """{computation name: its instruction lines} of an HLO module's text.
+
+    A computation starts at an unindented header, `%name (params) -> type {`,
+    and runs to the next one. (Its closing brace is no marker: an instruction's
+    attributes may span lines that start with one.)"""
     found, name = {}, None
     for line in hlo_text.splitlines():
-        header = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(.*\{\s*$", line)
+        header = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(.*\) -> .*\{\s*$", line)
         if header:
             name = header.group(1)
             found[name] = []
-        elif line.startswith("}"):
-            name = None
         elif name is not None:
             found[name].append(line)
     return found

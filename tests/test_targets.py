@@ -124,7 +124,8 @@ ENTRY %main (x: bf16[16,8], w: bf16[2,32]) -> f32[16,32] {
   %w = bf16[2,32]{1,0} parameter(1)
   %ag-start = (bf16[2,32]{1,0}, bf16[8,32]{1,0}) all-gather-start(%w), channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}
   %ag-done = bf16[8,32]{1,0} all-gather-done(%ag-start)
-  %f = f32[16,32]{1,0} fusion(%x, %ag-done), kind=kOutput, calls=%fused_dot
+  %f = f32[16,32]{1,0} fusion(%x, %ag-done), kind=kOutput, calls=%fused_dot, frontend_attributes={kernel_metadata={
+}}
   %ar = f32[16,32]{1,0} all-reduce(%f), channel_id=2, replica_groups={{0,1},{2,3}}, to_apply=%add
   %rs = f32[4,32]{1,0} reduce-scatter(%ar), channel_id=3, replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%add
   ROOT %g = f32[16,32]{1,0} all-gather(%rs), channel_id=4, replica_groups={{0,1,2,3}}, dimensions={0}
