@@ -53,6 +53,27 @@ def identity(cfg, tc):
     }
 
 
+def newest_meta(directory):
+    """The metadata of the newest checkpoint in `directory` that has readable
+    metadata ({"step", **identity, "fingerprint"}), or None: what a reader
+    (sessions/s3_infer.py) needs to rebuild the state's shapes before restoring it."""
+    if not os.path.isdir(directory):
+        return None  # and create nothing: this only reads
+    manager = ocp.CheckpointManager(os.path.abspath(directory))
+    try:
+        metas = (_read_meta(manager, step) for step in sorted(manager.all_steps(), reverse=True))
+        return next((meta for meta in metas if meta is not None), None)
+    finally:
+        manager.close()
+
+
+def _read_meta(manager, step):
+    try:
+        return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception:  # noqa: BLE001 - a damaged file reads as no metadata
+        return None
+
+
 class Checkpoints:
     """Saves every `every` steps (and when asked) into `directory`; restores the newest."""
 
@@ -136,12 +157,7 @@ class Checkpoints:
         raise UsageError(f"--resume: every checkpoint in {self.directory} is damaged")
 
     def _read_meta(self, step):
-        try:
-            return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
-                "meta"
-            ]
-        except Exception:  # noqa: BLE001 - a damaged file reads as no metadata
-            return None
+        return _read_meta(self.manager, step)
 
     def _check_compatible(self, meta):
         theirs = {k: meta.get(k) for k in self.identity}

@@ -3,6 +3,7 @@ logits, the napkin's bytes, a reproducible sample, the same output on a mesh;
 and the session script's bad inputs and summary."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +11,13 @@ import numpy as np
 import pytest
 
 from roofline.decode import kv_cache_bytes
-from sessions import inference, sharding
+from sessions import inference, s3_infer, sharding
+from sessions.checkpoint import Checkpoints
+from sessions.cli import run_main
+from sessions.config import PRESETS, TrainConfig, UsageError
 from sessions.generate import generate as generate_text
 from sessions.model import cast, forward, init_params
+from sessions.train import init_state, make_optimizer
 
 B, P = 2, 5
 
@@ -133,7 +138,66 @@ def test_the_text_helper_slides_past_the_context(cfg, params):
     [((B, 0), 4, "empty"), ((B, 17), 0, "longer than the context"), ((B, P), 12, "do not fit")],
 )
 def test_bad_lengths_are_usage_errors(cfg, params, shape, n_new, why):
-    from sessions.config import UsageError
-
     with pytest.raises(UsageError, match=why):
         inference.generate(params, cfg, jnp.zeros(shape, jnp.int32), n_new)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+    """What `s2_train.py --preset tiny --checkpoint-every N` leaves: one orbax checkpoint."""
+    tiny, tc = PRESETS["tiny"].model, TrainConfig(batch=2, steps=1)
+    state = init_state(jax.random.key(0), cfg=tiny, optimizer=make_optimizer(tc, tc.steps))
+    directory = tmp_path_factory.mktemp("s2") / "checkpoints"
+    with Checkpoints(str(directory), 1, tiny, tc) as checkpoints:
+        checkpoints.maybe_save(1, state, force=True)
+    return str(directory)
+
+
+def s3(argv, capsys):
+    """s3_infer in this process: (exit status, stdout, stderr)."""
+    try:
+        code = run_main(s3_infer.main, argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+TINY = ["--random-params", "--preset", "tiny"]
+
+
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        ([*TINY, "--prompt", "x" * 65], "longer than the context"),
+        ([*TINY, "--prompt", "abc", "--new-tokens", "62"], "do not fit the context"),
+        ([*TINY, "--prompt", ""], "empty"),
+        ([*TINY, "--mesh", "data=8", "--batches", "1,8"], "1 does not divide"),
+        ([*TINY, "--batches", "1,x"], "--batches"),
+        ([*TINY, "--batch", "4"], "training flag"),
+        (["--checkpoint-dir", "/nonexistent/checkpoints"], "--checkpoint-every"),
+        (["--embed", "32"], "the checkpoint has embed=48, not embed=32"),
+    ],
+)
+def test_s3_bad_input_is_one_line_and_exit_2(argv, why, capsys, checkpoint_dir):
+    if argv[0] != "--checkpoint-dir" and "--random-params" not in argv:
+        argv = ["--checkpoint-dir", checkpoint_dir, *argv]
+    code, _, err = s3(argv, capsys)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and why in err, err
+
+
+def test_s3_summary_from_a_checkpoint(tmp_path, capsys, checkpoint_dir):
+    summary = tmp_path / "s3.json"
+    argv = ["--checkpoint-dir", checkpoint_dir, "--batches", "1,2", "--new-tokens", "4"]
+    code, out, err = s3([*argv, "--summary-out", str(summary), "--run-dir", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "checkpoint at step 1" in out and "sample:\nThe import statement " in out
+    s = json.loads(summary.read_text())
+    assert s["prefill_seconds"] > 0
+    assert [r["batch"] for r in s["batches"]] == [1, 2]
+    for r in s["batches"]:
+        assert {"batch", "decode_tokens_per_sec", "step_seconds", "mbu", "mfu"} <= set(r)
+        assert r["decode_tokens_per_sec"] == pytest.approx(r["batch"] / r["step_seconds"])
+        assert r["mbu"] == pytest.approx(r["bytes_per_step"] / r["step_seconds"] / s["bandwidth"])
+    assert (tmp_path / "decode_roofline.png").stat().st_size > 0
