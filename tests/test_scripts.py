@@ -3,9 +3,11 @@ same loss as ours (so the speed-up compares like with like)."""
 
 import re
 
+import pytest
 from conftest import run_python
 from test_roofline import hand_flops, hand_params
 
+from roofline import calibrate
 from roofline.hardware import local_peak_flops
 from roofline.timing import Timing
 from scripts import bench
@@ -43,6 +45,18 @@ def test_ladder_prints_every_rung_as_markdown():
                         "--data-delay-ms", "0")  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    names = [row.split("|")[1].strip() for row in rows[1:]]
-    assert names == ["session 1", "+ attention", "+ positions", "+ whole-step jit",
-                     "+ overlapped loading", "+ multichip"]  # fmt: skip
+    cells = [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows[1:]]
+    assert [c[0] for c in cells] == ["session 1", "+ attention", "+ positions",
+                                     "+ whole-step jit", "+ overlapped loading",
+                                     "+ multichip"]  # fmt: skip
+    # MFU and tokens/s of a rung describe the same step: MFU = (FLOPs per
+    # token) x (tokens/s) / this machine's measured peak, whatever the number
+    # of devices (each gets its share of the peak). Session 1 has no attention.
+    cfg, B = PRESETS["tiny"].model, PRESETS["tiny"].train.batch
+    E, F, V, L = cfg.embed, cfg.ff, cfg.vocab, cfg.layers
+    no_attention = 6 * B * cfg.seq * (L * 2 * E * F + V * E)
+    peak = calibrate.cached("float32")["matmul_flops"]
+    for i, (name, tokens_per_s, mfu, *_) in enumerate(cells):
+        flops = no_attention if i == 0 else sum(hand_flops(cfg, B))
+        expected = 100 * flops / (B * cfg.seq) * float(tokens_per_s.replace(",", "")) / peak
+        assert float(mfu.rstrip("%")) == pytest.approx(expected, rel=1e-3, abs=0.051), name
