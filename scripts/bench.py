@@ -22,6 +22,7 @@ from roofline.memory import step_memory
 from roofline.timing import Timing, time_calls
 from scripts.naive_step import make_naive_step
 from sessions import data
+from sessions.attention import choose as choose_attention
 from sessions.cli import ArgumentParser, positive_int, run_main
 from sessions.config import PRESETS
 from sessions.train import init_state, make_optimizer, make_train_step
@@ -48,10 +49,12 @@ def configure(args):
     fields = {
         "seq": args.seq or preset.model.seq,
         "dtype": args.dtype or ("float32" if on_cpu else "bfloat16"),
-        "attention_impl": args.attention_impl or ("einsum" if on_cpu else "fused"),
     }
     cfg = dataclasses.replace(preset.model, **fields)
     batch = args.batch or (32 if on_cpu else preset.train.batch)
+    # The chip's own attention kernel where it takes the shapes (cuDNN, splash), as s2_train.
+    impl, _ = choose_attention(args.attention_impl, jax.default_backend(), cfg, batch)
+    cfg = dataclasses.replace(cfg, attention_impl=impl)
     return cfg, dataclasses.replace(preset.train, batch=batch)
 
 
