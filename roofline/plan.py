@@ -132,10 +132,9 @@ def _flops(x):
 def plan_lines(p):
     """The plan as text, in the order a student reads it."""
     fit = "fits" if p.fits else "DOES NOT FIT"
-    lines = [
-        f"memory per device: {_gb(p.memory_per_device_bytes)} of {_gb(p.hbm_bytes_per_device)} "
-        f"HBM ({100 * p.memory_per_device_bytes / p.hbm_bytes_per_device:.0f}%): {fit}",
-    ]
+    share = p.memory_per_device_bytes / p.hbm_bytes_per_device
+    memory = f"{_gb(p.memory_per_device_bytes)} of {_gb(p.hbm_bytes_per_device)} HBM"
+    lines = [f"memory per device: {memory} ({100 * share:.0f}%): {fit}"]
     exact = p.exact_flops_per_device
     if p.xla_flops_per_device is None:
         lines.append(f"FLOPs per device: exact {_flops(exact)}; the target's compiler "
@@ -172,14 +171,15 @@ def plan_lines(p):
     if p.comm_s:
         hidden = (" (hides behind compute, if overlapped)" if p.comm_s <= p.compute_s
                   else " (longer than compute: it cannot hide)")
+    roof = f"{p.peak / 1e12:,.1f} TFLOP/s ({p.peak_note}), {p.hbm_bandwidth / 1e9:,.0f} GB/s HBM"
+    best = (f"{_ms(p.step_s)} a step ({p.bound}-bound), {p.tokens_per_s:,.0f} tokens/s, "
+            f"MFU {100 * p.mfu:.0f}%")
     lines += [
-        f"roofline per device: {p.peak / 1e12:,.1f} TFLOP/s ({p.peak_note}), "
-        f"{p.hbm_bandwidth / 1e9:,.0f} GB/s HBM",
+        f"roofline per device: {roof}",
         f"  compute-bound  {_ms(p.compute_s)}   exact FLOPs / peak",
         f"  memory-bound   {_ms(p.memory_s)}   bytes lower bound / HBM bandwidth",
         f"  communication  {comm}{hidden}",
-        f"  best case: {_ms(p.step_s)} a step ({p.bound}-bound), "
-        f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.0f}%",
+        f"  best case: {best}",
     ]
     return lines
 

@@ -30,26 +30,18 @@ EXTRAS = "requirements-aot.txt"
 # clocks and the compute capability. The rest of those files (measured unit rates,
 # driver versions) postdates some jaxlib releases, whose parser would reject it.
 GPU_SPECS = {
-    # h100_sxm.txtpb
-    "h100-sxm": dict(name="NVIDIA H100 80GB HBM3", major=9, cores=132, fpus=128, clock=1.98,
-                     bandwidth=3352320000000, memory=84942979072, l2=52428800,
-                     smem_core=233472, smem_optin=232448),
-    # h100_pcie.txtpb
-    "h100-pcie": dict(name="NVIDIA H100 PCIe", major=9, cores=114, fpus=128, clock=1.755,
-                      bandwidth=2039040000000, memory=84942979072, l2=52428800,
-                      smem_core=233472, smem_optin=232448),
-    # h200.txtpb
-    "h200": dict(name="NVIDIA H200 141GB HBM3e", major=9, cores=132, fpus=128, clock=1.98,
-                 bandwidth=4800000000000, memory=151397597184, l2=52428800,
-                 smem_core=233472, smem_optin=232448),
-    # a100_sxm_80.txtpb
-    "a100-80gb": dict(name="NVIDIA A100-SXM4-80GB", major=8, cores=108, fpus=64, clock=1.41,
-                      bandwidth=2039040000000, memory=85100068864, l2=41943040,
-                      smem_core=167936, smem_optin=166912),
-    # a100_sxm_40.txtpb
-    "a100-40gb": dict(name="NVIDIA A100-SXM4-40GB", major=8, cores=108, fpus=64, clock=1.41,
-                      bandwidth=1555200000000, memory=42331013120, l2=41943040,
-                      smem_core=167936, smem_optin=166912),
+    # chip: (device name, compute capability, SMs, FP32 lanes per SM, clock GHz,
+    #        memory bytes/s, memory bytes, L2 bytes, shared memory per SM, per block opt-in)
+    "h100-sxm": ("NVIDIA H100 80GB HBM3", 9, 132, 128, 1.98,  # h100_sxm.txtpb
+                 3352320000000, 84942979072, 52428800, 233472, 232448),
+    "h100-pcie": ("NVIDIA H100 PCIe", 9, 114, 128, 1.755,  # h100_pcie.txtpb
+                  2039040000000, 84942979072, 52428800, 233472, 232448),
+    "h200": ("NVIDIA H200 141GB HBM3e", 9, 132, 128, 1.98,  # h200.txtpb
+             4800000000000, 151397597184, 52428800, 233472, 232448),
+    "a100-80gb": ("NVIDIA A100-SXM4-80GB", 8, 108, 64, 1.41,  # a100_sxm_80.txtpb
+                  2039040000000, 85100068864, 41943040, 167936, 166912),
+    "a100-40gb": ("NVIDIA A100-SXM4-40GB", 8, 108, 64, 1.41,  # a100_sxm_40.txtpb
+                  1555200000000, 42331013120, 41943040, 167936, 166912),
 }
 
 
@@ -101,30 +93,30 @@ def missing_extras(platform):
 
 def gpu_target_config(chip):
     """The GpuTargetConfig text proto XLA compiles against for this NVIDIA chip."""
-    s = GPU_SPECS[chip.name]
+    name, major, sms, lanes, clock, bandwidth, memory, l2, smem, optin = GPU_SPECS[chip.name]
     return f"""gpu_device_info {{
   threads_per_block_limit: 1024
   threads_per_warp: 32
   shared_memory_per_block: 49152
-  shared_memory_per_core: {s["smem_core"]}
+  shared_memory_per_core: {smem}
   threads_per_core_limit: 2048
-  core_count: {s["cores"]}
-  fpus_per_core: {s["fpus"]}
+  core_count: {sms}
+  fpus_per_core: {lanes}
   block_dim_limit_x: 2147483647
   block_dim_limit_y: 65535
   block_dim_limit_z: 65535
-  memory_bandwidth: {s["bandwidth"]}
-  l2_cache_size: {s["l2"]}
-  clock_rate_ghz: {s["clock"]}
-  device_memory_size: {s["memory"]}
-  shared_memory_per_block_optin: {s["smem_optin"]}
-  cuda_compute_capability {{ major: {s["major"]} }}
+  memory_bandwidth: {bandwidth}
+  l2_cache_size: {l2}
+  clock_rate_ghz: {clock}
+  device_memory_size: {memory}
+  shared_memory_per_block_optin: {optin}
+  cuda_compute_capability {{ major: {major} }}
   registers_per_core_limit: 65536
   registers_per_block_limit: 65536
 }}
 platform_name: "CUDA"
 dnn_version_info {{ major: 9 minor: 8 }}
-device_description_str: "{s["name"]}"
+device_description_str: "{name}"
 """
 
 
@@ -166,7 +158,7 @@ def compile_only_devices(text):
                 platform="cuda", target_config=gpu_target_config(chip), topology=f"1x1x{shape}"
             )
             chips = int(shape)
-    except Exception as e:  # the compiler's own words: a bad topology, an old libtpu
+    except Exception as e:  # noqa: BLE001  (the compiler's words: a bad topology, an old libtpu)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TargetError(f"--target {text}: {first}") from None
     devices = list(topology.devices)

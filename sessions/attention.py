@@ -83,7 +83,7 @@ def splash_kernel(q, k, v, segment_ids=None, *, interpret=False):
     same kernel as plain JAX ops on any backend (slow; for checking it)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
-    B, S, H, D = q.shape
+    _, S, H, D = q.shape
     T = k.shape[1]
     mask = splash.MultiHeadMask([splash.CausalMask((S, T))] * H)
     bq, bt = min(512, S), min(512, T)  # tiles of up to 512 queries x 512 keys

@@ -71,9 +71,13 @@ def parse_args(argv):
 def load(args, mesh):
     """(cfg, params, where they came from): random, or the newest checkpoint of an s2 run."""
     on_cpu = jax.default_backend() == "cpu"
-    dtype = {"dtype": args.dtype or ("float32" if on_cpu else "bfloat16")}
+    # The compute dtype, and XLA's attention (a checkpoint may name a kernel of another chip).
+    compute = {
+        "dtype": args.dtype or ("float32" if on_cpu else "bfloat16"),
+        "attention_impl": "einsum" if on_cpu else "fused",
+    }
     if args.random_params:
-        cfg, _ = configs_from_args(args, args.preset or ("cpu" if on_cpu else "course"), **dtype)
+        cfg, _ = configs_from_args(args, args.preset or ("cpu" if on_cpu else "course"), **compute)
         key = jax.random.key(args.seed)
         params, _ = sharding.init_sharded(functools.partial(init_params, cfg), key, mesh)
         return cfg, params, "random parameters"
@@ -100,7 +104,7 @@ def load(args, mesh):
     abstract = sharding.abstract_sharded(init, jax.random.key(0), mesh)
     with Checkpoints(args.checkpoint_dir, 0, trained, tc) as checkpoints:
         step, state = checkpoints.restore_latest(abstract)
-    cfg = dataclasses.replace(trained, **dtype)
+    cfg = dataclasses.replace(trained, **compute)
     return cfg, state["params"], f"checkpoint at step {step} of {checkpoints.directory}"
 
 

@@ -16,6 +16,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from conftest import REPO, run_python, s2_in_process
 
 from roofline.flops import attention_flops, param_count, train_flops
 from roofline.hardware import CHIPS
@@ -31,8 +32,6 @@ from sessions import aot, s2_train, sharding
 from sessions.attention import choose, einsum_attention, splash_attention, splash_kernel
 from sessions.config import ModelConfig, UsageError
 from sessions.model import init_params
-
-from conftest import REPO, run_python, s2_in_process
 
 
 def need(platform):
@@ -254,7 +253,7 @@ def test_splash_over_a_mesh_gives_each_device_its_rows_and_heads():
 
 
 def test_fsdp_gathers_weights_and_scatters_gradients(tpu_fsdp):
-    planned, cfg, tc = tpu_fsdp
+    planned, _cfg, _tc = tpu_fsdp
     found = planned.plan.collectives
     assert found["all-gather"].count > 0
     # Gradients of fsdp-sharded weights are reduced to their shards: a reduce-scatter,
@@ -264,7 +263,7 @@ def test_fsdp_gathers_weights_and_scatters_gradients(tpu_fsdp):
 
 
 def test_data_parallel_only_all_reduces_gradients(tpu_data):
-    planned, cfg, tc = tpu_data
+    planned, cfg, _tc = tpu_data
     found = planned.plan.collectives
     assert set(found) == {"all-reduce"}, found
     # Each device holds whole weights and reduces every gradient: at least P values
@@ -367,7 +366,7 @@ def test_windowed_einsum_loops_are_found():
 
 def test_course_step_compiles_for_tpu_with_splash_attention():
     need("tpu")
-    planned, cfg, tc = compile_step("tpu-v5e:2x2", preset="course", batch=32)
+    planned, cfg, _tc = compile_step("tpu-v5e:2x2", preset="course", batch=32)
     assert cfg.attention_impl == "splash"
     assert "tpu_custom_call" in planned.plan.kernels
     # XLA cannot count inside the Pallas kernel; with attention's FLOPs taken out of
@@ -395,7 +394,7 @@ def test_a_step_too_big_for_the_chip_exits_2_with_what_to_try():
 
 
 def test_cudnn_flash_attention_forward_and_backward_on_h100(h100_course):
-    planned, cfg, tc = h100_course
+    planned, cfg, _tc = h100_course
     assert cfg.attention_impl == "cudnn"
     kernels = planned.plan.kernels
     assert "__cudnn$fmhaSoftmax" in kernels and "__cudnn$fmhaSoftmaxBackward" in kernels
@@ -406,7 +405,7 @@ def test_cudnn_flash_attention_forward_and_backward_on_h100(h100_course):
 
 
 def test_h100_fsdp_collectives_and_no_flop_count(h100_course):
-    planned, cfg, tc = h100_course
+    planned, _cfg, _tc = h100_course
     assert planned.compiled.cost_analysis() is None  # the deviceless compiler counts nothing
     p = planned.plan
     assert {"all-gather", "reduce-scatter"} <= set(p.collectives) or \
@@ -417,10 +416,10 @@ def test_h100_fsdp_collectives_and_no_flop_count(h100_course):
 
 def test_float32_on_h100_is_held_against_the_tf32_peak():
     need("gpu")
-    planned, cfg, tc = compile_step("h100:1", dtype="float32")
+    planned, _, _ = compile_step("h100:1", dtype="float32")
     assert planned.plan.peak == 494.5e12
     with jax.default_matmul_precision("highest"):
-        planned, cfg, tc = compile_step("h100:1", dtype="float32")
+        planned, _, _ = compile_step("h100:1", dtype="float32")
     assert planned.plan.peak == 67e12
 
 
