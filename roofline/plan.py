@@ -193,6 +193,7 @@ def plan_summary(p):
         "exact_flops_per_device": p.exact_flops_per_device,
         "xla_flops_per_device": p.xla_flops_per_device,
         "xla_flops_source": p.xla_source,
+        "kernel_flops_per_device": p.kernel_flops_per_device,
         "memory_per_device_bytes": p.memory_per_device_bytes,
         "hbm_bytes_per_device": p.hbm_bytes_per_device,
         "fits": p.fits,
