@@ -35,6 +35,7 @@ SESSIONS = {
     "3": ("test_session_3.py", "rooflines: intensity, MFU vs bandwidth, FSDP"),
     "4": ("test_session_4.py", "inference rooflines"),
     "5": ("test_session_5.py", "numerics and Pallas"),
+    "infer": ("test_session_infer.py", "session 3 (s3_infer): the KV cache, the decode roofline"),
     "bugs": ("test_session_bugs.py", "find the bug"),
 }
 DISCORD_LIMIT = 2000  # characters per message

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from roofline.decode import kv_cache_bytes
+from scripts.bench_decode import uncached_generate
 from sessions import inference, s3_infer, sharding
 from sessions.checkpoint import Checkpoints
 from sessions.cli import run_main
@@ -131,6 +132,14 @@ def test_the_text_helper_slides_past_the_context(cfg, params):
     window = bytes(np.asarray(first[0]).astype(np.uint8).tolist()).decode("utf-8", "replace")
     assert text.startswith(window[:-1])  # a byte sequence cut at the end decodes differently
     assert len(text.encode("utf-8")) >= 3 + 2 * cfg.seq  # "\ufffd" for a bad byte is 3 bytes
+
+
+def test_the_benchmark_s_baseline_does_the_same_work(cfg, params):
+    """scripts/bench_decode.py's ratio compares equal work: the old uncached
+    generator's greedy tokens are the cached decoder's."""
+    prompt, n = np.asarray(prompts(cfg)[0]), cfg.seq - P
+    cached = inference.generate(params, cfg, prompt[None], n)[0].tolist()
+    assert uncached_generate(params, cfg, prompt.tolist(), n) == cached
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,140 @@
+"""Decode speed, as ratios measured in one run (session 3's goals):
+
+1. the cached decoder against the generator it replaced, which reran the
+   model over the whole [1, S] window for every byte and waited on the host
+   after each (kept below as the baseline): cpu preset, batch 1, greedy, the
+   same tokens; goal >= 10x;
+2. decode MBU at batch 1 for gpt2 shapes in float32, against the read-only
+   bandwidth measured in this run; goal >= 70%;
+3. decode tokens/s against batch, beside the roofline's memory-bound rate.
+
+python scripts/bench_decode.py
+python scripts/bench_decode.py --preset tiny --mbu-preset tiny --batches 1,2   # seconds
+"""
+
+import dataclasses
+import functools
+import itertools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from roofline import decode as roof
+from roofline.calibrate import measure, measure_read_bandwidth
+from roofline.hardware import datasheet_chip
+from roofline.timing import time_calls
+from sessions import inference, sharding
+from sessions.cli import ArgumentParser, positive_int, run_main
+from sessions.config import PRESETS
+from sessions.data import encode
+from sessions.model import forward, init_params
+from sessions.s3_infer import PROMPT, time_batch
+
+
+def parse_args(argv):
+    parser = ArgumentParser(prog="bench_decode.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="for 1 and 3")
+    parser.add_argument("--mbu-preset", choices=sorted(PRESETS), default="gpt2", help="for 2")
+    parser.add_argument("--batches", default="1,4,16,64", help="for 3")
+    parser.add_argument("--new-tokens", type=positive_int, default=64)
+    parser.add_argument("--repeats", type=positive_int, default=5)
+    return parser.parse_args(argv)
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _next_token(params, window, length, cfg):
+    """The old generator's step: window int [1, S], the first `length` slots filled."""
+    return jnp.argmax(forward(params, window, cfg)[0, length - 1])
+
+
+def uncached_generate(params, cfg, prompt, n_new):
+    """The generator before session 3 (greedy here): one forward pass over the
+    whole window per new token, and a host round trip (int(token)) after each."""
+    tokens = list(prompt)
+    for _ in range(n_new):
+        context = tokens[-cfg.seq :]
+        window = np.zeros((1, cfg.seq), np.int32)
+        window[0, : len(context)] = context
+        tokens.append(int(_next_token(params, window, len(context), cfg)))
+    return tokens
+
+
+def model(preset):
+    cfg = dataclasses.replace(PRESETS[preset].model, dtype="float32")
+    return cfg, init_params(cfg, jax.random.key(0))
+
+
+def against_uncached(args, prompt):
+    """Goal 1: (ratio, same tokens?)."""
+    cfg, params = model(args.preset)
+    n = min(args.new_tokens, cfg.seq - len(prompt))
+    # Best of the repeats, for both: the least disturbed run of each on a shared machine.
+    old = time_calls(lambda: uncached_generate(params, cfg, prompt, n), repeats=args.repeats)
+    new = time_calls(lambda: inference.generate(params, cfg, prompt[None], n), repeats=args.repeats)
+    same = (
+        uncached_generate(params, cfg, prompt, n)
+        == inference.generate(params, cfg, prompt[None], n)[0].tolist()
+    )
+    print(f"1. {args.preset} preset, batch 1, {len(prompt)}-byte prompt + {n} new tokens, greedy")
+    print(f"   uncached (old generate)  {n / old.best:>10,.0f} tokens/s  (best of {old})")
+    print(f"   cached (prefill + loop)  {n / new.best:>10,.0f} tokens/s  (best of {new})")
+    print(f"   ratio {old.best / new.best:.1f}x; the same tokens: {'yes' if same else 'NO'}")
+    return old.best / new.best, same
+
+
+def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
+    """Rows (batch, Achieved), printed."""
+    peak, bandwidth = roofs
+    n = min(args.new_tokens, cfg.seq - len(prompt))
+    print(
+        f"   {'batch':>5} {'ms/step':>9} {'tokens/s':>10} {'roof tok/s':>10} {'MBU':>6} {'MFU':>6}"
+    )
+    rows = []
+    for b in batches:
+        _, step_s = time_batch(params, cfg, prompt, b, n, mesh, repeats=args.repeats, best=True)
+        step = roof.decode_step(cfg, b, peak_flops=peak, bandwidth=bandwidth)
+        got = roof.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
+        print(
+            f"   {b:>5} {step_s * 1e3:>9.2f} {got.tokens_per_s:>10,.0f} {step.tokens_per_s:>10,.0f} "
+            f"{100 * got.mbu:>5.1f}% {100 * got.mfu:>5.1f}%"
+        )
+        rows.append((b, got))
+    return rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    prompt = encode(PROMPT)
+    print(f"{jax.devices()[0].device_kind}, JAX {jax.__version__}, float32")
+    ratio, same = against_uncached(args, prompt)
+
+    # The roofs measured in this run, under the same load as the steps (a CPU's
+    # figures vary with what else runs; an accelerator's come from its datasheet).
+    chip = datasheet_chip()
+    peak = chip.peak("float32") if chip else measure("float32")["matmul_flops"]
+    bandwidth = chip.hbm_bandwidth if chip else measure_read_bandwidth()
+    roofs = peak, bandwidth
+    print(f"roofs: {peak / 1e12:.3f} TFLOP/s float32, {bandwidth / 1e9:.1f} GB/s read-only")
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, jax.devices()[:1])
+    with jax.set_mesh(mesh):
+        cfg, params = model(args.mbu_preset)
+        print(f"2. {args.mbu_preset} shapes, batch 1: bytes per step = weights + cache")
+        (_, at_one), *_ = decode_table(cfg, params, prompt, [1], args, roofs, mesh)
+        cfg, params = model(args.preset)
+        print(f"3. {args.preset} preset: tokens/s against batch")
+        rows = decode_table(cfg, params, prompt, batches, args, roofs, mesh)
+    growing = all(a.tokens_per_s < b.tokens_per_s for (_, a), (_, b) in itertools.pairwise(rows))
+    print("goals:")
+    print(f"   cached / uncached  {ratio:6.1f}x   (>= 10x: {'met' if ratio >= 10 else 'NOT met'})")
+    print(
+        f"   MBU at batch 1     {100 * at_one.mbu:5.1f}%   (>= 70%: {'met' if at_one.mbu >= 0.7 else 'NOT met'})"
+    )
+    print(f"   tokens/s grows with batch: {'yes' if growing else 'no'}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

@@ -1,0 +1,79 @@
+"""Session 3, inference: the KV cache's bytes and the decode roofline by hand,
+and a decode step with a cache against attention over the whole sequence."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from adapters import exercise
+
+from roofline import decode as roof
+from roofline.hardware import CHIPS
+from sessions.attention import attention
+from sessions.config import PRESETS
+
+cache_bytes = exercise("kv_cache.cache_bytes")
+decode_step_seconds = exercise("kv_cache.decode_step_seconds")
+compute_bound_batch = exercise("kv_cache.compute_bound_batch")
+decode_attention = exercise("kv_cache.decode_attention")
+
+GPT2 = PRESETS["gpt2"].model  # L=12, E=768, F=3072, H=12, D=64, T=1024, V=256
+H100 = CHIPS["h100-sxm"]  # 989 TFLOP/s bf16, 3.35 TB/s
+# The gpt2 preset in bf16, by hand (roofline/decode.py checks the same numbers):
+W = 85_151_232 * 2  # 12·(2·768·3072 + 4·768·768) + 256·768 matmul weights, 19,968 others
+C = 2 * 12 * 1024 * 12 * 64 * 2  # one sequence's cache: 37,748,736 bytes
+F = 2 * 85_131_264 + 4 * 12 * 1024 * 12 * 64  # FLOPs per token: matmuls, then q·k and p·v
+
+
+@pytest.mark.exercise("kv_cache.cache_bytes")
+def test_cache_bytes_by_hand():
+    assert cache_bytes(12, 8, 1024, 12, 64, 2) == 301_989_888  # gpt2, 8 sequences, bf16
+    assert cache_bytes(12, 1, 1024, 12, 64, 2) == C == roof.kv_cache_bytes(GPT2, 1, "bfloat16")
+    # Sizes that differ pairwise: each factor counts once.
+    assert cache_bytes(2, 3, 5, 7, 11, 4) == 2 * 2 * 3 * 5 * 7 * 11 * 4
+
+
+@pytest.mark.exercise("kv_cache.decode_step_seconds")
+def test_decode_roofline_by_hand():
+    assert W == roof.weight_bytes(GPT2, "bfloat16") and F == roof.flops_per_sequence(GPT2)
+    peak, bw = H100.peak("bfloat16"), H100.hbm_bandwidth
+    # Batch 1: 208 MB to read at 3.35 TB/s, 62 µs; the FLOPs would take 0.2 µs.
+    assert decode_step_seconds(W, C, F, 1, peak, bw) == pytest.approx((W + C) / bw)
+    # Batch 64: the caches (2.4 GB) dwarf the weights; still memory-bound.
+    assert decode_step_seconds(W, C, F, 64, peak, bw) == pytest.approx((W + 64 * C) / bw)
+    # A compute-bound step: 1 GB of weights, no cache, 2 GFLOP a token, batch 1000.
+    assert decode_step_seconds(1e9, 0, 2e9, 1000, 1e15, 1e12) == pytest.approx(2e-3)
+    step = roof.decode_step(GPT2, 16, peak_flops=peak, bandwidth=bw, dtype="bfloat16")
+    assert decode_step_seconds(W, C, F, 16, peak, bw) == pytest.approx(step.step_s)
+
+
+@pytest.mark.exercise("kv_cache.compute_bound_batch")
+def test_compute_bound_batch_by_hand():
+    peak, bw = H100.peak("bfloat16"), H100.hbm_bandwidth
+    # gpt2 at T=1024 on an H100: each sequence's cache takes 11 µs to read and
+    # its FLOPs 0.2 µs, so no batch is compute-bound ...
+    assert compute_bound_batch(W, C, F, peak, bw) is None
+    # ... though the weights alone would be from about 242 sequences (ridge · bytes / 2).
+    assert compute_bound_batch(W, 0, F, peak, bw) == pytest.approx((W / bw) / (F / peak))
+    assert compute_bound_batch(W, 0, F, peak, bw) == pytest.approx(241.7, abs=0.1)
+    # A short context: 1 ms of weights, 1 µs of cache and 2 µs of compute per sequence.
+    assert compute_bound_batch(1e9, 1e6, 2e9, 1e15, 1e12) == pytest.approx(1000)
+    assert compute_bound_batch(1e9, 0, 2e9, 1e15, 1e12) == pytest.approx(500)
+
+
+@pytest.mark.exercise("kv_cache.decode_attention")
+def test_decode_attention_equals_attention_over_the_sequence():
+    """Step by step over S tokens, each output equals causal attention over the
+    whole sequence at that position; the slots after the last stay as they were."""
+    B, S, H, D, T = 2, 6, 3, 8, 10  # sizes that differ pairwise; T > S leaves empty slots
+    q, k, v = (jax.random.normal(jax.random.key(i), (B, S, H, D)) for i in range(3))
+    expected = attention(q, k, v)  # [B, S, H, D]
+    # Unused slots hold large numbers: attending to one shows.
+    k_cache = v_cache = jnp.full((B, T, H, D), 100.0)
+    for s in range(S):
+        out, k_cache, v_cache = decode_attention(q[:, s], k[:, s], v[:, s], k_cache, v_cache, s)
+        assert out.shape == (B, H, D)
+        np.testing.assert_allclose(out, expected[:, s], atol=1e-5, err_msg=f"position {s}")
+    np.testing.assert_allclose(k_cache[:, :S], k, atol=0)
+    np.testing.assert_allclose(v_cache[:, :S], v, atol=0)
+    assert np.all(np.asarray(k_cache[:, S:]) == 100.0), "slots after the last position changed"
