@@ -80,13 +80,20 @@ def parse_target(text):
     return chip, shape
 
 
+def _installed(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
 def missing_extras(platform):
     """None if this machine can compile for platform, else what is missing."""
     if platform == "tpu":
-        return None if importlib.util.find_spec("libtpu") else "the TPU compiler (libtpu)"
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        return None if _installed("libtpu") else "the TPU compiler (libtpu)"
+    if not _installed("jax_plugins.xla_cuda12"):
         return "the NVIDIA compiler (jax-cuda12-plugin)"
-    if importlib.util.find_spec("nvidia.cudnn") is None:
+    if not _installed("nvidia.cudnn"):
         return "cuDNN (nvidia-cudnn-cu12)"
     return None
 
