@@ -3,6 +3,10 @@ of the loss curve."""
 
 import os
 
+import numpy as np
+
+from roofline.decode import decode_step, flops_per_sequence
+
 
 def summarize(
     history, *, train_seconds, tokens_per_step, flops_per_step, peak, n_devices, unigram,
@@ -70,6 +74,36 @@ def plot_loss(history, path, unigram, title):
     ax.set_title(title)
     ax.legend()
     ax.grid(alpha=0.3)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_decode(measured, cfg, peak, bandwidth, path):
+    """Decode tokens/s against batch: `measured` [(batch, tokens/s)], beside the
+    memory roof (batch over the time to read the weights and B caches) and the
+    compute roof (peak over FLOPs per token), for peak FLOP/s and bandwidth."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    batches = np.unique(np.geomspace(1, max(b for b, _ in measured) * 4, 60).round())
+    memory = [
+        b / decode_step(cfg, int(b), peak_flops=peak, bandwidth=bandwidth).memory_s for b in batches
+    ]
+    compute = peak / flops_per_sequence(cfg)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.loglog(batches, memory, "C0--", label="memory roof: batch · bandwidth / bytes per step")
+    ax.axhline(compute, color="C1", linestyle="--", label="compute roof: peak / FLOPs per token")
+    ax.loglog(*zip(*measured), "ko-", label="measured")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("batch (sequences decoded together)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title(f"decode, L={cfg.layers} E={cfg.embed} T={cfg.seq}, {cfg.dtype}")
+    ax.legend()
+    ax.grid(alpha=0.3, which="both")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

@@ -16,7 +16,6 @@ import functools
 import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,7 @@ from sessions.config import PRESETS, ModelConfig, TrainConfig, UsageError
 from sessions.data import encode
 from sessions.generate import generate
 from sessions.model import init_params
+from sessions.report import plot_decode
 from sessions.train import init_state, make_optimizer
 
 PROMPT = "The import statement "
@@ -68,8 +68,9 @@ def parse_args(argv):
     return args
 
 
-def load(args, mesh):
-    """(cfg, params, where they came from): random, or the newest checkpoint of an s2 run."""
+def configure(args):
+    """(cfg, the checkpoint's metadata or None): the shapes, from the newest
+    checkpoint of an s2 run or, with --random-params, from the flags."""
     on_cpu = jax.default_backend() == "cpu"
     # The compute dtype, and XLA's attention (a checkpoint may name a kernel of another chip).
     compute = {
@@ -77,10 +78,8 @@ def load(args, mesh):
         "attention_impl": "einsum" if on_cpu else "fused",
     }
     if args.random_params:
-        cfg, _ = configs_from_args(args, args.preset or ("cpu" if on_cpu else "course"), **compute)
-        key = jax.random.key(args.seed)
-        params, _ = sharding.init_sharded(functools.partial(init_params, cfg), key, mesh)
-        return cfg, params, "random parameters"
+        preset = args.preset or ("cpu" if on_cpu else "course")
+        return configs_from_args(args, preset, **compute)[0], None
     meta = newest_meta(args.checkpoint_dir)
     if meta is None:
         raise UsageError(
@@ -99,13 +98,21 @@ def load(args, mesh):
         theirs = ", ".join(f"{f}={getattr(trained, f)}" for f in asked)
         ours = ", ".join(f"{f}={getattr(wanted, f)}" for f in asked)
         raise UsageError(f"the checkpoint has {theirs}, not {ours}; drop the shape flags")
+    return dataclasses.replace(trained, **compute), meta
+
+
+def load(args, cfg, meta, mesh):
+    """(params, where they came from), each shard built or restored on its device."""
+    if meta is None:
+        init = functools.partial(init_params, cfg)
+        return sharding.init_sharded(init, jax.random.key(args.seed), mesh)[0], "random parameters"
+    trained = ModelConfig(**meta["model"])  # as saved: the identity a restore checks
     tc = TrainConfig(batch=meta["batch"], seed=meta["seed"], steps=meta["steps"])
     init = functools.partial(init_state, cfg=trained, optimizer=make_optimizer(tc, tc.steps))
     abstract = sharding.abstract_sharded(init, jax.random.key(0), mesh)
     with Checkpoints(args.checkpoint_dir, 0, trained, tc) as checkpoints:
         step, state = checkpoints.restore_latest(abstract)
-    cfg = dataclasses.replace(trained, **compute)
-    return cfg, state["params"], f"checkpoint at step {step} of {checkpoints.directory}"
+    return state["params"], f"checkpoint at step {step} of {checkpoints.directory}"
 
 
 def time_batch(params, cfg, prompt, batch, n, mesh, repeats=3, best=False):
@@ -137,35 +144,36 @@ def main(argv=None):
     for b in args.batches:
         if b % (sizes["data"] * sizes["fsdp"]):
             raise UsageError(f"--batches: {b} does not divide over data x fsdp of --mesh")
+    cfg, meta = configure(args)
+    sharding.check_divisible(cfg, sizes["data"] * sizes["fsdp"], sizes)
+    prompt = encode(args.prompt)
+    inference.check_lengths(cfg, len(prompt), args.new_tokens)
     mesh = sharding.make_mesh(sizes, devices)
     with jax.set_mesh(mesh):
-        cfg, params, source = load(args, mesh)
-        sharding.check_divisible(cfg, sizes["data"] * sizes["fsdp"], sizes)
-        prompt = encode(args.prompt)
-        inference.check_lengths(cfg, len(prompt), args.new_tokens)
+        params, source = load(args, cfg, meta, mesh)
         print(f"session 3 | {len(devices)} x {devices[0].device_kind} | {source}")
         print(
             f"model: L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
             f"T={cfg.seq} | {cfg.dtype} | prompt {len(prompt)} bytes, {args.new_tokens} decode steps"
         )
+        # The roofs of the whole mesh. A CPU's are measured; its simulated devices share them.
         peak, peak_source = local_peak_flops(cfg.dtype)
         peak *= mesh.size
         chip = datasheet_chip()
         bandwidth = chip.hbm_bandwidth * mesh.size if chip else read_bandwidth()
         bw_source = f"{chip.name} datasheet" if chip else "measured read-only stream"
-        print(
-            f"roofs: {peak / 1e12:.3f} TFLOP/s ({peak_source}), {bandwidth / 1e9:.1f} GB/s ({bw_source})"
-        )
+        print(f"roofs: {peak / 1e12:.3f} TFLOP/s ({peak_source}), ", end="")
+        print(f"{bandwidth / 1e9:.1f} GB/s ({bw_source})")
 
-        rows, prefill_s = [], None
+        rows = []  # (roofline DecodeStep, Achieved, prefill seconds) per batch
         for b in args.batches:
-            start = time.perf_counter()
             prefill_s, step_s = time_batch(params, cfg, prompt, b, args.new_tokens, mesh)
             step = roof.decode_step(cfg, b, peak_flops=peak, bandwidth=bandwidth)
             got = roof.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
-            rows.append((step, got, prefill_s, time.perf_counter() - start))
+            rows.append((step, got, prefill_s))
         print_table(rows, cfg, args.batches[-1], len(prompt), peak, bandwidth)
-        path = plot(rows, cfg, peak, bandwidth, os.path.join(args.run_dir, "decode_roofline.png"))
+        path = os.path.join(args.run_dir, "decode_roofline.png")
+        plot_decode([(s.batch, g.tokens_per_s) for s, g, _ in rows], cfg, peak, bandwidth, path)
         print(f"plot: {path}")
     # One device, outside the mesh: the sample is one sequence.
     text = generate(params, cfg, args.prompt, args.new_tokens, jax.random.key(1), args.temperature)
@@ -187,7 +195,7 @@ def main(argv=None):
                     "memory_bound_seconds": s.memory_s,
                     "compute_bound_seconds": s.compute_s,
                 }
-                for s, g, _, _ in rows
+                for s, g, _ in rows
             ],
             "compute_bound_batch": roof.compute_bound_batch(
                 cfg, peak_flops=peak, bandwidth=bandwidth
@@ -213,7 +221,7 @@ def print_table(rows, cfg, prefill_batch, prompt_len, peak, bandwidth):
         f"  {'batch':>5} {'ms/step':>9} {'tokens/s':>10} {'MB/step':>9} {'mem ms':>8} "
         f"{'flop ms':>8} {'roof tok/s':>10} {'MBU':>6} {'MFU':>6}"
     )
-    for s, g, _, _ in rows:
+    for s, g, _ in rows:
         print(
             f"  {s.batch:>5} {g.step_s * 1e3:>9.2f} {g.tokens_per_s:>10,.0f} {s.bytes / 1e6:>9.1f} "
             f"{s.memory_s * 1e3:>8.2f} {s.compute_s * 1e3:>8.3f} {s.tokens_per_s:>10,.0f} "
@@ -226,36 +234,6 @@ def print_table(rows, cfg, prefill_batch, prompt_len, peak, bandwidth):
         f"decode turns compute-bound {where}; with the weights alone it would from batch "
         f"{napkin:,.0f}: each sequence's cache is its own and is read every step"
     )
-
-
-def plot(rows, cfg, peak, bandwidth, path):
-    """Tokens/s against batch, measured, beside the memory and compute roofs."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
-
-    batches = np.unique(np.geomspace(1, max(s.batch for s, *_ in rows) * 4, 60).round())
-    memory = [
-        b / roof.decode_step(cfg, int(b), peak_flops=peak, bandwidth=bandwidth).memory_s
-        for b in batches
-    ]
-    compute = peak / roof.flops_per_sequence(cfg)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.loglog(batches, memory, "C0--", label="memory roof: batch · bandwidth / bytes per step")
-    ax.axhline(compute, color="C1", linestyle="--", label="compute roof: peak / FLOPs per token")
-    measured = [g.tokens_per_s for _, g, *_ in rows]
-    ax.loglog([s.batch for s, *_ in rows], measured, "ko-", label="measured")
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("batch (sequences decoded together)")
-    ax.set_ylabel("tokens/s")
-    ax.set_title(f"decode, L={cfg.layers} E={cfg.embed} T={cfg.seq}, {cfg.dtype}")
-    ax.legend()
-    ax.grid(alpha=0.3, which="both")
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
 
 
 if __name__ == "__main__":
