@@ -24,8 +24,9 @@ class ModelConfig:
     attention: bool = True  # False gives session 1's feed-forward-only block
     positions: bool = True  # False drops the learned positional embedding
     dtype: str = "float32"  # compute dtype of the matmuls; params stay float32
-    # "einsum" writes attention out by hand; "fused" calls
-    # jax.nn.dot_product_attention, which picks cuDNN's flash kernel on GPUs.
+    # "einsum" writes attention out by hand; "fused" is jax.nn.dot_product_attention
+    # (XLA's); "cudnn" and "splash" are the flash kernels of NVIDIA GPUs and TPUs
+    # (sessions/attention.py; `choose` picks one for the chip the step is built for).
     attention_impl: str = "einsum"
 
 
