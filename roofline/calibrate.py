@@ -67,7 +67,12 @@ def measured(dtype="float32", refresh=False):
     refresh measures again, and each figure keeps the best of the old and the
     new: a ceiling is the most the device has been seen to do, and a
     measurement taken while something else used the cores must not lower it."""
-    key = device_key(dtype)
+    return _cached_best(device_key(dtype), lambda: measure(dtype), refresh)
+
+
+def _cached_best(key, measure_now, refresh):
+    """The figures cached under key, measuring (measure_now() -> {name: value})
+    if absent or asked to; each figure keeps the best of the old and the new."""
     cache = {}
     if os.path.exists(CACHE):
         try:
@@ -76,7 +81,7 @@ def measured(dtype="float32", refresh=False):
         except (OSError, ValueError):
             cache = {}  # a damaged cache is just measured again
     if refresh or key not in cache:
-        new, old = measure(dtype), cache.get(key, {})
+        new, old = measure_now(), cache.get(key, {})
         cache[key] = {name: max(value, old.get(name, 0)) for name, value in new.items()}
         os.makedirs(os.path.dirname(CACHE), exist_ok=True)
         tmp = f"{CACHE}.{os.getpid()}"
@@ -108,20 +113,7 @@ def measure_read_bandwidth():
 def read_bandwidth(refresh=False):
     """This device's read-only stream bandwidth, bytes/s: measured once and cached
     beside `measured`'s figures; refresh measures again and keeps the best seen."""
-    key = device_key("read")
-    cache = {}
-    if os.path.exists(CACHE):
-        try:
-            with open(CACHE) as f:
-                cache = json.load(f)
-        except (OSError, ValueError):
-            cache = {}  # a damaged cache is just measured again
-    if refresh or key not in cache:
-        old = cache.get(key, {}).get("read_bandwidth", 0)
-        cache[key] = {"read_bandwidth": max(measure_read_bandwidth(), old)}
-        os.makedirs(os.path.dirname(CACHE), exist_ok=True)
-        tmp = f"{CACHE}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(cache, f, indent=1)
-        os.replace(tmp, CACHE)
-    return cache[key]["read_bandwidth"]
+    figures = _cached_best(
+        device_key("read"), lambda: {"read_bandwidth": measure_read_bandwidth()}, refresh
+    )
+    return figures["read_bandwidth"]

@@ -150,10 +150,10 @@ def plan_target(mesh_text, cfg, tc, preset, target, devices, say, attention_note
     say(f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens")
 
     step, state, batch = abstract_step(cfg, tc, mesh)
-    for line in sharding.describe(state["params"], jax.tree.map(lambda x: x.sharding,
-                                                                state["params"]), mesh):
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    for line in sharding.describe(state["params"], shardings["params"], mesh):
         say(line)
-    held, total = sharding.bytes_per_device(state, jax.tree.map(lambda x: x.sharding, state))
+    held, total = sharding.bytes_per_device(state, shardings)
     say(f"params + optimizer state: {total / 2**20:,.1f} MiB in all, "
         f"{held / 2**20:,.1f} MiB per device")
 
