@@ -20,16 +20,29 @@ order XLA's CPU backend transposes the whole cache, every layer, every step,
 before its matmuls: 3x slower decode attention at gpt2 shapes, for the same
 bytes.
 
+The weights, too, are laid out for decode (decode_weights): each matmul
+weight stored transposed, [out, in], as torch.nn.Linear keeps its own. At
+batch 1 every product is a matrix times one vector, and XLA's CPU backend
+streams a matrix fastest when each output is the dot of one contiguous row
+with the vector: on this course's 2-core machine, 41 GB/s for [out, in]
+against 23 GB/s for [in, out], the training layout. The copy is made once
+per generate(), not per token; on GPU and TPU the layout makes no difference.
+
 The whole decode loop is one compiled program (lax.fori_loop): no host round
 trip per token, and its step count is an argument, not a shape, so it
 compiles once per batch size.
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from sessions import sharding
 from sessions.attention import attention
 from sessions.config import UsageError
 from sessions.model import block, cast, embed, unembed
@@ -103,18 +116,81 @@ def _attend_with_cache(cache, pos):
     return attend
 
 
-def decode_step(p, cache, token, pos, cfg):
+# How many leading dims of each matmul weight are its inputs (model.dense's n_in).
+INPUT_DIMS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_in": 1, "w_out": 1}
+
+
+def out_in_order(path, ndim):
+    """The permutation that puts a weight's output dims before its input dims
+    ([E, H, D] -> [H, D, E]), found by its name at the end of `path`; None for
+    a leaf decode reads as stored (norm scales, the embedding)."""
+    n_in = INPUT_DIMS.get(path[-1].key)
+    return None if n_in is None else (*range(n_in, ndim), *range(n_in))
+
+
+def out_in_spec(path, leaf, order):
+    """The weight's partition rule (sessions/sharding.py), its dims permuted alike."""
+    spec = sharding.spec_for(path, leaf)
+    return P(*(spec[i] for i in order))
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def decode_weights(params, cfg):
+    """The params as a decode step reads them: in the compute dtype, each
+    matmul weight transposed to [*out, *in] (wq [E, H, D] -> [H, D, E], wo
+    [H, D, E] -> [E, H, D], w_in [E, F] -> [F, E], ...), split over a mesh by
+    its own rule, permuted. The tied embedding [V, E] is [out, in] already."""
+
+    def relayout(path, w):
+        order = out_in_order(path, w.ndim)
+        if order is None:
+            return w
+        w = jnp.transpose(w, order)
+        if jax.sharding.get_abstract_mesh().empty:
+            return w
+        return jax.lax.with_sharding_constraint(w, out_in_spec(path, w, order))
+
+    return jax.tree_util.tree_map_with_path(relayout, cast(params, cfg))
+
+
+def abstract_decode_weights(abstract_params):
+    """What decode_weights returns, from ShapeDtypeStructs carrying shardings
+    (compile-only planning, sessions/aot.py): shapes and rules permuted alike."""
+
+    def relayout(path, x):
+        order = out_in_order(path, x.ndim)
+        if order is None:
+            return x
+        shape = tuple(x.shape[i] for i in order)
+        sharding_ = NamedSharding(x.sharding.mesh, out_in_spec(path, x, order))
+        return jax.ShapeDtypeStruct(shape, x.dtype, sharding=sharding_)
+
+    return jax.tree_util.tree_map_with_path(relayout, abstract_params)
+
+
+def dense_out_in(x, w, n_in=1):
+    """model.dense for a weight stored [*out, *in] (decode_weights): x [B, S, *in]
+    -> [B, S, *out], as one 2-D product [B·S, in] @ [out, in]^T, which XLA runs
+    as a dot over w's contiguous rows: no copy of the weight is made."""
+    B, S = x.shape[:2]
+    out_shape, in_shape = w.shape[: w.ndim - n_in], w.shape[w.ndim - n_in :]
+    x2 = x.reshape(B * S, math.prod(in_shape))
+    w2 = w.reshape(math.prod(out_shape), math.prod(in_shape))
+    return jnp.einsum("Ni,Oi->NO", x2, w2).reshape(B, S, *out_shape)
+
+
+def decode_step(w, cache, token, pos, cfg):
     """One token per row through the model.
 
-    p: params in the compute dtype; token: int [B] at position pos (traced) ->
+    w: decode_weights(params, cfg); token: int [B] at position pos (traced) ->
     (logits float32 [B, V] for position pos + 1, the cache with pos written)."""
-    x = embed(p, token[:, None], cfg, start=pos)  # [B, 1, E]
+    x = embed(w, token[:, None], cfg, start=pos)  # [B, 1, E]
     written = []
-    for i, layer in enumerate(p["layers"]):
+    for i, layer in enumerate(w["layers"]):
         attend = _attend_with_cache(cache[i], pos) if cfg.attention else None
-        x, new = block(layer, x, cfg, attend)
+        x, new = block(layer, x, cfg, attend, dense=dense_out_in)
         written.append(new)
-    return unembed(p, x)[:, 0], written if cfg.attention else cache
+    return unembed(w, x)[:, 0], written if cfg.attention else cache
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
@@ -146,22 +222,22 @@ def pick(logits, key, pos, temperature, greedy):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "greedy"), donate_argnames=("cache", "tokens"))
-def decode(params, cache, tokens, logits, start, n, key, temperature, cfg, greedy):
+def decode(weights, cache, tokens, logits, start, n, key, temperature, cfg, greedy):
     """n decode steps as one program.
 
-    tokens: int [B, T], filled up to start; logits: float32 [B, V], the
-    prediction for position start. Step i picks the token at start + i, writes
-    it into tokens, and runs it through the model for the next logits.
-    -> (tokens, cache, logits), the same shapes. start and n are traced: one
-    compile serves every prompt length and count."""
-    p = cast(params, cfg)  # once, outside the loop: the steps read the compute-dtype copy
+    weights: decode_weights(params, cfg); tokens: int [B, T], filled up to
+    start; logits: float32 [B, V], the prediction for position start. Step i
+    picks the token at start + i, writes it into tokens, and runs it through
+    the model for the next logits. -> (tokens, cache, logits), the same
+    shapes. start and n are traced: one compile serves every prompt length
+    and count."""
 
     def step(i, carry):
         tokens, cache, logits = carry
         pos = start + i
         token = pick(logits, key, pos, temperature, greedy)
         tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, pos))
-        logits, cache = decode_step(p, cache, token, pos, cfg)
+        logits, cache = decode_step(weights, cache, token, pos, cfg)
         return tokens, cache, logits
 
     return jax.lax.fori_loop(0, n, step, (tokens, cache, logits))
@@ -200,6 +276,7 @@ def generate(params, cfg, prompts, n_new, *, key=None, temperature=0.0):
     logits, cache = prefill(params, prompts, cfg)
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T], room for the new tokens
     tokens, _, _ = decode(
-        params, cache, tokens, logits, P, n_new, key, temperature, cfg=cfg, greedy=temperature == 0
+        decode_weights(params, cfg), cache, tokens, logits, P, n_new, key, temperature,
+        cfg=cfg, greedy=temperature == 0,
     )
     return tokens[:, : P + n_new]

@@ -88,22 +88,22 @@ def dense(x, w, n_in=1):
     return (x2 @ w2).reshape(B, S, *out_shape)
 
 
-def qkv(layer, x):
+def qkv(layer, x, dense=dense):
     """x: [B, S, E] -> q, k, v, each [B, S, H, D] ("BSE,EHD->BSHD")."""
     return tuple(constrain(dense(x, layer[w]), "BSHD") for w in ("wq", "wk", "wv"))
 
 
-def attention_block(layer, x, attend):
+def attention_block(layer, x, attend, dense=dense):
     """x: [B, S, E] -> ([B, S, E], what attend returned beside its output).
 
     attend(q, k, v) -> (out [B, S, H, D], extra) is the attention itself: in
     training, causal self-attention over the S positions (extra None); in
     decoding, attention over a KV cache, which it returns updated as extra."""
-    out, extra = attend(*qkv(layer, x))
+    out, extra = attend(*qkv(layer, x, dense))
     return constrain(dense(out, layer["wo"], n_in=2), "BSE"), extra  # "BSHD,HDE->BSE"
 
 
-def mlp_block(layer, x):
+def mlp_block(layer, x, dense=dense):
     """x: [B, S, E] -> [B, S, E]; acts on each position alone."""
     h = constrain(dense(x, layer["w_in"]), "BSF")  # "BSE,EF->BSF"
     # ReLU, as in the course. GELU (GPT-2's) learns about as well here and
@@ -112,13 +112,16 @@ def mlp_block(layer, x):
     return constrain(dense(h, layer["w_out"]), "BSE")  # "BSF,FE->BSE"
 
 
-def block(layer, x, cfg, attend):
-    """One layer, pre-norm residual: x [B, S, E] -> ([B, S, E], attend's extra)."""
+def block(layer, x, cfg, attend, dense=dense):
+    """One layer, pre-norm residual: x [B, S, E] -> ([B, S, E], attend's extra).
+
+    dense is how a weight is applied: the decoder passes its own, for weights
+    it stores transposed (sessions/inference.py, decode_weights)."""
     extra = None
     if cfg.attention:
-        a, extra = attention_block(layer, rms_norm(x, layer["attn_norm"]), attend)
+        a, extra = attention_block(layer, rms_norm(x, layer["attn_norm"]), attend, dense)
         x = x + a
-    return x + mlp_block(layer, rms_norm(x, layer["mlp_norm"])), extra
+    return x + mlp_block(layer, rms_norm(x, layer["mlp_norm"]), dense), extra
 
 
 def cast(params, cfg: ModelConfig):

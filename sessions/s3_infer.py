@@ -122,12 +122,12 @@ def time_batch(params, cfg, prompt, batch, n, mesh, repeats=3, best=False):
     prefill = time_calls(lambda: inference.prefill(params, tokens, cfg), repeats=repeats)
     logits, cache = inference.prefill(params, tokens, cfg)
     state = [jnp.pad(tokens, ((0, 0), (0, cfg.seq - len(prompt)))), cache, logits]
-    key = jax.random.key(0)
+    key, weights = jax.random.key(0), inference.decode_weights(params, cfg)
 
     def steps():  # n steps from the prompt's end, each call rewriting the same slots
         tokens, cache, logits = state
         state[:] = inference.decode(
-            params, cache, tokens, logits, len(prompt), n, key, 1.0, cfg=cfg, greedy=False
+            weights, cache, tokens, logits, len(prompt), n, key, 1.0, cfg=cfg, greedy=False
         )
         return state
 

@@ -4,6 +4,8 @@ and the session script's bad inputs and summary."""
 
 import dataclasses
 import json
+import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +19,7 @@ from sessions.checkpoint import Checkpoints
 from sessions.cli import run_main
 from sessions.config import PRESETS, TrainConfig, UsageError
 from sessions.generate import generate as generate_text
-from sessions.model import cast, forward, init_params
+from sessions.model import forward, init_params
 from sessions.train import init_state, make_optimizer
 
 B, P = 2, 5
@@ -56,9 +58,9 @@ def test_each_decode_step_gives_the_model_s_logits(cfg, params):
     logits, cache = inference.prefill(params, tokens[:, :P], cfg)
     np.testing.assert_allclose(logits, expected[:, P - 1], atol=1e-3, rtol=1e-3)
     step = jax.jit(inference.decode_step, static_argnames="cfg")  # pos traced: one compile
-    p = cast(params, cfg)
+    w = inference.decode_weights(params, cfg)
     for pos in range(P, cfg.seq):
-        logits, cache = step(p, cache, tokens[:, pos], pos, cfg=cfg)
+        logits, cache = step(w, cache, tokens[:, pos], pos, cfg=cfg)
         np.testing.assert_allclose(logits, expected[:, pos], atol=1e-3, rtol=1e-3, err_msg=pos)
 
 
@@ -96,6 +98,29 @@ def test_one_compile_per_shape(cfg, params):
     assert inference.decode._cache_size() == before
 
 
+def test_the_decode_loop_copies_no_weight_and_no_cache(cfg, params):
+    """Each step must only read the weights and the cache: a copy of either,
+    every step, would double decode's memory traffic. Every copy or transpose
+    in the compiled loop is of one token's activations: smaller than any
+    weight and than one layer's cache."""
+    batch = 2
+    weights = inference.decode_weights(params, cfg)
+    tokens = jnp.zeros((batch, cfg.seq), jnp.int32)
+    logits = jnp.zeros((batch, cfg.vocab), jnp.float32)
+    compiled = inference.decode.lower(
+        weights, inference.init_cache(cfg, batch), tokens, logits, P, 4, jax.random.key(0), 1.0,
+        cfg=cfg, greedy=True,
+    ).compile()
+    smallest_weight = min(w.size for w in jax.tree.leaves(params["layers"]) if w.ndim >= 2)
+    layer_cache = batch * cfg.heads * cfg.head_dim * cfg.seq
+    copied = [
+        math.prod(int(d) for d in dims.split(",") if d)
+        for dims in re.findall(r"= \w+\[([\d,]*)\]\{[\d,]*\} (?:copy|transpose)\(", compiled.as_text())
+    ]
+    assert copied, "the parser found no copy at all: check the pattern against the HLO"
+    assert max(copied) < min(smallest_weight, layer_cache), sorted(copied)[-3:]
+
+
 def test_sharded_equals_one_device(cfg, key):
     """On a data x fsdp x tp mesh of 8 devices the cache is split like the
     activations, and a sample (its key folded per position) is the one of one device."""
@@ -120,6 +145,13 @@ def test_sharded_equals_one_device(cfg, key):
             k, v = layer["k"], layer["v"]
             assert k.sharding.shard_shape(k.shape) == (1, 1, c.head_dim, c.seq)
             assert v.sharding.shard_shape(v.shape) == (1, 1, c.seq, c.head_dim)
+        # Decode's transposed weights keep their splits: heads and F over tp, E over fsdp.
+        layer = inference.decode_weights(params, c)["layers"][0]
+        E, F, H, D = c.embed, c.ff, c.heads, c.head_dim
+        assert layer["wq"].sharding.shard_shape(layer["wq"].shape) == (H // 2, D, E // 2)
+        assert layer["wo"].sharding.shard_shape(layer["wo"].shape) == (E // 2, H // 2, D)
+        assert layer["w_in"].sharding.shard_shape(layer["w_in"].shape) == (F // 2, E // 2)
+        assert layer["w_out"].sharding.shard_shape(layer["w_out"].shape) == (E // 2, F // 2)
         out = sample(params, tokens)
     np.testing.assert_array_equal(out, expected)
 
