@@ -2,7 +2,7 @@
 copy of the repository, and run the tests that must catch it. A bug that
 every named test lets through is a hole in the suite.
 
-    python scripts/mutants.py                     # every mutant (about 15 minutes on 2 cores)
+    python scripts/mutants.py                     # every mutant (about 16 minutes on 2 cores)
     python scripts/mutants.py --list
     python scripts/mutants.py clip decay-mask     # only these
 
@@ -37,6 +37,7 @@ class Mutant(NamedTuple):
 
 
 CHECKPOINT = "tests/test_checkpoint.py"
+INFERENCE = "tests/test_inference.py"
 DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_discord_at_the_boundary"
 LOOP_SAVE = "        if on_step is not None:\n            paused += on_step(step, state) or 0.0\n"
 
@@ -106,6 +107,12 @@ MUTANTS = [
            "sessions/sharding.py",
            (("math.prod(s.shard_shape(x.shape))", "math.prod(x.shape)"),),
            ("tests/test_cli.py::test_s2_runs_end_to_end_and_every_number_it_prints_is_right",)),
+    Mutant("cache-copy", "the cache written before it is read: XLA copies it every step",
+           "sessions/inference.py", (("after = 0 * out[:, :1, :1, :1]", "after = 0"),),
+           (f"{INFERENCE}::test_the_decode_loop_copies_no_weight_and_no_cache",)),
+    Mutant("decode-weight-rule", "decode's transposed weights split by the untransposed rule",
+           "sessions/inference.py", (("return P(*(spec[i] for i in order))", "return P(*spec)"),),
+           (f"{INFERENCE}::test_sharded_equals_one_device",)),
 ]  # fmt: skip
 
 
