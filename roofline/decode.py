@@ -35,12 +35,13 @@ MFU (Databricks, "LLM Inference Performance Engineering: Best Practices",
 (roofline/calibrate.py `read_bandwidth`), since decode reads and hardly writes.
 """
 
+import dataclasses
 import math
 from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from roofline.flops import matmul_params
+from roofline.flops import attention_flops, matmul_params
 from roofline.predict import predict
 
 
@@ -116,6 +117,40 @@ def compute_bound_batch(cfg, *, peak_flops, bandwidth, dtype=None, cache=True):
     if margin <= 0:
         return None
     return weight_bytes(cfg, dtype) / bandwidth / margin
+
+
+def decode_step_per_device(cfg, batch, mesh, *, peak_flops, bandwidth, dtype=None):
+    """decode_step for one device of a mesh ({"data": .., "fsdp": .., "tp": ..}),
+    with that device's peak and bandwidth. Rows are split over data x fsdp and
+    heads, F and V over tp, so each device does B·f / n FLOPs and reads B·C / n
+    of the cache; but it multiplies its rows by every weight that tp does not
+    split, so it reads W / tp: under data the weights are replicated, under fsdp
+    gathered whole before use (that gather's traffic is on the links, not in
+    HBM). With tp alone this is decode_step against n devices' roofs."""
+    n, tp = math.prod(mesh.values()), mesh["tp"]
+    w, c = weight_bytes(cfg, dtype) / tp, kv_cache_bytes(cfg, batch, dtype) / n
+    flops = batch * flops_per_sequence(cfg) / n
+    p = predict(flops, w + c, peak_flops=peak_flops, bandwidth=bandwidth, tokens=batch)
+    return DecodeStep(
+        batch, w, c, w + c, flops, p.memory_s, p.compute_s, p.step_s, p.bound, p.tokens_per_s
+    )
+
+
+def compute_bound_batch_per_device(cfg, mesh, *, peak_flops, bandwidth, dtype=None):
+    """B* for decode_step_per_device: data x fsdp (= n / tp) times one device's
+    B*, since each of those groups of devices must reach B* rows of its own."""
+    one = compute_bound_batch(cfg, peak_flops=peak_flops, bandwidth=bandwidth, dtype=dtype)
+    return None if one is None else one * math.prod(mesh.values()) / mesh["tp"]
+
+
+def prefill_flops(cfg, batch, prompt_len):
+    """FLOPs of prefill over `batch` prompts of `prompt_len` tokens: 2 per matmul
+    weight per token, but the output projection (2·V·E) for the last position
+    only, plus attention over the P x P scores in full, as the einsum computes
+    them: 4·L·B·P·P·H·D."""
+    V, E, P = cfg.vocab, cfg.embed, prompt_len
+    matmuls = 2 * batch * P * (matmul_params(cfg) - V * E) + 2 * batch * V * E
+    return matmuls + attention_flops(dataclasses.replace(cfg, seq=P), batch)
 
 
 class Achieved(NamedTuple):

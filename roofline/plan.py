@@ -88,8 +88,7 @@ def plan(cfg, batch, target, facts, *, mesh, kernel_attention=False, xla_flops=N
     else:
         peak_note = f"{dtype} matmuls"
     exact = train_flops(cfg, batch) / n
-    link = chip.interconnect / 2 if chip.interconnect else None  # one direction of the link
-    link_bytes = sum(c.bytes for c in facts.collectives.values())
+    link, comm_s = comm_time(facts.collectives, chip)
     if xla_flops is None:
         xla_flops = facts.xla_flops
     return Plan(
@@ -113,8 +112,56 @@ def plan(cfg, batch, target, facts, *, mesh, kernel_attention=False, xla_flops=N
         interconnect=link,
         compute_s=exact / peak,
         memory_s=train_bytes(cfg, batch).total / n / (chip.hbm_bandwidth * target.chips / n),
-        comm_s=link_bytes / link if link else (None if link_bytes else 0.0),
+        comm_s=comm_s,
     )
+
+
+def comm_time(collectives, chip):
+    """(link bytes/s one direction, seconds to send the collectives' link bytes
+    over it): None for the time where the chip has no interconnect figure and
+    something must be sent."""
+    link = chip.interconnect / 2 if chip.interconnect else None  # one direction of the link
+    sent = sum(c.bytes for c in collectives.values())
+    return link, sent / link if link else (None if sent else 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """One decode step of `batch` sequences compiled for a target, per device
+    (s3_infer.py --target): what it holds, what XLA plans, and its roofline."""
+
+    batch: int
+    weight_bytes: int  # held, by the sharding rules, in the compute dtype
+    cache_bytes: int  # held: this device's rows and heads of the KV cache
+    argument_bytes: int  # XLA's plan: weights, cache, tokens, logits (with the chip's padding)
+    temp_bytes: int
+    memory_bytes: int  # arguments + outputs + temporaries - donated
+    hbm_bytes: float
+    step: object  # roofline.decode.DecodeStep, per device
+    comm_s: float | None  # the step's collectives over one direction of the links
+    collectives: dict  # kind -> Collective, per step (inside the decode loop)
+    per_call: dict  # kind -> Collective, once per call (outside the loop)
+    kernels: dict
+    matmul_dtypes: dict
+    xla_flops: float | None  # XLA's count of one step, per device
+    xla_source: str
+    compile_s: float
+
+    @property
+    def fits(self):
+        return self.memory_bytes <= self.hbm_bytes
+
+    @property
+    def step_s(self):
+        return max(self.step.step_s, self.comm_s or 0.0)
+
+    @property
+    def bound(self):
+        return "communication" if (self.comm_s or 0.0) > self.step.step_s else self.step.bound
+
+    @property
+    def tokens_per_s(self):
+        return self.batch / self.step_s
 
 
 def _gb(x):
@@ -209,4 +256,81 @@ def plan_summary(p):
         "predicted_step_seconds": p.step_s,
         "predicted_tokens_per_sec": p.tokens_per_s,
         "predicted_mfu": p.mfu,
+    }
+
+
+# At one row per device the compilers turn each matrix-vector product into a
+# multiply-and-reduce fusion (a TPU's in float32, whose conversions XLA's count charges too).
+NO_DOTS = "none: matrix-vector products as multiply-and-reduce fusions"
+
+
+def _collective_text(found):
+    return ", ".join(f"{kind} x{c.count} {_gb(c.output_bytes)}" for kind, c in found.items())
+
+
+def decode_lines(plans, hbm_bytes):
+    """DecodePlans as text: what each device holds, the roofline, what the compiler did."""
+    header = (f"  {'batch':>6} {'weights':>9} {'KV cache':>9} {'XLA args':>9} {'temp':>8} "
+              f"{'of ' + _gb(hbm_bytes) + ' HBM':>16} | {'MB/step':>8} {'mem':>9} {'flop':>9} "
+              f"{'comm':>9} {'step':>9} {'tokens/s':>10}  bound")
+    lines = [header]
+    for p in plans:
+        fit = f"{100 * p.memory_bytes / p.hbm_bytes:.0f}%" + ("" if p.fits else " NO FIT")
+        comm = "?" if p.comm_s is None else _ms(p.comm_s)
+        lines.append(
+            f"  {p.batch:>6} {_gb(p.weight_bytes):>9} {_gb(p.cache_bytes):>9} "
+            f"{_gb(p.argument_bytes):>9} {_gb(p.temp_bytes):>8} {fit:>16} | "
+            f"{p.step.bytes / 1e6:>8,.1f} {_ms(p.step.memory_s):>9} {_ms(p.step.compute_s):>9} "
+            f"{comm:>9} {_ms(p.step_s):>9} {p.tokens_per_s:>10,.0f}  {p.bound}")
+    lines.append("  per step and device, XLA's FLOPs against the napkin B·f / n, and what the "
+                 "compiler did:")
+    if plans:
+        lines.append(f"  (XLA's count: {plans[0].xla_source})")
+    for p in plans:
+        flops = "XLA gives none"
+        if p.xla_flops is not None:
+            flops = (f"XLA {_flops(p.xla_flops)} vs {_flops(p.step.flops)} "
+                     f"({100 * (p.xla_flops / p.step.flops - 1):+.0f}%)")
+        dtypes = ", ".join(f"{a} x {b} -> {c} x{n}" for (a, b, c), n in
+                           sorted(p.matmul_dtypes.items(), key=lambda kv: -kv[1]))
+        kinds = kernel_lines(p.kernels)
+        lines.append(f"  {p.batch:>6}: {flops} | collectives "
+                     f"{_collective_text(p.collectives) or 'none'} | matmuls "
+                     f"{dtypes or NO_DOTS} | kernels "
+                     f"{'; '.join(kinds) if kinds else 'none'}")
+    once = {kind for p in plans for kind in p.per_call}
+    if once:
+        lines.append(f"  outside the loop, once per call: {', '.join(sorted(once))}")
+    return lines
+
+
+def decode_summary(p):
+    """One DecodePlan as JSON-ready values (s3_infer.py --target ... --summary-out)."""
+    def found(collectives):
+        return {k: {"count": c.count, "bytes": c.bytes, "output_bytes": c.output_bytes}
+                for k, c in collectives.items()}
+
+    return {
+        "weight_bytes_per_device": p.weight_bytes,
+        "cache_bytes_per_device": p.cache_bytes,
+        "argument_bytes_per_device": p.argument_bytes,
+        "temp_bytes_per_device": p.temp_bytes,
+        "memory_per_device_bytes": p.memory_bytes,
+        "hbm_bytes_per_device": p.hbm_bytes,
+        "fits": p.fits,
+        "bytes_per_step_per_device": p.step.bytes,
+        "memory_seconds": p.step.memory_s,
+        "compute_seconds": p.step.compute_s,
+        "communication_seconds": p.comm_s,
+        "predicted_step_seconds": p.step_s,
+        "predicted_tokens_per_sec": p.tokens_per_s,
+        "bound": p.bound,
+        "xla_flops_per_device": p.xla_flops,
+        "napkin_flops_per_device": p.step.flops,
+        "xla_flops_source": p.xla_source,
+        "collectives_per_step": found(p.collectives),
+        "collectives_per_call": found(p.per_call),
+        "kernels": sorted(p.kernels),
+        "matmul_dtypes": {f"{a},{b}->{c}": n for (a, b, c), n in p.matmul_dtypes.items()},
+        "compile_seconds": p.compile_s,
     }

@@ -104,13 +104,18 @@ def computations(hlo_text):
     return found
 
 
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
+
+
 def trip_counts(hlo_text):
     """{computation name: how many times it runs per step}, for the bodies of
-    `while` loops (and loops inside them); computations not listed run once.
+    `while` loops (and loops inside them) and everything they call (fusions,
+    async collectives); computations not listed run once, outside any loop.
 
     A loop's trip count is read from its condition, `counter < N` with N a
     constant, the form XLA gives the loops it builds itself (collective
-    matmuls, scans); a loop whose count cannot be read counts once."""
+    matmuls, scans); a loop whose count cannot be read (a fori_loop over a
+    traced count, as decode's) counts once: its collectives are per trip."""
     comps = computations(hlo_text)
     loops = []  # (computation holding the loop, body, condition)
     for holder, lines in comps.items():
@@ -118,6 +123,7 @@ def trip_counts(hlo_text):
             m = re.search(r" while\(.*condition=%?([\w.\-]+), body=%?([\w.\-]+)", line)
             if m:
                 loops.append((holder, m.group(2), m.group(1)))
+    called = {name: set(_CALLS.findall("\n".join(lines))) for name, lines in comps.items()}
 
     def trips(condition):
         text = "\n".join(comps.get(condition, []))
@@ -128,6 +134,13 @@ def trip_counts(hlo_text):
     for _ in range(4):  # loops nested up to four deep
         for holder, body, condition in loops:
             times[body] = times.get(holder, 1) * trips(condition)
+    for body in sorted(times, key=times.get):  # inner loops last: they run more often
+        todo = list(called.get(body, ()))
+        while todo:
+            name = todo.pop()
+            if name in comps and times.get(name, 0) < times[body]:
+                times[name] = times[body]
+                todo += called.get(name, ())
     return times
 
 
@@ -137,12 +150,19 @@ class Collective(NamedTuple):
     bytes: int  # bytes each device sends over its links (ring model), per step
 
 
-def collectives(hlo_text, devices):
+def collectives(hlo_text, devices, in_loops=None):
     """{kind: Collective} for the collectives in a compiled (partitioned) HLO
-    module, per step: one inside a loop counts once per trip (trip_counts)."""
+    module, per step: one inside a loop counts once per trip (trip_counts).
+    in_loops=True keeps only those inside a while loop, False those outside any.
+
+    A TPU's async collective fusions spread one collective over several fusions
+    (its start and the pieces that overlap compute), each naming the collective
+    with the same channel_id: counted once."""
     times = trip_counts(hlo_text)
-    done_types, found = {}, []
+    done_types, found, seen = {}, [], set()
     for computation, lines in computations(hlo_text).items() or [(None, hlo_text.splitlines())]:
+        if in_loops is not None and (computation in times) != in_loops:
+            continue
         for line in lines:
             m = _INSTRUCTION.match(line)
             if not m:
@@ -151,9 +171,14 @@ def collectives(hlo_text, devices):
             if phase == "-done":
                 start = re.match(r"\s*%?([\w.\-]+)", rest)
                 done_types[start.group(1)] = type_text
-            else:
-                n = group_size(rest, devices)
-                found.append((name, kind, phase, type_text, n, times.get(computation, 1)))
+                continue
+            repeat = times.get(computation, 1)
+            channel = re.search(r"channel_id=(\d+)", rest)
+            if channel:
+                if (kind, channel.group(1), repeat) in seen:
+                    continue
+                seen.add((kind, channel.group(1), repeat))
+            found.append((name, kind, phase, type_text, group_size(rest, devices), repeat))
     totals = collections.defaultdict(lambda: [0, 0, 0])
     for name, kind, phase, type_text, n, repeat in found:
         # An async start's own type holds its operands too; its -done holds the result.

@@ -9,6 +9,8 @@ roofline, and ends with a sampled continuation.
 
     python sessions/s2_train.py --checkpoint-every 200 && python sessions/s3_infer.py
     python sessions/s3_infer.py --random-params --preset gpt2 --batches 1,8
+    python sessions/s3_infer.py --target h100:1               # compile only, for a chip
+    python sessions/s3_infer.py --target tpu-v5e:2x4 --mesh tp=8 --batches 8,64,512
 """
 
 import dataclasses
@@ -25,7 +27,7 @@ from roofline import decode as roof
 from roofline.calibrate import read_bandwidth
 from roofline.hardware import datasheet_chip, local_peak_flops
 from roofline.timing import time_calls
-from sessions import inference, sharding
+from sessions import aot, inference, sharding
 from sessions.checkpoint import Checkpoints, newest_meta
 from sessions.cli import ArgumentParser, add_shape_flags, configs_from_args, positive_int, run_main
 from sessions.config import PRESETS, ModelConfig, TrainConfig, UsageError
@@ -45,7 +47,7 @@ def parse_args(argv):
     add_shape_flags(parser)
     parser.add_argument("--checkpoint-dir", default="runs/s2/checkpoints")
     parser.add_argument("--random-params", action="store_true", help="no checkpoint: speed only")
-    parser.add_argument("--batches", default="1,4,16,64", help="decode batch sizes to time")
+    parser.add_argument("--batches", help="decode batch sizes (default 1,4,16,64 x data x fsdp)")
     parser.add_argument("--new-tokens", type=positive_int, default=64, help="decode steps")
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
@@ -53,31 +55,34 @@ def parse_args(argv):
     parser.add_argument("--mesh", help="axis=size,... over all devices (default: one device)")
     parser.add_argument("--summary-out", help="write the numbers here, as JSON")
     parser.add_argument("--run-dir", default="runs/s3", help="the plot goes here")
+    parser.add_argument("--target", help="CHIP[:SHAPE] (h100:8, tpu-v5e:2x4): compile, plan, exit")
+    parser.add_argument("--hlo-out", help="with --target: write the decode program (HLO) here")
     args = parser.parse_args(argv)
     for flag in TRAINING_FLAGS:
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} is a training flag (try --batches)")
     try:
-        args.batches = [int(b) for b in args.batches.split(",")]
+        args.batches = args.batches and [int(b) for b in args.batches.split(",")]
     except ValueError:
         raise UsageError(f"--batches {args.batches}: positive integers, e.g. 1,4,16") from None
-    if min(args.batches) < 1:
+    if args.batches is not None and min(args.batches) < 1:
         raise UsageError(f"--batches {args.batches}: positive integers, e.g. 1,4,16")
     if args.temperature < 0:
         raise UsageError(f"--temperature {args.temperature}: 0 (greedy) or positive")
     return args
 
 
-def configure(args):
+def configure(args, platform=None):
     """(cfg, the checkpoint's metadata or None): the shapes, from the newest
-    checkpoint of an s2 run or, with --random-params, from the flags."""
-    on_cpu = jax.default_backend() == "cpu"
+    checkpoint of an s2 run or, with --random-params or --target, from the flags,
+    for `platform` (default: this machine's)."""
+    on_cpu = (platform or jax.default_backend()) == "cpu"
     # The compute dtype, and XLA's attention (a checkpoint may name a kernel of another chip).
     compute = {
         "dtype": args.dtype or ("float32" if on_cpu else "bfloat16"),
         "attention_impl": "einsum" if on_cpu else "fused",
     }
-    if args.random_params:
+    if args.random_params or args.target:
         preset = args.preset or ("cpu" if on_cpu else "course")
         return configs_from_args(args, preset, **compute)[0], None
     meta = newest_meta(args.checkpoint_dir)
@@ -137,10 +142,32 @@ def time_batch(params, cfg, prompt, batch, n, mesh, repeats=3, best=False):
     return prefill.median, decode.median / n
 
 
+def plan_on_target(args):
+    """--target: compile prefill and each batch's decode loop for a chip this
+    machine lacks, print what each device holds and the decode roofline, exit."""
+    target, devices = aot.devices_for(args.target)
+    cfg, _ = configure(args, platform=target.chip.platform)
+    prompt, preset = encode(args.prompt), args.preset or "course"
+    inference.check_lengths(cfg, len(prompt), 1)  # the decode program takes any count of steps
+    planned = aot.plan_decode(args.mesh, cfg, args.batches, len(prompt), preset, target, devices)
+    if args.hlo_out and planned.compiled is not None:
+        with open(args.hlo_out, "w") as f:
+            f.write(planned.compiled.as_text())
+    if args.summary_out:
+        with open(args.summary_out, "w") as f:
+            json.dump(planned.summary, f, indent=1)
+    if "error" in planned.summary:
+        raise UsageError(planned.summary["error"])
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.target:
+        return plan_on_target(args)
     devices = jax.devices() if args.mesh else jax.devices()[:1]
     sizes = sharding.parse_mesh(args.mesh, len(devices))
+    args.batches = args.batches or [b * sizes["data"] * sizes["fsdp"] for b in aot.DECODE_ROWS]
     for b in args.batches:
         if b % (sizes["data"] * sizes["fsdp"]):
             raise UsageError(f"--batches: {b} does not divide over data x fsdp of --mesh")
