@@ -176,3 +176,27 @@ def achieved(step, step_s, *, peak_flops, bandwidth):
         mbu=step.bytes / step_s / bandwidth,
         mfu=step.flops / step_s / peak_flops,
     )
+
+
+def measured_summary(steps, measured, cfg, *, peak_flops, bandwidth):
+    """JSON-ready numbers for decode steps timed beside their roofline: one
+    entry per (DecodeStep, Achieved) pair, and the batch where decode turns
+    compute-bound (s3_infer.py --summary-out)."""
+    return {
+        "batches": [
+            {
+                "batch": s.batch,
+                "decode_tokens_per_sec": g.tokens_per_s,
+                "step_seconds": g.step_s,
+                "mbu": g.mbu,
+                "mfu": g.mfu,
+                "bytes_per_step": s.bytes,
+                "memory_bound_seconds": s.memory_s,
+                "compute_bound_seconds": s.compute_s,
+            }
+            for s, g in zip(steps, measured)
+        ],
+        "compute_bound_batch": compute_bound_batch(cfg, peak_flops=peak_flops, bandwidth=bandwidth),
+        "peak_flops": peak_flops,
+        "bandwidth": bandwidth,
+    }

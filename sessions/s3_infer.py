@@ -207,32 +207,16 @@ def main(argv=None):
     print("sample:\n" + text)
 
     if args.summary_out:
-        summary = {
-            "prefill_seconds": rows[-1][2],
-            "prefill_batch": args.batches[-1],
-            "prefill_tokens_per_sec": args.batches[-1] * len(prompt) / rows[-1][2],
-            "batches": [
-                {
-                    "batch": s.batch,
-                    "decode_tokens_per_sec": g.tokens_per_s,
-                    "step_seconds": g.step_s,
-                    "mbu": g.mbu,
-                    "mfu": g.mfu,
-                    "bytes_per_step": s.bytes,
-                    "memory_bound_seconds": s.memory_s,
-                    "compute_bound_seconds": s.compute_s,
-                }
-                for s, g, _ in rows
-            ],
-            "compute_bound_batch": roof.compute_bound_batch(
-                cfg, peak_flops=peak, bandwidth=bandwidth
-            ),
-            "peak_flops": peak,
-            "bandwidth": bandwidth,
-            "model": dataclasses.asdict(cfg),
-            "source": source,
-            "sample": text,
-        }
+        steps, measured, prefill = zip(*rows)
+        summary = roof.measured_summary(steps, measured, cfg, peak_flops=peak, bandwidth=bandwidth)
+        summary.update(
+            prefill_seconds=prefill[-1],
+            prefill_batch=args.batches[-1],
+            prefill_tokens_per_sec=args.batches[-1] * len(prompt) / prefill[-1],
+            model=dataclasses.asdict(cfg),
+            source=source,
+            sample=text,
+        )
         with open(args.summary_out, "w") as f:
             json.dump(summary, f, indent=1)
     return 0
