@@ -39,7 +39,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 

@@ -11,13 +11,13 @@ tests/test_targets.py). Each program is compiled once per module.
 import json
 
 import pytest
+from test_inference import s3
 from test_targets import need
 
 from roofline.decode import decode_step, decode_step_per_device, weight_bytes
 from roofline.flops import param_count
 from roofline.program import collectives
 from sessions import aot, s3_infer
-from sessions.cli import run_main
 from sessions.config import PRESETS
 from sessions.data import encode
 
@@ -181,16 +181,6 @@ def test_a_loops_collectives_are_read_apart_from_the_rest():
     assert collectives(LOOP_HLO, 4, in_loops=True) == {"all-gather": (1, 512, 384)}
     assert collectives(LOOP_HLO, 4, in_loops=False) == {"all-reduce": (1, 512, 768)}
     assert set(collectives(LOOP_HLO, 4)) == {"all-gather", "all-reduce"}
-
-
-def s3(argv, capsys):
-    """s3_infer in this process: (exit status, stdout, stderr)."""
-    try:
-        code = run_main(s3_infer.main, argv)
-    except SystemExit as e:  # argparse's own errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_prints_each_batch_and_writes_the_summary(tmp_path, capsys):
