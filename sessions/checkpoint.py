@@ -11,6 +11,12 @@ leaves the previous checkpoint whole. Corruption that happens later, on disk,
 is caught by a fingerprint of the state (a sum and a sum of squares per
 array) stored beside it and checked on restore; a damaged checkpoint is
 skipped for the one before it.
+
+Where: any path orbax takes. A local folder is made absolute; a URI
+(`gs://bucket/run`, `s3://...`) is kept as it is, so on a pod every host
+writes its own shards into the same bucket and any host can restore the
+whole state. (Made absolute, `gs://bucket/run` would become a folder named
+`gs:` on each worker's own disk, holding a quarter of a checkpoint.)
 """
 
 import dataclasses
@@ -23,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from sessions.config import UsageError
 from sessions.loop import TrainingDiverged
@@ -53,13 +60,51 @@ def identity(cfg, tc):
     }
 
 
+def checkpoint_path(directory):
+    """The folder as orbax should see it: URIs (gs://, s3://) untouched, a local
+    path absolute (orbax wants one, and the run's working folder may change)."""
+    if "://" in str(directory):
+        try:
+            return epath.Path(directory)
+        except (KeyError, ValueError):  # epath knows gs://, s3://, az://, hf:// only
+            raise UsageError(f"checkpoint folder {directory}: a URI orbax cannot write") from None
+    return epath.Path(os.path.abspath(directory))
+
+
+def check_shared(path):
+    """UsageError on every process unless all of them see the same folder.
+
+    Each process writes its own shards, and a restore reads them all, so the
+    folder must be one place for every host: a bucket or a shared file
+    system. Process 0 leaves a token in it, every process looks for that
+    token, and all of them agree on the answer (so all stop, or none)."""
+    from jax.experimental import multihost_utils
+
+    token = int(multihost_utils.broadcast_one_to_all(np.int64(int.from_bytes(os.urandom(6)))))
+    marker = path / f".shared-by-every-process-{token}"
+    if jax.process_index() == 0:
+        marker.write_text("written by process 0; removed once every process has seen it")
+    multihost_utils.sync_global_devices("checkpoint folder: token written")
+    seen = multihost_utils.process_allgather(np.array([marker.exists()]))
+    multihost_utils.sync_global_devices("checkpoint folder: token seen")
+    if jax.process_index() == 0:
+        marker.unlink()
+    if not np.all(seen):
+        missing = [i for i, ok in enumerate(np.ravel(seen)) if not ok]
+        raise UsageError(
+            f"checkpoint folder {path}: processes {missing} do not see what process 0 writes "
+            "there; give every host one folder (a gs:// bucket or a shared file system)"
+        )
+
+
 def newest_meta(directory):
     """The metadata of the newest checkpoint in `directory` that has readable
     metadata ({"step", **identity, "fingerprint"}), or None: what a reader
     (sessions/s3_infer.py) needs to rebuild the state's shapes before restoring it."""
-    if not os.path.isdir(directory):
+    path = checkpoint_path(directory)
+    if not path.is_dir():
         return None  # and create nothing: this only reads
-    manager = ocp.CheckpointManager(os.path.abspath(directory))
+    manager = ocp.CheckpointManager(path)
     try:
         metas = (_read_meta(manager, step) for step in sorted(manager.all_steps(), reverse=True))
         return next((meta for meta in metas if meta is not None), None)
@@ -78,17 +123,20 @@ class Checkpoints:
     """Saves every `every` steps (and when asked) into `directory`; restores the newest."""
 
     def __init__(self, directory, every, cfg, tc):
-        self.directory = os.path.abspath(directory)
+        self.directory = str(checkpoint_path(directory))
         self.every = every
         self.identity = identity(cfg, tc)
         self.manager = ocp.CheckpointManager(
-            self.directory,
+            checkpoint_path(directory),
             # Synchronous: the next step donates (reuses) the state's buffers,
             # and on a CPU an asynchronous save could still be reading them.
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=KEEP, create=True, enable_async_checkpointing=False
             ),
         )
+
+        if jax.process_count() > 1:
+            check_shared(checkpoint_path(directory))
 
     def steps(self):
         return sorted(self.manager.all_steps())

@@ -1,0 +1,72 @@
+"""Checkpoints on a pod: the folder is a URI every host shares, or a refusal.
+
+On a pod each host writes its own shards, so a checkpoint is whole only in a
+folder every host sees (a gs:// bucket). Two CPU processes joined over
+loopback stand in for two hosts: started in different working folders, the
+same relative path names two different folders, as a local path does on two
+workers' own disks.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+from conftest import REPO, subprocess_env
+
+from sessions.checkpoint import checkpoint_path
+
+CHILD = """
+import sys
+import jax
+jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
+                           process_id=int(sys.argv[2]))
+from sessions.checkpoint import Checkpoints
+from sessions.config import ModelConfig, TrainConfig, UsageError
+try:
+    Checkpoints(sys.argv[3], 1, ModelConfig(), TrainConfig()).close()
+except UsageError as e:
+    print(f"error: {e}")
+    sys.exit(2)
+print("shared")
+"""
+
+
+def test_a_bucket_stays_a_bucket_and_a_local_folder_becomes_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert str(checkpoint_path("gs://course-bucket/run7/checkpoints")) == (
+        "gs://course-bucket/run7/checkpoints"
+    )
+    assert str(checkpoint_path("runs/s2/checkpoints")) == str(tmp_path / "runs/s2/checkpoints")
+
+
+def run_two_processes(folders, path):
+    """Two processes, each in its own working folder, open Checkpoints(path)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        coordinator = f"127.0.0.1:{s.getsockname()[1]}"
+    env = subprocess_env(1)
+    env["PYTHONPATH"] = REPO
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CHILD, coordinator, str(i), path], cwd=folder,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i, folder in enumerate(folders)
+    ]  # fmt: skip
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    return [p.returncode for p in procs], outputs
+
+
+def test_hosts_that_see_different_folders_are_refused_on_every_host(tmp_path):
+    folders = [tmp_path / "host0", tmp_path / "host1"]
+    for folder in folders:
+        folder.mkdir()
+    codes, outputs = run_two_processes(folders, "checkpoints")
+    assert codes == [2, 2], outputs
+    for out in outputs:
+        assert "processes [1] do not see what process 0 writes there" in out, out
+
+
+def test_hosts_that_share_the_folder_go_on(tmp_path):
+    codes, outputs = run_two_processes([tmp_path, tmp_path], str(tmp_path / "checkpoints"))
+    assert codes == [0, 0], outputs
+    assert os.listdir(tmp_path / "checkpoints") == []  # the token was removed
