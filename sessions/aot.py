@@ -29,12 +29,13 @@ from roofline.plan import (
     plan_lines,
     plan_summary,
 )
-from roofline.program import collectives, read_program
+from roofline.program import Collective, collectives, read_program
 from roofline.targets import TargetError, compile_only_devices
 from sessions import inference, sharding
 from sessions.attention import KERNEL_PLATFORM
 from sessions.attention import choose as choose_attention
 from sessions.config import UsageError
+from sessions.decode_layout import abstract_decode_weights
 from sessions.model import init_params
 from sessions.train import init_state, make_optimizer, make_train_step
 
@@ -225,7 +226,7 @@ def abstract_weights(cfg, mesh):
 
 
 def abstract_decode_inputs(cfg, batch, mesh):
-    """(arguments, static keywords) of inference.decode for `batch` sequences over
+    """(arguments, static keywords) of inference.decode_steps for `batch` sequences over
     `mesh`: ShapeDtypeStructs carrying their shardings. The one place that knows
     decode's signature.
 
@@ -249,7 +250,7 @@ def abstract_decode_inputs(cfg, batch, mesh):
     start = n = jax.ShapeDtypeStruct((), np.int32)  # traced: one program for every length
     key = jax.eval_shape(lambda: jax.random.key(0))
     temperature = jax.ShapeDtypeStruct((), np.float32)
-    weights = inference.abstract_decode_weights(abstract_weights(cfg, mesh))
+    weights = abstract_decode_weights(abstract_weights(cfg, mesh))
     args = (weights, cache, tokens, logits, start, n, key, temperature)
     return args, {"cfg": cfg, "greedy": True}
 
@@ -290,8 +291,7 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     FLOPs against the napkin) and return it as JSON. Attention as s2_train.py
     picks it for the chip."""
     chip, n = target.chip, target.devices
-    impl, note = choose_attention(None, chip.platform, dataclasses.replace(cfg, seq=prompt_len),
-                                  batch)
+    impl, note = choose_attention(None, chip.platform, cfg, batch, seq=prompt_len)
     cfg = dataclasses.replace(cfg, attention_impl=impl)
 
     def args_for(mesh, cfg=cfg):
@@ -328,21 +328,23 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     sequences, or (None, why the compiler refused it)."""
     chip, n = target.chip, target.devices
     args, static = abstract_decode_inputs(cfg, batch, mesh)
-    compiled, oom, seconds = compile_or_oom(inference.decode, args, static, mesh, chip, say)
+    compiled, oom, seconds = compile_or_oom(inference.decode_steps, args, static, mesh, chip, say)
     if compiled is None:
         return None, oom
     facts, text = read_program(compiled, n), compiled.as_text()
     # XLA's cost analysis counts a while loop's body once, whatever its trip count (here
-    # the traced n, which not even the compiler knows), so the decode program's count is
-    # one step's plus what runs outside the loop: nothing, as the weights come as decode
-    # reads them. Its collectives are read the same way: those in the loop, once a trip.
+    # the constant inference.STEPS), so the decode program's count is one step's plus
+    # what runs outside the loop: nothing, as the weights come as decode reads them.
+    # Its collectives are counted once a trip (roofline/program.py reads the constant):
+    # the loop's, over its steps, are one step's.
     xla, source = facts.xla_flops, "XLA's cost analysis of the compiled loop (one step)"
     if xla is None:
-        xla = count_on_this_cpu(inference.decode,
+        xla = count_on_this_cpu(inference.decode_steps,
                                 functools.partial(abstract_decode_inputs, cfg, batch)) / n
         source = ("the target's compiler gives none: XLA's count of the loop before "
                   "optimisation, lowered for this CPU, shared by the devices")
-    per_step = collectives(text, n, in_loops=True)
+    per_step = {kind: Collective(*(x // inference.STEPS for x in c))
+                for kind, c in collectives(text, n, in_loops=True).items()}
     memory = compiled.memory_analysis()
     peak = chip.peak(cfg.dtype, facts.matmul_precision)
     bandwidth = chip.hbm_bandwidth * target.chips / n

@@ -13,7 +13,9 @@ Four implementations compute the same thing (`IMPLEMENTATIONS`): the einsums
 below, the reference; `jax.nn.dot_product_attention` (XLA's); cuDNN's flash
 kernel on NVIDIA GPUs; and JAX's Pallas splash-attention kernel on TPUs. The
 two flash kernels never write the [B, H, S, T] scores to memory. `choose`
-picks one for the chip the step is compiled for, which need not be this one.
+picks one for the chip the step is compiled for, which need not be this one;
+`choose_for_length` keeps a model's kernel at inference only for the prompt
+lengths and the platform it takes.
 """
 
 import functools
@@ -86,7 +88,9 @@ def splash_kernel(q, k, v, segment_ids=None, *, interpret=False):
     _, S, H, D = q.shape
     T = k.shape[1]
     mask = splash.MultiHeadMask([splash.CausalMask((S, T))] * H)
-    bq, bt = min(512, S), min(512, T)  # tiles of up to 512 queries x 512 keys
+    # Tiles of up to 512 queries x 512 keys, a multiple of 128 (the TPU's lanes) that
+    # divides the sequence: 640 takes 128-wide tiles, not 512 (which would not divide it).
+    bq, bt = (next((b for b in (512, 384, 256, 128) if n % b == 0), n) for n in (S, T))
     sizes = splash.BlockSizes(
         block_q=bq, block_kv=bt, block_kv_compute=bt,
         block_q_dkv=bq, block_kv_dkv=bt, block_kv_dkv_compute=bt,
@@ -139,15 +143,17 @@ IMPLEMENTATIONS = {
 KERNEL_PLATFORM = {"cudnn": "gpu", "splash": "tpu"}
 
 
-def kernel_refusal(impl, cfg, batch):
-    """Why `impl` cannot take these shapes on its chip, or None if it can."""
-    if impl == "splash" and cfg.seq % 128:
+def kernel_refusal(impl, cfg, batch, seq=None):
+    """Why `impl` cannot take `batch` sequences of `seq` tokens (None: cfg.seq;
+    a prompt's length at inference) on its chip, or None if it can."""
+    S = cfg.seq if seq is None else seq
+    if impl == "splash" and S % 128:
         # Its tiles are 128 keys wide (the TPU's lanes); the sequence must fill them.
-        return f"splash attention needs a sequence divisible by 128, not {cfg.seq}"
+        return f"splash attention needs a sequence divisible by 128, not {S}"
     if impl == "cudnn":
         if cfg.dtype != "bfloat16":
             return f"cuDNN's flash attention needs bfloat16 or float16, not {cfg.dtype}"
-        shape = jax.ShapeDtypeStruct((batch, cfg.seq, cfg.heads, cfg.head_dim), jnp.bfloat16)
+        shape = jax.ShapeDtypeStruct((batch, S, cfg.heads, cfg.head_dim), jnp.bfloat16)
         try:  # cuDNN's own checks (head dim, sequence, library version) run at trace time
             jax.eval_shape(cudnn_attention, shape, shape, shape)
         except Exception as e:  # noqa: BLE001  (its errors are of several types)
@@ -156,8 +162,9 @@ def kernel_refusal(impl, cfg, batch):
     return None
 
 
-def choose(requested, platform, cfg, batch):
-    """(implementation, note) for a step compiled for `platform` ("cpu", "gpu", "tpu").
+def choose(requested, platform, cfg, batch, seq=None):
+    """(implementation, note) for a step compiled for `platform` ("cpu", "gpu", "tpu"),
+    over `batch` sequences of `seq` tokens (None: cfg.seq).
 
     requested None or "fused" means the fastest the chip has: cuDNN's flash
     kernel on NVIDIA in bf16, the splash kernel on TPU, where they take the
@@ -175,12 +182,35 @@ def choose(requested, platform, cfg, batch):
     )
     if kernel is None:
         return "fused", None
-    refusal = kernel_refusal(kernel, cfg, batch)
+    refusal = kernel_refusal(kernel, cfg, batch, seq)
     if refusal is None:
         return kernel, None
     if requested == kernel:
         raise UsageError(f"--attention-impl {kernel}: {refusal}")
     return "fused", f"{refusal}: XLA's fused attention instead"
+
+
+def choose_for_length(cfg, platform, batch, seq):
+    """(implementation, note) for `batch` sequences of `seq` tokens on `platform`,
+    in a model built for cfg.attention_impl: inference's prefill, whose prompts
+    and sliding windows (sessions/generate.py) are not the training step's length.
+
+    The configured kernel wherever it takes them: splash on any platform (off a
+    TPU it runs interpreted, the same arithmetic: splash_attention), cuDNN on a
+    GPU only (it has no interpreter). Else XLA's attention: "fused", as `choose`
+    falls back to for the step, on GPU and TPU; on a CPU the einsums, which
+    `choose` gives the CPU's step and every implementation is checked against."""
+    impl = cfg.attention_impl
+    if impl not in KERNEL_PLATFORM:
+        return impl, None
+    if impl == "cudnn" and platform != "gpu":
+        refusal = f"cuDNN's flash attention runs on NVIDIA GPUs, not on a {platform.upper()}"
+    else:
+        refusal = kernel_refusal(impl, cfg, batch, seq)
+    if refusal is None:
+        return impl, None
+    xla = "einsum" if platform == "cpu" else "fused"
+    return xla, f"{refusal}: {xla} attention instead"
 
 
 def attention(q, k, v, segment_ids=None, impl="einsum"):

@@ -3,7 +3,9 @@
 The model sees at most cfg.seq bytes. A continuation longer than that slides
 its window: when the context is full, its last half is prefilled again and
 decoding goes on from there, so every byte still sees at least half a
-context, at positions the model was trained on.
+context, at positions the model was trained on. Each prefill, first or slid,
+runs the model's attention kernel only where it takes that length
+(attention.choose_for_length, in inference.generate).
 """
 
 import jax

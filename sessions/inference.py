@@ -20,31 +20,32 @@ order XLA's CPU backend transposes the whole cache, every layer, every step,
 before its matmuls: 3x slower decode attention at gpt2 shapes, for the same
 bytes.
 
-The weights, too, are laid out for decode (decode_weights): each matmul
-weight stored transposed, [out, in], as torch.nn.Linear keeps its own, and
-multiplied as weight @ tokens^T (dense_out_in). A decode step is a chain of
-matrix-vector products, and XLA's CPU backend streams a matrix fastest when
-each output is the dot of one contiguous row with the vector: gpt2's 24 MLP
-matrices at batch 1 take 9.4 ms [out, in] against 11.0 ms [in, out], the
-training layout, on this course's 2-core machine. The copy is made once per
-generate(), not per token; on GPU and TPU the layout makes no difference.
+The weights, too, are laid out for decode (sessions/decode_layout.py): each
+matmul weight [out, in], multiplied with the weight on the left.
 
-The whole decode loop is one compiled program (lax.fori_loop): no host round
-trip per token, and its step count is an argument, not a shape, so it
-compiles once per batch size.
+Decode runs as one compiled program of STEPS steps (decode_steps), called
+again until n_new tokens are out: one dispatch per STEPS tokens, queued
+without waiting (JAX dispatches asynchronously). Its loop's trip count is a
+constant, not the step count: XLA's GPU runtime runs a loop of unknown count
+by copying its predicate to the host and waiting for it after every trip
+(WhileThunk::ExecuteOnStream, xla/backends/gpu/runtime/while_thunk.cc), a
+round trip per token, where the roofline gives a whole step of the course
+preset on an H100 about 8 us. The start and the count are arguments, not
+shapes: one compile per batch size.
+
+Prefill's attention is the model's, except where a kernel would not take the
+prompt: attention.choose_for_length decides, for its length and platform.
 """
 
+import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from sessions import sharding
-from sessions.attention import attention
+from sessions.attention import attention, choose_for_length
 from sessions.config import UsageError
+from sessions.decode_layout import decode_weights, dense_out_in
 from sessions.model import block, cast, embed, unembed
 from sessions.sharding import constrain
 
@@ -89,16 +90,20 @@ def cached_attention(q, k, v, cache, pos):
     return out + jnp.einsum("BHST,BTHD->BSHD", probs[..., T:], v)
 
 
-def write(cache, k, v, pos):
-    """One layer's cache with k, v [B, S, H, D] written at positions pos..pos+S-1."""
+def write(cache, k, v, pos, live=True):
+    """One layer's cache with k, v [B, S, H, D] written at positions pos..pos+S-1;
+    where `live` (a traced bool) is false, those slots keep what they held."""
     k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, H, D, S], [B, H, S, D]
+    if live is not True:  # reads S slots: a few KB, not the cache
+        k = jnp.where(live, k, jax.lax.dynamic_slice(cache["k"], (0, 0, 0, pos), k.shape))
+        v = jnp.where(live, v, jax.lax.dynamic_slice(cache["v"], (0, 0, pos, 0), v.shape))
     return {
         "k": constrain(jax.lax.dynamic_update_slice(cache["k"], k, (0, 0, 0, pos)), "BHDT"),
         "v": constrain(jax.lax.dynamic_update_slice(cache["v"], v, (0, 0, pos, 0)), "BHTD"),
     }
 
 
-def _attend_with_cache(cache, pos):
+def _attend_with_cache(cache, pos, live):
     """attend(q, k, v) for model.block: attention over this layer's cache and the
     new tokens, then their k, v written into the cache, in place (the cache is
     the loop's carry)."""
@@ -111,90 +116,21 @@ def _attend_with_cache(cache, pos):
         # 0·out, which XLA cannot drop (0·NaN is NaN). optimization_barrier is
         # the documented tool, but XLA's CPU backend removes it too early.
         after = 0 * out[:, :1, :1, :1]
-        return out, write(cache, k + after, v + after, pos)
+        return out, write(cache, k + after, v + after, pos, live)
 
     return attend
 
 
-# How many leading dims of each matmul weight are its inputs (model.dense's n_in).
-INPUT_DIMS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_in": 1, "w_out": 1}
-
-
-def out_in_order(path, ndim):
-    """The permutation that puts a weight's output dims before its input dims
-    ([E, H, D] -> [H, D, E]), found by its name at the end of `path`; None for
-    a leaf decode reads as stored (norm scales, the embedding)."""
-    n_in = INPUT_DIMS.get(path[-1].key)
-    return None if n_in is None else (*range(n_in, ndim), *range(n_in))
-
-
-def out_in_spec(path, leaf, order):
-    """The weight's partition rule (sessions/sharding.py), its dims permuted alike."""
-    spec = sharding.spec_for(path, leaf)
-    return P(*(spec[i] for i in order))
-
-
-@functools.partial(jax.jit, static_argnames="cfg")
-def decode_weights(params, cfg):
-    """The params as a decode step reads them: in the compute dtype, each
-    matmul weight transposed to [*out, *in] (wq [E, H, D] -> [H, D, E], wo
-    [H, D, E] -> [E, H, D], w_in [E, F] -> [F, E], ...), split over a mesh by
-    its own rule, permuted. The tied embedding [V, E] is [out, in] already."""
-
-    def relayout(path, w):
-        order = out_in_order(path, w.ndim)
-        if order is None:
-            return w
-        w = jnp.transpose(w, order)
-        if jax.sharding.get_abstract_mesh().empty:
-            return w
-        return jax.lax.with_sharding_constraint(w, out_in_spec(path, w, order))
-
-    return jax.tree_util.tree_map_with_path(relayout, cast(params, cfg))
-
-
-def abstract_decode_weights(abstract_params):
-    """What decode_weights returns, from ShapeDtypeStructs carrying shardings
-    (compile-only planning, sessions/aot.py): shapes and rules permuted alike."""
-
-    def relayout(path, x):
-        order = out_in_order(path, x.ndim)
-        if order is None:
-            return x
-        shape = tuple(x.shape[i] for i in order)
-        sharding_ = NamedSharding(x.sharding.mesh, out_in_spec(path, x, order))
-        return jax.ShapeDtypeStruct(shape, x.dtype, sharding=sharding_)
-
-    return jax.tree_util.tree_map_with_path(relayout, abstract_params)
-
-
-def dense_out_in(x, w, n_in=1):
-    """model.dense for a weight stored [*out, *in] (decode_weights): x [B, S, *in]
-    -> [B, S, *out], as one product with the weight on the left and the tokens
-    as its columns, [out, in] @ [in, B·S], transposed back (a few KB).
-
-    That order matters on a CPU. With the weight on the left, XLA's CPU backend
-    reads it once, row by row, whatever the batch; as x @ w^T, 2 to 8 rows cost
-    it about twice one row's time (gpt2's MLP weights at batch 4: 11.8 ms
-    against 18.4 ms). Its simplifier rewrites the one into the other, so the
-    product is held as computed behind an optimization barrier."""
-    B, S = x.shape[:2]
-    out_shape, in_shape = w.shape[: w.ndim - n_in], w.shape[w.ndim - n_in :]
-    x2 = x.reshape(B * S, math.prod(in_shape))
-    w2 = w.reshape(math.prod(out_shape), math.prod(in_shape))
-    y = jax.lax.optimization_barrier(w2 @ x2.T)  # [out, B·S]
-    return y.T.reshape(B, S, *out_shape)
-
-
-def decode_step(w, cache, token, pos, cfg):
+def decode_step(w, cache, token, pos, cfg, live=True):
     """One token per row through the model.
 
     w: decode_weights(params, cfg); token: int [B] at position pos (traced) ->
-    (logits float32 [B, V] for position pos + 1, the cache with pos written)."""
+    (logits float32 [B, V] for position pos + 1, the cache with pos written,
+    unless `live` is false)."""
     x = embed(w, token[:, None], cfg, start=pos)  # [B, 1, E]
     written = []
     for i, layer in enumerate(w["layers"]):
-        attend = _attend_with_cache(cache[i], pos) if cfg.attention else None
+        attend = _attend_with_cache(cache[i], pos, live) if cfg.attention else None
         x, new = block(layer, x, cfg, attend, dense=dense_out_in)
         written.append(new)
     return unembed(w, x)[:, 0], written if cfg.attention else cache
@@ -228,26 +164,50 @@ def pick(logits, key, pos, temperature, greedy):
     return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
 
 
+# Decode steps per compiled call. A call takes the host 60-100 us to dispatch (the
+# course preset on this course's 2-core machine), which 16 steps of about 8 us on an
+# H100 outlast, so the host stays ahead of the chip. The last call runs up to 15
+# steps that count for nothing; 16 divides s3_infer.py's 64 new tokens and
+# generate.py's windows of 64.
+STEPS = 16
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "greedy"), donate_argnames=("cache", "tokens"))
-def decode(weights, cache, tokens, logits, start, n, key, temperature, cfg, greedy):
-    """n decode steps as one program.
+def decode_steps(weights, cache, tokens, logits, start, n, key, temperature, cfg, greedy):
+    """STEPS decode steps as one program, of which the first n count.
 
     weights: decode_weights(params, cfg); tokens: int [B, T], filled up to
     start; logits: float32 [B, V], the prediction for position start. Step i
     picks the token at start + i, writes it into tokens, and runs it through
     the model for the next logits. -> (tokens, cache, logits), the same
-    shapes. start and n are traced: one compile serves every prompt length
-    and count."""
+    shapes. The loop's trip count is a constant the compiler sees; steps from
+    n on still run (a branch would cost a GPU another host round trip, in its
+    ConditionalThunk) but leave tokens, cache and logits as they found them.
+    start and n are traced: one compile serves every prompt length and count."""
 
     def step(i, carry):
         tokens, cache, logits = carry
-        pos = start + i
+        pos, live = start + i, i < n
         token = pick(logits, key, pos, temperature, greedy)
-        tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, pos))
-        logits, cache = decode_step(weights, cache, token, pos, cfg)
-        return tokens, cache, logits
+        held = jax.lax.dynamic_slice_in_dim(tokens, pos, 1, axis=1)  # [B, 1]
+        token_ = jnp.where(live, token[:, None], held)
+        tokens = jax.lax.dynamic_update_slice(tokens, token_, (0, pos))
+        new_logits, cache = decode_step(weights, cache, token, pos, cfg, live)
+        return tokens, cache, jnp.where(live, new_logits, logits)
 
-    return jax.lax.fori_loop(0, n, step, (tokens, cache, logits))
+    return jax.lax.fori_loop(0, STEPS, step, (tokens, cache, logits))
+
+
+def decode(weights, cache, tokens, logits, start, n, key, temperature, cfg, greedy):
+    """n decode steps (start, n: ints) from position start, as decode_steps
+    calls of STEPS each, the last one masked: -> (tokens, cache, logits). The
+    calls queue on the device; nothing waits for one to finish."""
+    for done in range(0, n, STEPS):
+        tokens, cache, logits = decode_steps(
+            weights, cache, tokens, logits, start + done, n - done, key, temperature,
+            cfg=cfg, greedy=greedy,
+        )
+    return tokens, cache, logits
 
 
 def check_lengths(cfg, prompt_len, n_new):
@@ -263,11 +223,18 @@ def check_lengths(cfg, prompt_len, n_new):
         )
 
 
+def platform_of(params):
+    """The platform ("cpu", "gpu", "tpu") of the device holding the weights, where
+    prefill runs."""
+    w = jax.tree.leaves(params)[0]
+    return next(iter(w.devices())).platform if isinstance(w, jax.Array) else jax.default_backend()
+
+
 def generate(params, cfg, prompts, n_new, *, key=None, temperature=0.0):
     """prompts: int [B, P] -> int [B, P + n_new], the prompts and their continuations.
 
     temperature 0: greedy (argmax); otherwise sampled at that temperature with
-    `key`. Prefill once, then n_new decode steps in one compiled loop. Under a
+    `key`. Prefill once, then n_new decode steps in compiled chunks of STEPS. Under a
     mesh (jax.set_mesh) the cache is split like the activations: rows over
     data and fsdp, heads over tp."""
     prompts = jnp.asarray(prompts, jnp.int32)
@@ -280,7 +247,8 @@ def generate(params, cfg, prompts, n_new, *, key=None, temperature=0.0):
     if temperature > 0 and key is None:
         raise UsageError("sampling (temperature > 0) needs a key")
     key = jax.random.key(0) if key is None else key  # unused when greedy
-    logits, cache = prefill(params, prompts, cfg)
+    impl, _ = choose_for_length(cfg, platform_of(params), *prompts.shape)
+    logits, cache = prefill(params, prompts, dataclasses.replace(cfg, attention_impl=impl))
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T], room for the new tokens
     tokens, _, _ = decode(
         decode_weights(params, cfg), cache, tokens, logits, P, n_new, key, temperature,

@@ -9,7 +9,10 @@ tests/test_targets.py). Each program is compiled once per module.
 """
 
 import json
+import re
 
+import jax
+import numpy as np
 import pytest
 from test_inference import s3
 from test_targets import need
@@ -17,7 +20,7 @@ from test_targets import need
 from roofline.decode import decode_step, decode_step_per_device, weight_bytes
 from roofline.flops import param_count
 from roofline.program import collectives
-from sessions import aot, s3_infer
+from sessions import aot, inference, s3_infer, sharding
 from sessions.config import PRESETS
 from sessions.data import encode
 
@@ -72,8 +75,12 @@ def test_tensor_parallel_decode_all_reduces_activations(tpu_tp):
     for p in planned.plans:
         found = p.collectives
         # Heads and F split four ways: each layer's attention and MLP outputs are
-        # partial sums of the [B, 1, E] residual stream (bf16), all-reduced every step.
-        assert found["all-reduce"].output_bytes >= 2 * cfg.layers * p.batch * cfg.embed * 2
+        # partial sums of the [B, 1, E] residual stream (bf16), all-reduced every step;
+        # so is the token's embedding, looked up in a table split over V. Per step: the
+        # compiled program runs inference.STEPS of them, and counts them all.
+        assert found["all-reduce"].count == 2 * cfg.layers + 1
+        assert found["all-reduce"].output_bytes == pytest.approx(
+            (2 * cfg.layers + 1) * p.batch * cfg.embed * 2, rel=0.01)
         # No weight moves: whatever is gathered (the logits' argmax over V's shards)
         # is smaller than the smallest weight shard, a quarter of wq.
         gathered = found["all-gather"].output_bytes if "all-gather" in found else 0
@@ -175,9 +182,10 @@ ENTRY %main (x: bf16[8,32], n: s32[]) -> bf16[8,32] {
 
 
 def test_a_loops_collectives_are_read_apart_from_the_rest():
-    # decode's loop: a traced trip count (i < n, no constant), its all-gather inside
-    # fusions the body calls, spread over two of them with one channel (a TPU's async
-    # collective fusion): one all-gather of 8*32 bf16 a trip. The all-reduce runs once.
+    # A loop over a traced trip count (i < n, no constant: a fori_loop to a traced n),
+    # its all-gather inside fusions the body calls, spread over two of them with one
+    # channel (a TPU's async collective fusion): counted once, as one trip's all-gather
+    # of 8*32 bf16. The all-reduce runs once. (Decode's loop has a constant count.)
     assert collectives(LOOP_HLO, 4, in_loops=True) == {"all-gather": (1, 512, 384)}
     assert collectives(LOOP_HLO, 4, in_loops=False) == {"all-reduce": (1, 512, 768)}
     assert set(collectives(LOOP_HLO, 4)) == {"all-gather", "all-reduce"}
@@ -210,6 +218,39 @@ def test_cli_prints_each_batch_and_writes_the_summary(tmp_path, capsys):
         assert row["collectives_per_step"] == {}
         assert all(k.startswith("bf16,bf16->") for k in row["matmul_dtypes"])
     assert " while(" in hlo.read_text()  # the decode loop, as compiled
+
+
+def trip_counts_known(hlo_text):
+    """For each `while` in an HLO module's text, the trip count XLA knows, as it
+    prints it in the loop's backend_config ({"known_trip_count":{"n":"16"},...}),
+    or None."""
+    return [
+        int(m.group(1)) if (m := re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)) else None
+        for line in hlo_text.splitlines()
+        if " while(" in line
+    ]
+
+
+def test_the_gpu_decode_programs_never_wait_on_the_host():
+    """XLA's GPU runtime runs a `while` of unknown trip count by copying its
+    predicate to the host and waiting for it after every trip, and a
+    `conditional` likewise for its branch (WhileThunk and ConditionalThunk in
+    xla/backends/gpu/runtime): a host round trip per token. A count it knows it
+    runs without asking. Checked in both decode programs, greedy (what
+    `s3_infer.py --target h100:1 --hlo-out` writes) and sampling (what s3_infer.py
+    times), over every loop."""
+    need("gpu")
+    planned, cfg = plan("h100:1", None, "2", "tiny")
+    target, devices = aot.devices_for("h100:1")
+    mesh = sharding.make_mesh(sharding.parse_mesh(None, 1), devices=np.array(devices))
+    args, static = aot.abstract_decode_inputs(cfg, 2, mesh)
+    with jax.set_mesh(mesh):
+        lowered = inference.decode_steps.lower(*args, **{**static, "greedy": False})
+        sampling = aot.compile_for(lowered, target.chip, lambda *a: None)
+    for program in (planned.compiled, sampling):
+        text = program.as_text()
+        assert trip_counts_known(text) == [inference.STEPS], trip_counts_known(text)
+        assert not re.search(r" conditional\(", text)
 
 
 @pytest.mark.parametrize("target, platform, layers, batch, why", [

@@ -3,6 +3,7 @@ logits, the napkin's bytes, a reproducible sample, the same output on a mesh;
 and the session script's bad inputs and summary."""
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -92,10 +93,42 @@ def test_sampling_is_reproducible_from_its_key(cfg, params):
 def test_one_compile_per_shape(cfg, params):
     """Prompt lengths and step counts are arguments of the decode loop, not shapes."""
     inference.generate(params, cfg, prompts(cfg), 3)
-    before = inference.decode._cache_size()
+    before = inference.decode_steps._cache_size()
     for length, n in ((P, 4), (P + 2, 1), (1, cfg.seq - 1)):
         inference.generate(params, cfg, prompts(cfg, length=length), n)
-    assert inference.decode._cache_size() == before
+    assert inference.decode_steps._cache_size() == before
+
+
+@pytest.mark.parametrize("n", [3, 11])
+def test_a_call_s_steps_past_n_change_nothing(cfg, params, n):
+    """decode_steps always runs inference.STEPS steps (its loop's count is a
+    constant); those from n on must leave every token, cache slot and the
+    logits as they were. Against n steps taken by hand, from a cache and tokens
+    marked past the prompt: n=3 stops mid-context; n=11 fills the context
+    (P + 11 = T), so the steps past it would write at clamped positions, over
+    the last real slot."""
+    assert n < inference.STEPS and P + n <= cfg.seq
+    w = inference.decode_weights(params, cfg)
+    logits, cache = inference.prefill(params, prompts(cfg), cfg)
+    mark = [{"k": c["k"].at[..., P:].set(7.0), "v": c["v"].at[:, :, P:].set(7.0)} for c in cache]
+    tokens = jnp.full((B, cfg.seq), -1, jnp.int32).at[:, :P].set(prompts(cfg))
+    step = jax.jit(inference.decode_step, static_argnames="cfg")
+    want_tokens, want_cache, want_logits = tokens, mark, logits
+    for pos in range(P, P + n):
+        token = jnp.argmax(want_logits, axis=-1).astype(jnp.int32)
+        want_tokens = want_tokens.at[:, pos].set(token)
+        want_logits, want_cache = step(w, want_cache, token, pos, cfg=cfg)
+    copy = functools.partial(jax.tree.map, jnp.copy)  # decode_steps donates cache and tokens
+    got_tokens, got_cache, got_logits = inference.decode_steps(
+        w, copy(mark), copy(tokens), logits, P, n, jax.random.key(0), 0.0, cfg=cfg, greedy=True
+    )
+    np.testing.assert_array_equal(got_tokens, want_tokens)  # -1 from P + n on
+    np.testing.assert_allclose(got_logits, want_logits, atol=1e-5, rtol=1e-5)
+    for got, want in zip(got_cache, want_cache, strict=True):
+        np.testing.assert_allclose(got["k"], want["k"], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(got["v"], want["v"], atol=1e-5, rtol=1e-5)
+        assert np.all(np.asarray(got["k"][..., P + n :]) == 7.0)  # untouched, exactly
+        assert np.all(np.asarray(got["v"][:, :, P + n :]) == 7.0)
 
 
 def test_the_decode_loop_copies_no_weight_and_no_cache(cfg, params):
@@ -107,7 +140,7 @@ def test_the_decode_loop_copies_no_weight_and_no_cache(cfg, params):
     weights = inference.decode_weights(params, cfg)
     tokens = jnp.zeros((batch, cfg.seq), jnp.int32)
     logits = jnp.zeros((batch, cfg.vocab), jnp.float32)
-    compiled = inference.decode.lower(
+    compiled = inference.decode_steps.lower(
         weights, inference.init_cache(cfg, batch), tokens, logits, P, 4, jax.random.key(0), 1.0,
         cfg=cfg, greedy=True,
     ).compile()
