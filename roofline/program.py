@@ -114,8 +114,9 @@ def trip_counts(hlo_text):
 
     A loop's trip count is read from its condition, `counter < N` with N a
     constant, the form XLA gives the loops it builds itself (collective
-    matmuls, scans); a loop whose count cannot be read (a fori_loop over a
-    traced count, as decode's) counts once: its collectives are per trip."""
+    matmuls, scans, decode's chunk of steps); a loop whose count cannot be
+    read (a fori_loop over a traced count) counts once: its collectives are
+    per trip."""
     comps = computations(hlo_text)
     loops = []  # (computation holding the loop, body, condition)
     for holder, lines in comps.items():

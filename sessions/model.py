@@ -116,7 +116,7 @@ def block(layer, x, cfg, attend, dense=dense):
     """One layer, pre-norm residual: x [B, S, E] -> ([B, S, E], attend's extra).
 
     dense is how a weight is applied: the decoder passes its own, for weights
-    it stores transposed (sessions/inference.py, decode_weights)."""
+    it stores transposed (sessions/decode_layout.py)."""
     extra = None
     if cfg.attention:
         a, extra = attention_block(layer, rms_norm(x, layer["attn_norm"]), attend, dense)
