@@ -4,8 +4,9 @@
                step must move at least (roofline/flops.py), on the chip's roof
     XLA        what the compiler says the compiled step does:
                `compiled.cost_analysis()` flops and "bytes accessed"
-    measured   the step time from a profiler trace (roofline/profile.py),
-               the FLOP/s and MFU that implies, and where the time went
+    measured   the step time from a profiler trace (captured by roofline/profile.py,
+               read by roofline/trace.py on any chip), the FLOP/s and MFU that
+               implies, and where the time went
 
 The napkin column gives lower bounds on the step time (the roofline:
 roofline/predict.py); XLA's column an estimate, as if no byte it counts
@@ -14,18 +15,17 @@ really ran, and why. `roofline_chart` draws the same on the roofline plot.
 """
 
 import dataclasses
-import json
 import os
 
 import jax
 
 from roofline.flops import ledger, train_bytes
 from roofline.hardware import datasheet_chip, measured_chip
+from roofline.kinds import KIND_NOTES, KINDS
 from roofline.predict import predict, utilisation
-from roofline.profile import KIND_NOTES, KINDS, open_command, read_trace
-from sessions.config import ModelConfig
-
-METADATA = "roofline.json"  # written beside a trace: what ran, so `compare LOGDIR` can redo the table
+from roofline.profile import open_command
+from roofline.record import METADATA, chip_record, save_metadata  # noqa: F401 (METADATA: scripts)
+from roofline.trace import read_trace
 
 
 def xla_cost(compiled_or_cost, devices=None):
@@ -65,12 +65,13 @@ class Comparison:
     xla: object = None  # StepPrediction from XLA's counts, or None
     xla_flops: float | None = None
     xla_bytes: float | None = None
-    trace: object = None  # roofline.profile.TraceProfile, or None
+    trace: object = None  # roofline.trace.TraceProfile, or None
     use: object = None  # roofline.predict.Utilisation of the traced step, or None
     datasheet_name: str | None = None
     measured_peak: float | None = None  # the measured ceiling, FLOP/s per device
     measured_bandwidth: float | None = None
     log_peak: tuple | None = None  # (FLOP/s per device, source) the training log used
+    measured_name: str = "measured on this machine"  # whose the measured roof is
 
 
 def local_roofs(dtype, devices):
@@ -84,19 +85,20 @@ def local_roofs(dtype, devices):
 
 
 def compare(cfg, batch, *, cost=None, trace=None, devices=1, datasheet=None,
-            measured_peak=None, measured_bandwidth=None, log_peak=None):
+            measured_peak=None, measured_bandwidth=None, log_peak=None,
+            measured_name="measured on this machine"):
     """The three columns for one training step of `batch` sequences.
 
     cost: (FLOPs, bytes) from `xla_cost`, or None. trace: a TraceProfile, or
     None. The predictions stand on the datasheet's roof when there is one,
-    else on the measured one (a CPU)."""
+    else on the measured one (a CPU), which measured_name says whose it is."""
     g = ledger(cfg, batch)
     bytes_bound = train_bytes(cfg, batch).total
     if datasheet is not None:
         roof_name = f"{datasheet.name} datasheet, {cfg.dtype}"
         peak, bandwidth = datasheet.peak(cfg.dtype), datasheet.hbm_bandwidth
     else:
-        roof_name = "measured on this machine"
+        roof_name = measured_name
         peak, bandwidth = measured_peak, measured_bandwidth
 
     def bound(flops, bytes_moved):
@@ -115,6 +117,7 @@ def compare(cfg, batch, *, cost=None, trace=None, devices=1, datasheet=None,
         xla_flops=cost[0] if cost else None, xla_bytes=cost[1] if cost else None,
         trace=trace, use=use, datasheet_name=datasheet.name if datasheet else None,
         measured_peak=measured_peak, measured_bandwidth=measured_bandwidth, log_peak=log_peak,
+        measured_name=measured_name,
     )
 
 
@@ -190,7 +193,7 @@ def table_lines(c):
                  f"~ {_pct(model_flops_per_s(x) / peak)}" if x else "-"]
         lines.append(row(label, *cells, _pct(measured) if measured is not None else "-"))
     if not c.datasheet_name:
-        lines.append(row("MFU vs datasheet", "n/a: a CPU has no datasheet peak", "", ""))
+        lines.append(row("MFU vs datasheet", "n/a: no datasheet peak (a CPU has none)", "", ""))
     if c.log_peak and u and all(abs(c.log_peak[0] / p - 1) > 1e-3 for _, p, _ in peaks):
         log_flops, source = c.log_peak
         lines.append(f"  (the training log's MFU is against {log_flops / 1e12:.3f} TFLOP/s, "
@@ -225,7 +228,7 @@ def roofline_chart(c, path):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     roofs = [(c.roof_name, c.peak, c.bandwidth, "-")]
     if c.datasheet_name and c.measured_peak:
-        roofs.append(("measured on this machine", c.measured_peak, c.measured_bandwidth, "--"))
+        roofs.append((c.measured_name, c.measured_peak, c.measured_bandwidth, "--"))
     for name, peak, bandwidth, style in roofs:
         ax.plot(xs, [min(peak, bandwidth * i) for i in xs], style, color="black",
                 label=f"roof: {name}")
@@ -251,27 +254,6 @@ def roofline_chart(c, path):
     return path
 
 
-def save_metadata(logdir, cfg, batch, cost, devices):
-    """What ran, beside the trace, so `python -m roofline compare LOGDIR` can redo the table."""
-    record = {"model": dataclasses.asdict(cfg), "batch": batch, "devices": devices,
-              "xla_flops": cost[0] if cost else None, "xla_bytes": cost[1] if cost else None}
-    os.makedirs(logdir, exist_ok=True)
-    with open(os.path.join(logdir, METADATA), "w") as f:
-        json.dump(record, f, indent=1)
-
-
-def load_metadata(logdir):
-    """(ModelConfig, batch, (FLOPs, bytes) or None, devices) as `save_metadata` wrote them,
-    or None if the directory has none."""
-    path = os.path.join(logdir, METADATA)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        record = json.load(f)
-    cost = (record["xla_flops"], record["xla_bytes"]) if record.get("xla_flops") else None
-    return ModelConfig(**record["model"]), record["batch"], cost, record.get("devices", 1)
-
-
 def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=None):
     """The Comparison for a training run traced into logdir.
 
@@ -280,7 +262,9 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
     (FLOPs, bytes) of the whole step, for the XLA column; None leaves it empty.
     peak: the (FLOP/s per device, source) pair the training log computed its
     MFU with (roofline.hardware.local_peak_flops). Also writes
-    LOGDIR/roofline.json, so `python -m roofline compare LOGDIR` can redo it."""
+    LOGDIR/roofline.json (roofline/record.py), with the chip this runs on and the
+    roofs measured on it, so `python -m roofline compare LOGDIR` can redo the
+    table on any machine."""
     devices = devices or jax.device_count()
     if compiled is None or isinstance(compiled, tuple):
         cost = compiled
@@ -288,10 +272,11 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
         cost = xla_cost(compiled, devices)
     else:
         cost = xla_cost(compiled)
-    save_metadata(logdir, cfg, batch, cost, devices)
+    datasheet, measured_peak, measured_bandwidth = local_roofs(cfg.dtype, devices)
+    save_metadata(logdir, cfg, batch, cost, devices,
+                  chip_record(cfg.dtype, devices, measured_peak, measured_bandwidth))
     hlo_text = compiled.as_text() if hasattr(compiled, "as_text") else None
     trace = read_trace(logdir, hlo_text=hlo_text)
-    datasheet, measured_peak, measured_bandwidth = local_roofs(cfg.dtype, devices)
     return compare(cfg, batch, cost=cost, trace=trace, devices=devices, datasheet=datasheet,
                    measured_peak=measured_peak, measured_bandwidth=measured_bandwidth,
                    log_peak=peak)

@@ -26,9 +26,11 @@ from roofline.flops import (
     train_flops,
 )
 from roofline.hardware import CHIPS, chip_for_kind, find_chip
+from roofline.kinds import KINDS, classify_hlo
 from roofline.memory import step_memory
 from roofline.predict import predict, predict_train_step, utilisation
-from roofline.profile import KINDS, capture, classify_hlo, read_trace
+from roofline.profile import capture
+from roofline.trace import read_trace
 from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.model import init_params
 from sessions.train import init_state, make_optimizer, make_train_step

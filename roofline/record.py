@@ -1,0 +1,117 @@
+"""What ran, and on which chip: roofline.json, written beside a trace.
+
+`python -m roofline compare DIR` redoes the roofline table from a trace
+directory, perhaps on another machine than the one that captured it (a TPU
+VM's trace, copied to a laptop). Its roofs must be those of the chip the
+trace ran on, not the reader's, so the record names that chip:
+
+    "chip": {"platform": "tpu", "device_kind": "TPU v5 lite", "devices": 8,
+             "dtype": "bfloat16", "datasheet": "tpu-v5e", "host": "t1v-n-0",
+             "measured_peak": 1.8e14, "measured_bandwidth": 7.9e11}
+
+An accelerator's trace is held against its datasheet, looked up again from
+device_kind (roofline.hardware.chip_for_kind, so a corrected table applies
+to old traces; the recorded name if the lookup fails), and against the
+ceilings measured on it when it was captured (per device, FLOP/s and bytes/s).
+A CPU has no datasheet: its roof is what was measured on the capture machine,
+recorded here. A record without a chip (written before this one) falls back
+to this machine's measurement, and says so.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+
+import jax
+
+from roofline.hardware import chip_for_kind, find_chip
+from sessions.config import ModelConfig
+
+METADATA = "roofline.json"
+
+
+def chip_record(dtype, devices, measured_peak, measured_bandwidth):
+    """The chip this process runs on, as roofline.json records it: jax's names for
+    it, the datasheet entry if the chip table knows it, and the roofs measured on
+    it (per device)."""
+    device = jax.local_devices()[0]
+    chip = chip_for_kind(device.device_kind) if device.platform != "cpu" else None
+    return {"platform": device.platform, "device_kind": device.device_kind,
+            "devices": devices, "dtype": dtype, "datasheet": chip.name if chip else None,
+            "host": socket.gethostname(), "measured_peak": measured_peak,
+            "measured_bandwidth": measured_bandwidth}
+
+
+@dataclasses.dataclass(frozen=True)
+class Saved:
+    """A roofline.json, read back."""
+
+    cfg: object  # the ModelConfig
+    batch: int
+    cost: tuple | None  # (FLOPs, bytes) of the whole step from XLA's count, or None
+    devices: int
+    chip: dict | None  # chip_record(...) of the capture machine, or None
+
+
+def save_metadata(logdir, cfg, batch, cost, devices, chip=None):
+    """What ran, beside the trace, so `python -m roofline compare LOGDIR` can redo the table."""
+    record = {"model": dataclasses.asdict(cfg), "batch": batch, "devices": devices,
+              "xla_flops": cost[0] if cost else None, "xla_bytes": cost[1] if cost else None,
+              "chip": chip}
+    os.makedirs(logdir, exist_ok=True)
+    with open(os.path.join(logdir, METADATA), "w") as f:
+        json.dump(record, f, indent=1)
+
+
+def load_metadata(logdir):
+    """The Saved record `save_metadata` wrote, or None if the directory has none."""
+    path = os.path.join(logdir, METADATA)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        record = json.load(f)
+    cost = (record["xla_flops"], record["xla_bytes"]) if record.get("xla_flops") else None
+    return Saved(ModelConfig(**record["model"]), record["batch"], cost,
+                 record.get("devices", 1), record.get("chip"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofs:
+    """The roofs a trace is held against; per device."""
+
+    datasheet: object  # roofline.hardware.Chip, or None
+    measured_peak: float | None  # FLOP/s
+    measured_bandwidth: float | None  # bytes/s
+    measured_name: str  # whose measurement it is
+
+
+def roofs_for(chip, dtype, devices, local_roofs, trace_platform=None):
+    """The Roofs for a trace captured on `chip` (a chip_record, or None).
+
+    local_roofs(dtype, devices) -> (datasheet, FLOP/s, bytes/s): this machine's,
+    used only where the record has no measured figures of its own."""
+    if chip is None:
+        _, peak, bandwidth = local_roofs(dtype, devices)
+        ran_on = f"; the trace ran on a {trace_platform}" if trace_platform not in (None, "cpu") \
+            else ""
+        return Roofs(None, peak, bandwidth, "measured on this machine (roofline.json does not "
+                     f"say which chip captured the trace{ran_on})")
+    datasheet = None
+    if chip["platform"] != "cpu":
+        datasheet = chip_for_kind(chip["device_kind"])
+        if datasheet is None and chip.get("datasheet"):
+            try:
+                datasheet = find_chip(chip["datasheet"])
+            except KeyError:
+                datasheet = None
+    if chip.get("measured_peak"):
+        host = chip.get("host") or "the machine that captured the trace"
+        where = "this machine" if host == socket.gethostname() else host
+        name = f"measured on {where} ({chip['platform']}: {chip['device_kind']})"
+        return Roofs(datasheet, chip["measured_peak"], chip.get("measured_bandwidth"), name)
+    if datasheet is not None:
+        return Roofs(datasheet, None, None, "")
+    _, peak, bandwidth = local_roofs(dtype, devices)
+    return Roofs(None, peak, bandwidth, f"measured on this machine, not on the {chip['platform']} "
+                 f"({chip['device_kind']}) that captured the trace")

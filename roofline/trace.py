@@ -1,0 +1,305 @@
+"""Read a trace back, from any chip: the steps in it, each step's time, and
+where that time went.
+
+    profile = read_trace("runs/profile")     # the newest run under it
+    profile.step_s, profile.kind_fractions()
+
+jax.profiler writes LOGDIR/plugins/profile/<timestamp>/<host>.xplane.pb, one
+file per host (roofline/xspace.py reads one). Where the ops are depends on the
+chip that ran them:
+
+  CPU  plane "/host:CPU": the runtime's thunks on its worker threads, each with
+       the stats hlo_op, hlo_module, run_id (one per execution of a program) and
+       device_ordinal (xla/backends/cpu/runtime/thunk_executor.cc).
+  GPU  plane "/device:GPU:N", one line per CUDA stream, "Stream #S(...)": the
+       kernels CUPTI saw, with the annotation XLA pushed around each launch
+       parsed into stats hlo_op, hlo_module, program_id, and a correlation_id;
+       no run_id (xla/backends/profiler/gpu/cupti_collector.cc, CreateXEvent;
+       xla/backends/gpu/runtime/annotation.cc writes the annotations).
+  TPU  plane "/device:TPU:N": line "XLA Ops", one event per op, shown by its HLO
+       instruction's name, with hlo_category, program_id, flops on its metadata
+       and no hlo_op; line "XLA Modules", one event per execution, named
+       "jit_train_step(<fingerprint>)", with a run_id (so a real v6e capture in
+       xprof's tests holds them, xprof/convert/test_xplanes/tpu_inference_2.xplane.pb).
+       "Async XLA Ops" (copies and collectives in flight, with an hlo_op stat) is
+       not time an op ran; xprof's trace viewer leaves it out too
+       (xla/tsl/profiler/convert/xplane_to_trace_events.cc).
+
+Plane, line and stat names are tsl's (xla/tsl/profiler/utils/xplane_schema.cc).
+
+A step is one execution of the step's program. The CPU says which ops belong
+to which execution (run_id), the TPU too (the XLA Modules event they fall in).
+A GPU does not, so its kernels are split at the host's step markers
+(jax.profiler.StepTraceAnnotation: an event whose `step_num` stat numbers the
+step), each kernel going to the last marker that began before it. That is
+right only if each traced step finished on the device before the next was
+dispatched, hence capture() and TraceWindow (roofline/profile.py) drain the
+device after every traced step.
+"""
+
+import bisect
+import collections
+import dataclasses
+import glob
+import os
+import re
+import statistics
+
+from roofline.kinds import KINDS, classify_hlo, hlo_from_trace, kind_from_category, kind_from_name
+from roofline.xspace import read_xspace
+
+HOST_PLANE = "/host:CPU"
+TPU_PLANE = re.compile(r"/device:TPU:\d+$")  # not "/device:TPU:0 SparseCore 0"
+GPU_PLANE = re.compile(r"/device:GPU:\d+$")
+PS = 1e-12  # seconds per picosecond, the XSpace's unit
+
+
+def run_dirs(logdir):
+    """Run directories under logdir, oldest first (their names are timestamps)."""
+    pattern = os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")
+    return sorted({os.path.dirname(p) for p in glob.glob(pattern)})
+
+
+def latest_run(logdir):
+    """The newest run directory of a trace directory (or logdir itself if it is one)."""
+    if glob.glob(os.path.join(logdir, "*.xplane.pb")):
+        return logdir
+    runs = run_dirs(logdir)
+    if not runs:
+        raise FileNotFoundError(
+            f"no trace under {logdir} (expected plugins/profile/*/*.xplane.pb, "
+            "as jax.profiler writes)"
+        )
+    return runs[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One op that ran, wherever it ran. Times in picoseconds."""
+
+    name: str  # the HLO instruction's name, e.g. "fusion.3"
+    module: str  # its program, e.g. "jit_train_step"
+    device: tuple  # (host file, device plane or CPU device ordinal)
+    line: str  # the thread, stream or line it ran on: ops nest only within one
+    start_ps: int
+    end_ps: int
+    execution: object = None  # which execution of the program, where the runtime says
+    category: str | None = None  # the TPU's hlo_category
+
+
+def _tpu_ops(host, plane):
+    lines = {line.name: line for line in plane.lines}
+    modules = sorted(plane.events(lines["XLA Modules"]), key=lambda m: m.start_ps) \
+        if "XLA Modules" in lines else []
+    starts = [m.start_ps for m in modules]
+    for e in plane.events(lines["XLA Ops"]) if "XLA Ops" in lines else ():
+        i = bisect.bisect_right(starts, e.start_ps) - 1
+        module = modules[i] if i >= 0 and e.start_ps < modules[i].end_ps else None
+        yield Op(e.name, re.sub(r"\(\d+\)$", "", module.name) if module else "",
+                 (host, plane.name), "XLA Ops", e.start_ps, e.end_ps,
+                 execution=module.start_ps if module else None,
+                 category=e.stats.get("hlo_category"))
+
+
+def _gpu_ops(host, plane):
+    for line in plane.lines:
+        if line.name.startswith("Stream #"):
+            for e in plane.events(line, having="hlo_op"):
+                yield Op(str(e.stats["hlo_op"]), str(e.stats.get("hlo_module", "")),
+                         (host, plane.name), line.name, e.start_ps, e.end_ps)
+
+
+def _cpu_ops(host, plane):
+    for line in plane.lines:
+        for e in plane.events(line, having="hlo_op"):
+            yield Op(str(e.stats["hlo_op"]), str(e.stats.get("hlo_module", "")),
+                     (host, e.stats.get("device_ordinal", 0)), line.name, e.start_ps, e.end_ps,
+                     execution=e.stats.get("run_id"))
+
+
+def load_ops(run_dir):
+    """(platform, ops, {host: [(marker start, step number)]}) of every host's
+    .xplane.pb in the run: the device planes' ops where a host has devices
+    with ops, else the CPU runtime's."""
+    platform, ops, markers = "cpu", [], {}
+    for host, path in enumerate(sorted(glob.glob(os.path.join(run_dir, "*.xplane.pb")))):
+        planes = read_xspace(path)
+        found = []
+        for kind, pattern, read in (("tpu", TPU_PLANE, _tpu_ops), ("gpu", GPU_PLANE, _gpu_ops)):
+            found = [op for p in planes if pattern.match(p.name) for op in read(host, p)]
+            if found:
+                platform = kind
+                break
+        host_planes = [p for p in planes if p.name == HOST_PLANE]
+        if not found:
+            found = [op for p in host_planes for op in _cpu_ops(host, p)]
+        ops += found
+        markers[host] = sorted((e.start_ps, int(e.stats["step_num"])) for p in host_planes
+                               for line in p.lines for e in p.events(line, having="step_num"))
+    return platform, ops, markers
+
+
+def _executions(ops, markers):
+    """{step number: [ops]}: each device's executions of the program, numbered.
+
+    Where every op says which execution it belongs to, a device's executions
+    are taken in time order and numbered by the step markers (or counted on from
+    the first marker, if the counts differ). Otherwise each op goes to the last
+    marker that began before it (see the module's docstring)."""
+    steps = collections.defaultdict(list)
+    by_device = collections.defaultdict(list)
+    for op in ops:
+        by_device[op.device].append(op)
+    for (host, _), mine in by_device.items():
+        marks = markers.get(host, [])
+        if all(op.execution is not None for op in mine):
+            groups = collections.defaultdict(list)
+            for op in mine:
+                groups[op.execution].append(op)
+            ordered = sorted(groups.values(), key=lambda g: min(op.start_ps for op in g))
+            first = marks[0][1] if marks else 0
+            numbers = [n for _, n in marks] if len(marks) == len(ordered) else \
+                [first + i for i in range(len(ordered))]
+            for number, group in zip(numbers, ordered):
+                steps[number] += group
+        else:
+            starts = [t for t, _ in marks]
+            for op in mine:
+                i = bisect.bisect_right(starts, op.start_ps) - 1
+                steps[marks[max(i, 0)][1] if marks else 0].append(op)
+    return dict(sorted(steps.items()))
+
+
+def _self_times(ops):
+    """Each op's time minus the time of ops nested inside it on the same line
+    (a while loop's event encloses its body's). One number per op, picoseconds."""
+    own = [op.end_ps - op.start_ps for op in ops]
+    by_line = collections.defaultdict(list)
+    for i, op in enumerate(ops):
+        by_line[op.line].append(i)
+    for indices in by_line.values():
+        indices.sort(key=lambda i: (ops[i].start_ps, -ops[i].end_ps))
+        stack = []
+        for i in indices:
+            while stack and ops[stack[-1]].end_ps <= ops[i].start_ps:
+                stack.pop()
+            if stack:
+                own[stack[-1]] -= ops[i].end_ps - ops[i].start_ps
+            stack.append(i)
+    return own
+
+
+def _busy(ops):
+    """Picoseconds during which at least one of the ops ran."""
+    busy, reach = 0, None
+    for start, end in sorted((op.start_ps, op.end_ps) for op in ops):
+        start = start if reach is None else max(start, reach)
+        if end > start:
+            busy += end - start
+            reach = end
+    return busy
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProfile:
+    """One step as the trace saw it, averaged over devices. Seconds."""
+
+    step: int
+    wall_s: float  # from the step's first op starting to its last op ending
+    busy_s: float  # time at least one op of the step was running
+    by_kind: dict  # kind -> seconds, "idle" included; the values add up to wall_s
+
+
+def step_profile(number, ops, kind_of):
+    """One step's StepProfile from its ops on every device.
+
+    The step's wall time on a device runs from its first op's start to its last
+    op's end: the device time of one step. The time before its first op, while
+    the host dispatched it, is not in it: the traced steps were drained one by
+    one, and in training that dispatch overlaps the previous step. Busy time is
+    split between kinds in proportion to the ops' own times: several ops run at
+    once (CPU threads, GPU streams) and their times add up to more than the
+    wall clock."""
+    by_device = collections.defaultdict(list)
+    for op in ops:
+        by_device[op.device].append(op)
+    walls, busies, kinds = [], [], dict.fromkeys(KINDS, 0.0)
+    for mine in by_device.values():
+        wall = max(op.end_ps for op in mine) - min(op.start_ps for op in mine)
+        busy = _busy(mine)
+        own = _self_times(mine)
+        total_own = sum(own) or 1
+        for op, t in zip(mine, own):
+            kinds[kind_of(op)] += t / total_own * busy
+        kinds["idle"] += wall - busy
+        walls.append(wall)
+        busies.append(busy)
+    seconds = PS / len(walls)  # picoseconds summed over devices -> seconds per device
+    return StepProfile(step=number, wall_s=sum(walls) * seconds, busy_s=sum(busies) * seconds,
+                       by_kind={k: v * seconds for k, v in kinds.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceProfile:
+    """What a trace says about the steps in it."""
+
+    run_dir: str
+    platform: str  # "cpu", "gpu" or "tpu": where the ops ran
+    module: str  # the step's program, e.g. jit_train_step
+    devices: int
+    steps: tuple  # of StepProfile
+    classified_by: str  # "HLO", "the TPU's op categories" or "op names"
+    other_modules: tuple = ()  # programs that also ran in the window, not counted
+
+    @property
+    def step_s(self):
+        """Median wall time per step."""
+        return statistics.median(s.wall_s for s in self.steps)
+
+    def kind_seconds(self):
+        """Mean seconds per step spent on each kind of work."""
+        return {k: statistics.fmean(s.by_kind.get(k, 0.0) for s in self.steps) for k in KINDS}
+
+    def kind_fractions(self):
+        """Share of the mean step's wall time per kind; adds up to 1."""
+        seconds = self.kind_seconds()
+        total = sum(seconds.values())
+        return {k: v / total for k, v in seconds.items()}
+
+
+def read_trace(logdir, hlo_text=None):
+    """Per-step wall time and time by kind of work, from the newest trace in logdir.
+
+    The step's program is the one with the most op time in the window.
+    hlo_text: the compiled step's HLO (`compiled.as_text()`) to classify ops
+    by; if absent, or not the program that ran (it lacks the traced op names),
+    a TPU's own op categories are used, else the HLO that xprof extracts from
+    the trace, else kinds are guessed from op names."""
+    run_dir = latest_run(logdir)
+    platform, ops, markers = load_ops(run_dir)
+    if not ops:
+        raise ValueError(f"{run_dir}: the trace holds no XLA ops (was a step run while tracing?)")
+    time_by_module = collections.Counter()
+    for op in ops:
+        time_by_module[op.module] += op.end_ps - op.start_ps
+    module = time_by_module.most_common(1)[0][0]
+    ops = [op for op in ops if op.module == module]
+
+    op_names = {op.name for op in ops}
+    known = classify_hlo(hlo_text) if hlo_text else {}
+    categories = any(op.category for op in ops)
+    if len(op_names & known.keys()) < 0.9 * len(op_names):  # not the program that ran
+        text = None if categories else hlo_from_trace(run_dir, module, op_names)
+        known = classify_hlo(text) if text else {}
+
+    def kind_of(op):
+        if op.name in known:
+            return known[op.name]
+        return kind_from_category(op.category) if op.category else kind_from_name(op.name)
+
+    by = "HLO" if known else "the TPU's op categories" if categories else "op names"
+    steps = tuple(step_profile(n, step_ops, kind_of)
+                  for n, step_ops in _executions(ops, markers).items())
+    return TraceProfile(run_dir=run_dir, platform=platform, module=module,
+                        devices=len({op.device for op in ops}), steps=steps, classified_by=by,
+                        other_modules=tuple(sorted(m for m in time_by_module if m != module)))
