@@ -14,12 +14,11 @@ import os
 import sys
 
 from roofline import calibrate
-from roofline.compare import compare, local_roofs, report_lines
+from roofline.compare import compare, load_metadata, local_roofs, report_lines
 from roofline.flops import flash_kernel, ledger_lines, train_bytes
 from roofline.hardware import CHIPS, find_chip, measured_chip
 from roofline.predict import predict_train_step
-from roofline.record import load_metadata, roofs_for
-from roofline.trace import read_trace
+from roofline.profile import read_trace
 from sessions.cli import ArgumentParser, positive_int
 from sessions.config import PRESETS, UsageError
 
@@ -74,30 +73,34 @@ def chips_lines():
     def tflops(chip, dtype):
         return f"{chip.flops[dtype] / 1e12:,.1f}" if dtype in chip.flops else "-"
 
-    row = "{:<11}{:>7}{:>8}{:>7}{:>10}{:>8}{:>9}{:>8}{:>7}  {}".format
+    row = "{:<15}{:>7}{:>8}{:>7}{:>10}{:>8}{:>9}{:>8}{:>7}{:>6}  {}".format
     lines = [
         "peak dense TFLOP/s per chip, memory, interconnect (bidirectional, per chip); "
         + "ridge = bf16 peak / HBM bandwidth; host = one host's worth, the default "
-        + "of s2_train.py --target CHIP[:SHAPE]",
+        + "of s2_train.py --target CHIP[:SHAPE]; cc = NVIDIA compute capability",
         row("chip", "bf16", "tf32", "fp32", "HBM GB/s", "HBM GB", "ICI GB/s", "ridge", "host",
-            "source"),
+            "cc", "source"),
     ]
     for name, chip in CHIPS.items():
         if name != chip.name:
-            lines.append(f"{name:<11}the same as {chip.name}")
+            lines.append(f"{name:<15}the same as {chip.name}")
             continue
         link = f"{chip.interconnect / 1e9:,.0f}" if chip.interconnect else "-"
         lines.append(row(name, tflops(chip, "bfloat16"), tflops(chip, "tf32"),
                          tflops(chip, "float32"), f"{chip.hbm_bandwidth / 1e9:,.0f}",
                          f"{chip.hbm_bytes / 1e9:,.0f}", link, f"{chip.ridge('bfloat16'):,.0f}",
-                         chip.host_shape or "-", chip.source))
+                         chip.host_shape or "-", chip.compute_capability or "-", chip.source))
+    fp16 = [f"{n} {c.flops['float16'] / 1e12:,.0f}" for n, c in CHIPS.items()
+            if n == c.name and "float16" in c.flops]
+    lines.append("below cc 8.0, no bf16 or tf32 tensor cores: bf16 matmuls run at the fp32 "
+                 f"rate; fp16 tensor TFLOP/s: {', '.join(fp16)}")
     local = calibrate.cached("float32")
     if local:
-        lines.append(f"local      {local['matmul_flops'] / 1e12:.3f} TFLOP/s float32 matmul, "
+        lines.append(f"local          {local['matmul_flops'] / 1e12:.3f} TFLOP/s float32 matmul, "
                      f"{local['copy_bandwidth'] / 1e9:,.1f} GB/s copy: measured, cached in "
                      f"{calibrate.CACHE}")
     else:
-        lines.append("local      not measured yet: python -m roofline calibrate")
+        lines.append("local          not measured yet: python -m roofline calibrate")
     return lines
 
 
@@ -165,19 +168,16 @@ def compare_lines(args):
     saved = load_metadata(args.logdir)
     if args.preset:  # the model given on the command line; XLA's count only if it is what ran
         cfg, tc = model_from_args(args)
-        same = saved and saved.cfg == cfg and saved.batch == tc.batch
-        batch, cost, devices = tc.batch, saved.cost if same else None, saved.devices if same else 1
+        same = saved and saved[0] == cfg and saved[1] == tc.batch
+        batch, cost, devices = tc.batch, saved[2] if same else None, saved[3] if same else 1
     elif saved:
-        cfg, batch, cost, devices = saved.cfg, saved.batch, saved.cost, saved.devices
+        cfg, batch, cost, devices = saved
     else:
         raise UsageError(f"{args.logdir} has no roofline.json saying what ran; "
                          "name the model: --preset NAME [--batch N ...]")
-    # The roofs of the chip the trace was captured on, wherever it is read.
-    roofs = roofs_for(saved.chip if saved else None, cfg.dtype, devices, local_roofs,
-                      trace.platform)
-    c = compare(cfg, batch, cost=cost, trace=trace, devices=devices, datasheet=roofs.datasheet,
-                measured_peak=roofs.measured_peak, measured_bandwidth=roofs.measured_bandwidth,
-                measured_name=roofs.measured_name)
+    datasheet, peak, bandwidth = local_roofs(cfg.dtype, devices)
+    c = compare(cfg, batch, cost=cost, trace=trace, devices=devices, datasheet=datasheet,
+                measured_peak=peak, measured_bandwidth=bandwidth)
     return report_lines(c, args.logdir)
 
 

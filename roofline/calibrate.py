@@ -13,6 +13,7 @@ import platform
 import jax
 import jax.numpy as jnp
 
+from roofline.memory import outside_the_step
 from roofline.timing import time_calls
 
 CACHE = os.path.join(
@@ -38,17 +39,25 @@ def best_time(fn, *args, repeats=5):
 def measure(dtype="float32", n=None):
     """{'matmul_flops': FLOP/s of an n x n matmul, 'copy_bandwidth': bytes/s of a
     read+write of a large array}, on the first local device, with everything in
-    the whole host's threads (a CPU device uses every core)."""
+    the whole host's threads (a CPU device uses every core).
+
+    An accelerator is measured only when the chip table lacks it, often in the
+    process that then trains, so the sizes are small: 4096 x 4096 operands (32 or
+    64 MiB; 137 GFLOP a product, a thousand 128 x 128 output tiles, several for
+    each of a GPU's SMs) and a 256 MiB array to copy, five times an H100's L2 (50
+    MiB: roofline/targets.py GPU_SPECS). What it leaves in the allocator's
+    lifetime peak is recorded (roofline/memory.py)."""
     device = jax.local_devices()[0]
-    n = n or (2048 if device.platform == "cpu" else 8192)
-    a = jax.device_put(jnp.ones((n, n), dtype), device)
-    matmul = jax.jit(lambda x, y: x @ y)
-    flops = 2 * n**3 / best_time(matmul, a, a)
-    # 64 MiB (CPU) or 1 GiB: well past the last-level cache, so DRAM or HBM answers.
-    size = 2**24 if device.platform == "cpu" else 2**28
-    x = jax.device_put(jnp.ones((size,), jnp.float32), device)
-    copy = jax.jit(lambda v: v + 1)
-    bandwidth = 2 * x.nbytes / best_time(copy, x)  # one read and one write per element
+    n = n or (2048 if device.platform == "cpu" else 4096)
+    # 64 MiB (CPU) or 256 MiB of float32: past the last-level cache, so DRAM or HBM answers.
+    size = 2**24 if device.platform == "cpu" else 2**26
+    with outside_the_step(device):
+        a = jax.device_put(jnp.ones((n, n), dtype), device)
+        matmul = jax.jit(lambda x, y: x @ y)
+        flops = 2 * n**3 / best_time(matmul, a, a)
+        x = jax.device_put(jnp.ones((size,), jnp.float32), device)
+        copy = jax.jit(lambda v: v + 1)
+        bandwidth = 2 * x.nbytes / best_time(copy, x)  # one read and one write per element
     return {"matmul_flops": flops, "copy_bandwidth": bandwidth, "n": n}
 
 
@@ -99,14 +108,15 @@ def measure_read_bandwidth():
     nothing, so this, not a copy, is its roof."""
     device = jax.local_devices()[0]
     rows = 2**14 if device.platform == "cpu" else 2**16  # 256 MiB or 1 GiB: past every cache
-    a = jax.device_put(jnp.ones((rows, 4096), jnp.float32), device)
-    right = jax.device_put(jnp.ones((4096,), jnp.float32), device)
-    left = jax.device_put(jnp.ones((rows,), jnp.float32), device)
-    seconds = min(
-        best_time(jax.jit(jnp.sum), a),
-        best_time(jax.jit(jnp.matmul), a, right),
-        best_time(jax.jit(jnp.matmul), left, a),
-    )
+    with outside_the_step(device):
+        a = jax.device_put(jnp.ones((rows, 4096), jnp.float32), device)
+        right = jax.device_put(jnp.ones((4096,), jnp.float32), device)
+        left = jax.device_put(jnp.ones((rows,), jnp.float32), device)
+        seconds = min(
+            best_time(jax.jit(jnp.sum), a),
+            best_time(jax.jit(jnp.matmul), a, right),
+            best_time(jax.jit(jnp.matmul), left, a),
+        )
     return a.nbytes / seconds
 
 

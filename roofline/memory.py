@@ -1,21 +1,81 @@
-"""Device memory a training step needs, from the best source at hand."""
+"""Device memory a training step needs, from the best source at hand.
+
+XLA's plan of the compiled step comes first, on every platform. The other
+figure, a GPU's or TPU's `peak_bytes_in_use`, is the allocator's peak over
+the whole process, and it never comes down: a calibration run before training
+(an unknown chip's matmul and copy, roofline/calibrate.py), the evaluation
+step, sampling and the initialisation all leave their own peaks in it. So it
+is reported only beside the plan, as what it is, or alone when there is no
+compiled step (--no-jit) and nothing but the step can have set it.
+"""
+
+import contextlib
 
 import jax
+
+PLAN = "XLA's memory plan of the compiled step"
+
+# device id -> (allocator peak before, after) for work done outside the step that
+# raised it, in this process: the calibration (roofline/calibrate.py measure).
+_raised_outside_the_step = {}
 
 
 def step_memory(compiled=None, device=None):
     """(bytes per device, where the figure comes from), or (None, reason).
 
-    A GPU or TPU reports the peak its allocator saw; a CPU reports nothing, so
-    XLA's plan for the compiled step is used instead: arguments, outputs and
-    temporaries, less the outputs that reuse donated arguments."""
+    XLA's plan for the compiled step (arguments, outputs and temporaries, less
+    the outputs that reuse donated arguments) when there is one: the step's own
+    need, the same figure on every platform and the one --target gives for chips
+    this machine lacks. Without a compiled step, the allocator's peak, unless
+    work outside the step set it."""
     device = device or jax.local_devices()[0]
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    if stats and "peak_bytes_in_use" in stats:
-        return stats["peak_bytes_in_use"], "allocator peak"
-    if compiled is None:
+    plan = compiled.memory_analysis() if compiled is not None else None
+    if plan is not None:
+        return planned_bytes(plan), PLAN
+    peak, source = allocator_peak(device)
+    if peak is not None and _set_outside_the_step(device, peak):
+        return None, f"not known: the {source}, and there is no compiled step to plan"
+    return peak, source
+
+
+def allocator_peak(device=None):
+    """(the allocator's peak bytes in use over this process's life, what it covers),
+    or (None, reason) where the backend keeps no count (a CPU)."""
+    device = device or jax.local_devices()[0]
+    peak = _peak(device)
+    if peak is None:
         return None, "not reported by this backend"
-    return planned_bytes(compiled.memory_analysis()), "XLA's memory plan of the compiled step"
+    if _set_outside_the_step(device, peak):
+        before, after = _raised_outside_the_step[device.id]
+        return peak, (f"allocator peak over the process, set by calibration "
+                      f"({(after - before) / 2**20:,.1f} MiB above what came before)")
+    return peak, "allocator peak over the process"
+
+
+@contextlib.contextmanager
+def outside_the_step(device):
+    """Work that is not the training step (a calibration): if it raises the
+    device allocator's lifetime peak, remember by how much, so that peak is
+    never reported as the step's."""
+    before = _peak(device)
+    try:
+        yield
+    finally:
+        after = _peak(device)
+        if before is not None and after is not None and after > before:
+            _raised_outside_the_step[device.id] = (before, after)
+
+
+def _set_outside_the_step(device, peak):
+    """Whether the peak is still the one work outside the step left (nothing since
+    has gone higher)."""
+    raised = _raised_outside_the_step.get(device.id)
+    return raised is not None and peak <= raised[1]
+
+
+def _peak(device):
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    return (stats or {}).get("peak_bytes_in_use")
 
 
 def planned_bytes(m):

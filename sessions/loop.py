@@ -96,20 +96,32 @@ def train_loop(
 
 def make_record(step, loss, step_time, tokens_per_step, flops_per_step, peak_flops, n_devices):
     """One log line's numbers; step_time is seconds per step, peak_flops of one device."""
+    mfu = flops_per_step / step_time / (peak_flops * n_devices)
     return {
         "step": step,
         "loss": loss,
         "step_time_s": step_time,
         "tokens_per_sec": tokens_per_step / step_time,
         "tflops_per_device": flops_per_step / step_time / n_devices / 1e12,
-        "mfu": flops_per_step / step_time / (peak_flops * n_devices),
+        "mfu": mfu,
+        "mfu_exceeds_peak": impossible_mfu(mfu),
     }
 
 
+def impossible_mfu(mfu):
+    """No step does more FLOPs per second than its chip's peak: an MFU above 1
+    says the peak it was divided by is wrong for this chip (a table entry that
+    is not this part, a measurement taken under load), not that the step is fast."""
+    return mfu > 1
+
+
 def format_record(r):
+    mfu = f"MFU {100 * r['mfu']:5.1f}%"
+    if impossible_mfu(r["mfu"]):
+        mfu = f"MFU n/a ({100 * r['mfu']:.0f}% of a wrong peak)"
     line = (
         f"step {r['step']:>6} | loss {r['loss']:.3f} | {r['tokens_per_sec']:>10,.0f} tok/s"
-        f" | {r['tflops_per_device']:7.3f} TFLOP/s/device | MFU {100 * r['mfu']:5.1f}%"
+        f" | {r['tflops_per_device']:7.3f} TFLOP/s/device | {mfu}"
     )
     if "val_loss" in r:
         line += f" | val {r['val_loss']:.3f}"

@@ -6,25 +6,30 @@ import os
 import numpy as np
 
 from roofline.decode import decode_step, flops_per_sequence
+from sessions.loop import impossible_mfu
 
 
 def summarize(
     history, *, train_seconds, tokens_per_step, flops_per_step, peak, n_devices, unigram,
-    first_step, memory=(None, ""),
+    first_step, memory=(None, ""), allocator=(None, ""),
 ):  # fmt: skip
     """The run in numbers (what --summary-out writes). Throughput is over every
-    step timed, compilation excluded."""
+    step timed, compilation excluded. memory: (bytes per device, source) from
+    roofline.memory.step_memory; allocator: the same from allocator_peak, the
+    second figure, where the backend keeps one."""
     steps = history[-1]["step"] - first_step
     seconds_per_step = train_seconds / max(steps, 1)
     achieved = flops_per_step / seconds_per_step
     val = [r["val_loss"] for r in history if "val_loss" in r]
     peak_flops, peak_source = peak
+    mfu = achieved / (peak_flops * n_devices)
     return {
         "steps": history[-1]["step"],
         "step_time_s": seconds_per_step,
         "tokens_per_sec": tokens_per_step / seconds_per_step,
         "tflops_per_device": achieved / n_devices / 1e12,
-        "mfu": achieved / (peak_flops * n_devices),
+        "mfu": mfu,  # kept as computed; the flag says when it is no result
+        "mfu_exceeds_peak": impossible_mfu(mfu),
         "peak_tflops_per_device": peak_flops / 1e12,
         "peak_source": peak_source,
         "train_loss": history[-1]["loss"],
@@ -32,6 +37,8 @@ def summarize(
         "unigram": unigram,
         "memory_bytes_per_device": memory[0],
         "memory_source": memory[1],
+        "allocator_peak_bytes_per_device": allocator[0],
+        "allocator_peak_source": allocator[1],
     }
 
 
@@ -44,6 +51,12 @@ def summary_lines(s):
         f"  MFU         {100 * s['mfu']:.1f}% of {s['peak_tflops_per_device']:.3f} TFLOP/s per "
         f"device ({s['peak_source']})"
     )
+    if impossible_mfu(s["mfu"]):
+        mfu = (
+            f"  MFU         n/a: {100 * s['mfu']:.0f}% of the assumed "
+            f"{s['peak_tflops_per_device']:.3f} TFLOP/s per device is impossible, so the peak "
+            f"({s['peak_source']}) is wrong for this chip"
+        )
     lines = ["summary", throughput, mfu, f"  train loss  {s['train_loss']:.3f} nats/byte"]
     if s["val_loss"] is not None:
         lines.append(f"  val loss    {s['val_loss']:.3f} nats/byte")
@@ -52,6 +65,11 @@ def summary_lines(s):
         lines.append(
             f"  memory      {s['memory_bytes_per_device'] / 2**20:,.1f} MiB per device "
             f"({s['memory_source']})"
+        )
+    if s.get("allocator_peak_bytes_per_device") is not None:
+        lines.append(
+            f"  allocator   {s['allocator_peak_bytes_per_device'] / 2**20:,.1f} MiB per device "
+            f"({s['allocator_peak_source']})"
         )
     return lines
 
