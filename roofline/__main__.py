@@ -14,11 +14,12 @@ import os
 import sys
 
 from roofline import calibrate
-from roofline.compare import compare, load_metadata, local_roofs, report_lines
+from roofline.compare import compare, local_roofs, report_lines
 from roofline.flops import flash_kernel, ledger_lines, train_bytes
 from roofline.hardware import CHIPS, find_chip, measured_chip
 from roofline.predict import predict_train_step
-from roofline.profile import read_trace
+from roofline.record import load_metadata, roofs_for
+from roofline.trace import read_trace
 from sessions.cli import ArgumentParser, positive_int
 from sessions.config import PRESETS, UsageError
 
@@ -168,16 +169,19 @@ def compare_lines(args):
     saved = load_metadata(args.logdir)
     if args.preset:  # the model given on the command line; XLA's count only if it is what ran
         cfg, tc = model_from_args(args)
-        same = saved and saved[0] == cfg and saved[1] == tc.batch
-        batch, cost, devices = tc.batch, saved[2] if same else None, saved[3] if same else 1
+        same = saved and saved.cfg == cfg and saved.batch == tc.batch
+        batch, cost, devices = tc.batch, saved.cost if same else None, saved.devices if same else 1
     elif saved:
-        cfg, batch, cost, devices = saved
+        cfg, batch, cost, devices = saved.cfg, saved.batch, saved.cost, saved.devices
     else:
         raise UsageError(f"{args.logdir} has no roofline.json saying what ran; "
                          "name the model: --preset NAME [--batch N ...]")
-    datasheet, peak, bandwidth = local_roofs(cfg.dtype, devices)
-    c = compare(cfg, batch, cost=cost, trace=trace, devices=devices, datasheet=datasheet,
-                measured_peak=peak, measured_bandwidth=bandwidth)
+    # The roofs of the chip the trace was captured on, wherever it is read.
+    roofs = roofs_for(saved.chip if saved else None, cfg.dtype, devices, local_roofs,
+                      trace.platform)
+    c = compare(cfg, batch, cost=cost, trace=trace, devices=devices, datasheet=roofs.datasheet,
+                measured_peak=roofs.measured_peak, measured_bandwidth=roofs.measured_bandwidth,
+                measured_name=roofs.measured_name)
     return report_lines(c, args.logdir)
 
 
