@@ -1,13 +1,16 @@
 """Profile a short session-2 training run and print the roofline table.
 
-    python scripts/profile_s2.py                      # the cpu preset, 5 steps: under a minute
+    python scripts/profile_s2.py                      # the default preset, 5 steps: under a minute
     python scripts/profile_s2.py --preset tiny --steps 10
+    python scripts/profile_s2.py --mesh fsdp=8        # on a host of 8 chips, as it trains
     xprof --logdir runs/profile_s2 --port 8791        # then look at the same trace by eye
 
-It runs sessions/s2_train.py itself with `--profile`, which traces steps 1-3,
-and logs every step; then it compiles the same step once more for XLA's cost
-analysis, reads the trace back, prints the three columns (napkin, XLA,
-measured), and checks the trace's MFU against the training log's own.
+It runs sessions/s2_train.py itself with `--profile`, which traces steps 1-3
+on the mesh it trains on, logs every step, and prints the three columns
+(napkin, XLA's count of the step it compiled, the trace). Then it holds the
+trace's step time against the training log's for the same steps: the trace
+times each step on the device, first op to last; the log times it on the
+host, so a gap between them is time the device spent waiting for the host.
 """
 
 import json
@@ -15,12 +18,9 @@ import os
 import statistics
 import sys
 
-import jax
-
-from roofline.compare import METADATA, profile_comparison, report_lines, xla_cost
-from roofline.hardware import local_peak_flops
+from roofline.record import METADATA, load_metadata
+from roofline.trace import read_trace
 from sessions import s2_train
-from sessions.aot import compile_train_step
 from sessions.cli import ArgumentParser, positive_int
 from sessions.config import PRESETS
 
@@ -32,6 +32,7 @@ def parse_args(argv):
     parser.add_argument("--steps", type=positive_int, default=5,
                         help="steps to train; steps 1-3 are traced (at least 4)")
     parser.add_argument("--batch", type=positive_int, help="sequences per step")
+    parser.add_argument("--mesh", help="axis=size,... as s2_train.py takes it (default: fsdp=all)")
     parser.add_argument("--logdir", default="runs/profile_s2",
                         help="trace, metrics, chart and loss curve go here")
     args = parser.parse_args(argv)
@@ -45,44 +46,44 @@ def main(argv=None):
     metrics_path = os.path.join(args.logdir, "metrics.jsonl")
     s2_argv = ["--steps", str(args.steps), "--log-every", "1", "--sample-bytes", "0",
                "--profile", args.logdir, "--metrics-out", metrics_path, "--run-dir", args.logdir]
-    s2_argv += ["--preset", args.preset] if args.preset else []
-    s2_argv += ["--batch", str(args.batch)] if args.batch else []
+    for flag in ("preset", "batch", "mesh"):
+        if getattr(args, flag):
+            s2_argv += [f"--{flag}", str(getattr(args, flag))]
     os.makedirs(args.logdir, exist_ok=True)
     saved = os.path.join(args.logdir, METADATA)
     if os.path.exists(saved):
-        os.remove(saved)  # from an earlier run; profile_table writes it afresh
+        os.remove(saved)  # from an earlier run; s2_train.py writes it afresh
     print("$ python sessions/s2_train.py " + " ".join(s2_argv))
     status = s2_train.cli(s2_argv)
     if status:
         return status
-    # A session script that prints the table itself (profile_table) leaves its
-    # roofline.json behind; then it is not printed twice.
-    printed = os.path.exists(saved)
+    # What the run compiled and traced, on its own mesh: roofline.json holds
+    # XLA's count of the step as partitioned there, and the chip it ran on.
+    record = load_metadata(args.logdir)
+    trace = read_trace(args.logdir)
 
-    # The same configuration s2_train.py resolved from these flags.
-    _, cfg, tc, _ = s2_train.choose_configs(s2_train.parse_args(s2_argv))
-    peak = local_peak_flops(cfg.dtype)
-    c = profile_comparison(args.logdir, cfg, tc.batch, xla_cost(compile_train_step(cfg, tc)), peak,
-                           devices=jax.device_count())
-    if not printed:
-        print()
-        for line in report_lines(c, args.logdir):
-            print(line)
-
-    # The training log's MFU for the same steps the trace holds. Its line for
+    # The training log's time for the steps the trace holds. Its line for
     # step n+1 times step n; the last traced step's line also includes writing
     # the trace out (s2_train.py stops the profiler inside that step), so it
     # is left out.
-    traced = [s.step for s in c.trace.steps][:-1]
+    traced = [s.step for s in trace.steps][:-1]
     with open(metrics_path) as f:
-        logged = {r["step"] - 1: r["mfu"] for r in map(json.loads, f)}
-    log_mfu = statistics.median(logged[n] for n in traced)
-    trace_mfu = c.use.flops_per_s / peak[0]
-    gap = trace_mfu / log_mfu - 1
+        logged = {r["step"] - 1: r for r in map(json.loads, f)}
+    tokens = record.batch * record.cfg.seq
+    log_s = statistics.median(tokens / logged[n]["tokens_per_sec"] for n in traced)
+    trace_s = statistics.median(s.wall_s for s in trace.steps if s.step in traced)
+    log_mfu = statistics.median(logged[n]["mfu"] for n in traced)
+    waited = (log_s - trace_s) / log_s
     shown = ", ".join(str(n + 1) for n in traced)
-    print(f"MFU check: s2_train.py's log {100 * log_mfu:.1f}% (its lines for steps {shown}), "
-          f"the trace {100 * trace_mfu:.1f}%: {100 * gap:+.1f}% apart "
-          f"({'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)")
+    print(f"step time: the log {log_s * 1e3:,.1f} ms (its lines for steps {shown}, MFU "
+          f"{100 * log_mfu:.1f}%), the trace {trace_s * 1e3:,.1f} ms on the device "
+          f"(MFU {100 * log_mfu * log_s / trace_s:.1f}%)")
+    if abs(waited) <= 0.10:
+        print("  within 10%: the device was busy for the whole step the host timed")
+    else:
+        print(f"  {100 * waited:+.0f}% of the logged step the device was not running the step: "
+              "time on the host (dispatch, Python, the loader) it waited for, or, if negative, "
+              "a trace that disagrees with the log")
     return 0
 
 
