@@ -10,6 +10,7 @@ directory with no trace) is one line on stderr and exit status 2.
 """
 
 import dataclasses
+import json
 import os
 import sys
 
@@ -18,7 +19,7 @@ from roofline.compare import compare, local_roofs, report_lines
 from roofline.flops import flash_kernel, ledger_lines, train_bytes
 from roofline.hardware import CHIPS, find_chip, measured_chip
 from roofline.predict import predict_train_step
-from roofline.record import load_metadata, roofs_for
+from roofline.record import comparison_summary, load_metadata, roofs_for
 from roofline.trace import read_trace
 from sessions.cli import ArgumentParser, positive_int
 from sessions.config import PRESETS, UsageError
@@ -44,6 +45,7 @@ def parse_args(argv):
     comp = commands.add_parser("compare", help="napkin vs XLA vs a trace written by "
                                "scripts/profile_s2.py or s2_train.py --profile")
     comp.add_argument("logdir", help="the directory given to --profile")
+    comp.add_argument("--summary-out", help="write the measured and predicted step as JSON")
     add_model_flags(comp, preset_default=None)
     return parser.parse_args(argv)
 
@@ -182,6 +184,9 @@ def compare_lines(args):
     c = compare(cfg, batch, cost=cost, trace=trace, devices=devices, datasheet=roofs.datasheet,
                 measured_peak=roofs.measured_peak, measured_bandwidth=roofs.measured_bandwidth,
                 measured_name=roofs.measured_name)
+    if args.summary_out:
+        with open(args.summary_out, "w") as f:
+            json.dump(comparison_summary(c), f, indent=1)
     return report_lines(c, args.logdir)
 
 

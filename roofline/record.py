@@ -115,3 +115,22 @@ def roofs_for(chip, dtype, devices, local_roofs, trace_platform=None):
     _, peak, bandwidth = local_roofs(dtype, devices)
     return Roofs(None, peak, bandwidth, f"measured on this machine, not on the {chip['platform']} "
                  f"({chip['device_kind']}) that captured the trace")
+
+
+def comparison_summary(c):
+    """A roofline.compare.Comparison as JSON-ready numbers (`compare DIR
+    --summary-out`): the measured step beside the napkin's bound and XLA's
+    estimate, seconds per step; MFU against each roof there is."""
+    t, u = c.trace, c.use
+    return {
+        "measured_step_seconds": t.step_s if t else None,
+        "bound_step_seconds": c.napkin.step_s,
+        "bound": c.napkin.bound,
+        "xla_step_seconds": c.xla.step_s if c.xla else None,
+        "measured_seconds_by_kind": t.kind_seconds() if t else None,
+        "mfu_datasheet": u.mfu_datasheet if u else None,
+        "mfu_measured_roof": u.mfu_measured if u else None,
+        "model_flops_per_step": c.ledger.exact,
+        "devices": c.devices,
+        "roof": c.roof_name,
+    }

@@ -19,6 +19,7 @@ python scripts/bench_decode.py --preset tiny --mbu-preset tiny --batches 1,2 --c
 import dataclasses
 import functools
 import itertools
+import json
 import sys
 
 import jax
@@ -45,6 +46,7 @@ def parse_args(argv):
     parser.add_argument("--cache-batches", default="1,4,16,64", help="for 3, at --preset")
     parser.add_argument("--new-tokens", type=positive_int, default=64)
     parser.add_argument("--repeats", type=positive_int, default=5)
+    parser.add_argument("--summary-out", help="write the goals' figures here, as JSON")
     return parser.parse_args(argv)
 
 
@@ -144,6 +146,12 @@ def main(argv=None):
     )
     print(f"   tokens/s grows with batch: {'yes' if growing else 'no'} at {args.mbu_preset} shapes, "
           f"{'yes' if grows_cached else 'no'} at the {args.preset} preset")
+    if args.summary_out:
+        with open(args.summary_out, "w") as f:
+            json.dump({"device_kind": jax.devices()[0].device_kind, "cached_over_uncached": ratio,
+                       "same_tokens": same, "mbu_preset": args.mbu_preset,
+                       "mbu_batch_1": at_one.mbu, "tokens_per_sec_batch_1": at_one.tokens_per_s,
+                       "read_bandwidth": bandwidth, "tokens_grow_with_batch": growing}, f, indent=1)
     return 0 if same else 1
 
 

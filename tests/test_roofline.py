@@ -5,6 +5,7 @@ roofline, and the CLI answers bad input on one line with exit status 2."""
 import dataclasses
 import functools
 import itertools
+import json
 import subprocess
 
 import jax
@@ -322,8 +323,15 @@ def test_the_three_columns(trace, compiled_step, fixed_roofs, tmp_path, capsys):
     png = roofline_chart(c, tmp_path / "roofline.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # profile_table left roofline.json, so the CLI redoes the table from the directory.
-    assert cli.main(["compare", logdir]) == 0
+    summary_path = tmp_path / "compare.json"
+    assert cli.main(["compare", logdir, "--summary-out", str(summary_path)]) == 0
     assert "measured (trace)" in capsys.readouterr().out
+    summary = json.loads(summary_path.read_text())
+    assert summary["measured_step_seconds"] == pytest.approx(c.trace.step_s)
+    assert summary["bound_step_seconds"] == pytest.approx(c.napkin.step_s)
+    assert summary["mfu_measured_roof"] == pytest.approx(c.use.mfu_measured)
+    mean_step = sum(s.wall_s for s in c.trace.steps) / len(c.trace.steps)  # kinds are means
+    assert sum(summary["measured_seconds_by_kind"].values()) == pytest.approx(mean_step)
 
 
 def test_cli_lists_its_commands(capsys):

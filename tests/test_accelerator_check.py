@@ -1,0 +1,38 @@
+"""scripts/accelerator_check.py: the real-chip check, rehearsed on the CPU with
+tiny shapes, so every step it chains and every figure of its table is read
+from what the session scripts really wrote."""
+
+import json
+
+from scripts import accelerator_check
+
+BENCH = "--preset tiny --mbu-preset tiny --batches 1,2 --cache-batches 1,2 --repeats 1"
+
+
+def test_without_an_accelerator_it_refuses_unless_asked(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    assert accelerator_check.main(["--run-dir", str(tmp_path)]) == 2
+    assert "JAX sees no GPU or TPU here" in capsys.readouterr().err
+
+
+def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    argv = ["--cpu", "--run-dir", str(tmp_path), "--bench-args", BENCH, "--s3-args", "--new-tokens 16",
+            "--", "--preset", "tiny", "--steps", "6"]  # fmt: skip
+    assert accelerator_check.main(argv) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    check = json.loads((tmp_path / "check.json").read_text())
+    assert check["exit"] == {"s2": 0, "compare": 0, "s3": 0, "bench": 0}
+    s2, compared, s3, bench = check["s2"], check["compare"], check["s3"], check["bench"]
+    assert s2["steps"] == 6
+    # The table shows what the scripts wrote, each figure on its row.
+    assert f"{s2['tokens_per_sec']:,.0f} tokens/s" in out
+    assert f"{compared['measured_step_seconds'] * 1e3:,.2f} ms" in out
+    assert f"roofline bound {compared['bound_step_seconds'] * 1e3:,.2f} ms" in out
+    assert compared["bound_step_seconds"] <= compared["measured_step_seconds"]  # a lower bound
+    first = s3["batches"][0]
+    assert f"s3 decode, batch {first['batch']}" in out
+    assert f"MBU {100 * first['mbu']:.1f}%" in out
+    assert f"MBU {100 * bench['mbu_batch_1']:.1f}%" in out
+    assert (tmp_path / "checkpoints").is_dir()  # s3 decoded the checkpoint s2 kept
+    assert "checkpoint at step 6" in (tmp_path / "s3.log").read_text()
