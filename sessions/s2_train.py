@@ -31,9 +31,10 @@ import numpy as np
 from roofline.compare import profile_table
 from roofline.flops import napkin_train_flops, param_count, train_flops
 from roofline.hardware import local_peak_flops
-from roofline.memory import step_memory
+from roofline.memory import allocator_peak, step_memory
 from roofline.profile import TraceWindow
 from sessions import aot, data, multihost, sharding
+from sessions.accelerator import capability_defaults, check_accelerator_visible
 from sessions.attention import choose as choose_attention
 from sessions.checkpoint import Checkpoints, Interrupted, SaveHook
 from sessions.cli import (
@@ -120,16 +121,24 @@ def choose_configs(args, platform=None):
     """(preset, ModelConfig, TrainConfig, attention note) for the chip the step
     is built for: `platform` ("cpu", "gpu", "tpu"), by default this machine's.
     Accelerators default to the course's shapes, bf16 and their flash kernel."""
+    here = platform is None  # the step runs on this machine, not on a --target chip
     platform = platform or jax.default_backend()
     on_cpu = platform == "cpu"
     preset = args.preset or ("cpu" if on_cpu else "course")
+    # A GPU below compute capability 8.0 has neither bf16 tensor cores nor cuDNN's attention.
+    caps = capability_defaults(jax.local_devices()[0] if here else None, args.dtype,
+                               args.attention_impl)
     overrides = {
         "attention": not args.no_attention,
         "positions": not args.no_positions,
-        "dtype": args.dtype or ("float32" if on_cpu else "bfloat16"),
+        "dtype": caps.dtype or args.dtype or ("float32" if on_cpu else "bfloat16"),
     }
     model_cfg, train_cfg = configs_from_args(args, preset, **overrides)
-    impl, note = choose_attention(args.attention_impl, platform, model_cfg, train_cfg.batch)
+    if caps.attention_impl:
+        impl, note = caps.attention_impl, caps.note
+    else:
+        impl, note = choose_attention(args.attention_impl, platform, model_cfg, train_cfg.batch)
+        note = note or caps.note
     model_cfg = dataclasses.replace(model_cfg, attention_impl=impl)
     if args.eval_every:
         train_cfg = dataclasses.replace(train_cfg, eval_every=args.eval_every)
@@ -159,6 +168,7 @@ def main(argv=None):
     if args.target:
         return plan_on_target(args)
     multihost.initialize(args)  # before anything touches a device
+    check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
     is_main = jax.process_index() == 0
     say = print if is_main else (lambda *a, **k: None)
     preset, cfg, tc, attention_note = choose_configs(args)
@@ -287,6 +297,7 @@ def main(argv=None):
         unigram=unigram,
         first_step=start,
         memory=step_memory(None if args.no_jit else step_fn),
+        allocator=allocator_peak(),
     )
     for line in summary_lines(summary):
         say(line)

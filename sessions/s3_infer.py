@@ -28,6 +28,7 @@ from roofline.calibrate import read_bandwidth
 from roofline.hardware import datasheet_chip, local_peak_flops
 from roofline.timing import time_calls
 from sessions import aot, inference, sharding
+from sessions.accelerator import capability_defaults, check_accelerator_visible
 from sessions.checkpoint import Checkpoints, newest_meta
 from sessions.cli import ArgumentParser, add_shape_flags, configs_from_args, positive_int, run_main
 from sessions.config import PRESETS, ModelConfig, TrainConfig, UsageError
@@ -77,9 +78,11 @@ def configure(args, platform=None):
     checkpoint of an s2 run or, with --random-params or --target, from the flags,
     for `platform` (default: this machine's)."""
     on_cpu = (platform or jax.default_backend()) == "cpu"
+    # Below compute capability 8.0 a GPU has no bf16 tensor cores (sessions/accelerator.py).
+    caps = capability_defaults(None if platform else jax.local_devices()[0], args.dtype)
     # The compute dtype, and XLA's attention (a checkpoint may name a kernel of another chip).
     compute = {
-        "dtype": args.dtype or ("float32" if on_cpu else "bfloat16"),
+        "dtype": caps.dtype or args.dtype or ("float32" if on_cpu else "bfloat16"),
         "attention_impl": "einsum" if on_cpu else "fused",
     }
     if args.random_params or args.target:
@@ -165,6 +168,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.target:
         return plan_on_target(args)
+    check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
     devices = jax.devices() if args.mesh else jax.devices()[:1]
     sizes = sharding.parse_mesh(args.mesh, len(devices))
     args.batches = args.batches or [b * sizes["data"] * sizes["fsdp"] for b in aot.DECODE_ROWS]
