@@ -69,8 +69,14 @@ def parse_target(text):
     """'tpu-v5e:2x4' or 'h100:8' (or 'h100', one host's worth) -> (Chip, shape)."""
     name, _, shape = text.partition(":")
     chip = CHIPS.get(name.lower())
-    targets = sorted(n for n, c in CHIPS.items() if c.platform != "cpu")
-    if chip is None or chip.platform == "cpu":
+    # Every TPU of the table (libtpu compiles for each), and the GPUs whose target
+    # description XLA ships (GPU_SPECS): a T4 or an L4 can be trained on, not planned for.
+    targets = sorted(n for n, c in CHIPS.items()
+                     if c.platform == "tpu" or (c.platform == "gpu" and c.name in GPU_SPECS))
+    if chip is not None and name.lower() not in targets:
+        raise TargetError(f"--target: no compile-only target for {name} here; one of "
+                          f"{', '.join(targets)}")
+    if name.lower() not in targets:
         raise TargetError(f"--target: unknown chip '{name}' (one of {', '.join(targets)})")
     shape = shape or chip.host_shape
     if chip.platform == "gpu" and not (shape.isdigit() and int(shape) >= 1):
