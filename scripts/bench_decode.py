@@ -8,7 +8,7 @@
    bandwidth measured in this run; goal >= 70%;
 3. decode tokens/s against batch, beside the roofline's rate: at gpt2 shapes,
    whose weights (340 MB) stream from memory as the roofline assumes, and at
-   the cpu preset, whose 13 MB of weights sit in the L3 cache, where the
+   the cpu preset, whose weights (3.3 MB) sit in the L3 cache, where the
    roofline's memory bound does not hold and XLA's choice of matmul
    routine decides (README, "Session 3").
 
