@@ -102,9 +102,11 @@ def roofs_for(chip, dtype, devices, local_roofs, trace_platform=None):
         datasheet = chip_for_kind(chip["device_kind"])
         if datasheet is None and chip.get("datasheet"):
             try:
-                datasheet = find_chip(chip["datasheet"])
+                datasheet = find_chip(chip["datasheet"].split("/")[0])
             except KeyError:
                 datasheet = None
+        # Per jax device, as the trace's devices are (a TPU v3 chip is two of them).
+        datasheet = datasheet.per_device() if datasheet else None
     if chip.get("measured_peak"):
         host = chip.get("host") or "the machine that captured the trace"
         where = "this machine" if host == socket.gethostname() else host

@@ -304,3 +304,16 @@ def test_calibration_runs_outside_the_step(monkeypatch):
     monkeypatch.setattr(calibrate, "best_time", lambda fn, *args: inside.append("timed") or 1.0)
     calibrate.measure("float32", n=16)
     assert inside[0].platform == "cpu" and inside[1:] == ["timed", "timed", "exit"]
+
+
+def test_a_tpu_v3_trace_read_elsewhere_is_held_against_one_core():
+    """A TPU v3 chip is two jax devices (two TensorCores), and a trace's devices
+    are jax's: roofline.json's chip gives each device half of the chip's 123
+    TFLOP/s and 900 GB/s (cloud.google.com/tpu/docs/v3), on any reader."""
+    from roofline.record import roofs_for
+
+    recorded = {"platform": "tpu", "device_kind": "TPU v3", "devices": 8, "dtype": "bfloat16",
+                "datasheet": "tpu-v3/2", "host": "a-tpu-vm", "measured_peak": None}
+    roofs = roofs_for(recorded, "bfloat16", 8, local_roofs=None)
+    assert roofs.datasheet.peak("bfloat16") == 123e12 / 2
+    assert roofs.datasheet.hbm_bandwidth == 900e9 / 2
