@@ -25,7 +25,7 @@ import socket
 
 import jax
 
-from roofline.hardware import chip_for_kind, find_chip
+from roofline.hardware import chip_for_kind, datasheet_chip, find_chip
 from sessions.config import ModelConfig
 
 METADATA = "roofline.json"
@@ -36,7 +36,7 @@ def chip_record(dtype, devices, measured_peak, measured_bandwidth):
     it, the datasheet entry if the chip table knows it, and the roofs measured on
     it (per device)."""
     device = jax.local_devices()[0]
-    chip = chip_for_kind(device.device_kind) if device.platform != "cpu" else None
+    chip = datasheet_chip(device)
     return {"platform": device.platform, "device_kind": device.device_kind,
             "devices": devices, "dtype": dtype, "datasheet": chip.name if chip else None,
             "host": socket.gethostname(), "measured_peak": measured_peak,

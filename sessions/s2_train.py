@@ -131,14 +131,13 @@ def choose_configs(args, platform=None):
     overrides = {
         "attention": not args.no_attention,
         "positions": not args.no_positions,
-        "dtype": caps.dtype or args.dtype or ("float32" if on_cpu else "bfloat16"),
+        "dtype": caps.dtype or ("float32" if on_cpu else "bfloat16"),  # caps keeps --dtype
     }
     model_cfg, train_cfg = configs_from_args(args, preset, **overrides)
-    if caps.attention_impl:
+    if caps.attention_impl:  # below 8.0: XLA's attention, whatever the chip's default
         impl, note = caps.attention_impl, caps.note
     else:
         impl, note = choose_attention(args.attention_impl, platform, model_cfg, train_cfg.batch)
-        note = note or caps.note
     model_cfg = dataclasses.replace(model_cfg, attention_impl=impl)
     if args.eval_every:
         train_cfg = dataclasses.replace(train_cfg, eval_every=args.eval_every)

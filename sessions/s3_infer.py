@@ -78,11 +78,11 @@ def configure(args, platform=None):
     checkpoint of an s2 run or, with --random-params or --target, from the flags,
     for `platform` (default: this machine's)."""
     on_cpu = (platform or jax.default_backend()) == "cpu"
-    # Below compute capability 8.0 a GPU has no bf16 tensor cores (sessions/accelerator.py).
+    # --dtype, or float32 on a GPU below compute capability 8.0 (sessions/accelerator.py).
     caps = capability_defaults(None if platform else jax.local_devices()[0], args.dtype)
     # The compute dtype, and XLA's attention (a checkpoint may name a kernel of another chip).
     compute = {
-        "dtype": caps.dtype or args.dtype or ("float32" if on_cpu else "bfloat16"),
+        "dtype": caps.dtype or ("float32" if on_cpu else "bfloat16"),
         "attention_impl": "einsum" if on_cpu else "fused",
     }
     if args.random_params or args.target:
