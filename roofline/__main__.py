@@ -30,20 +30,29 @@ def parse_args(argv):
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("chips", help="the chip table: peaks, bandwidths, sources")
 
-    cal = commands.add_parser("calibrate", help="measure this machine's matmul FLOP/s and "
-                              "copy bandwidth, and cache them")
+    cal = commands.add_parser(
+        "calibrate", help="measure this machine's matmul FLOP/s and copy bandwidth, and cache them"
+    )
     cal.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
 
     pred = commands.add_parser("predict", help="the best case for one training step on a chip")
     add_model_flags(pred)
-    pred.add_argument("--chip", default="local",
-                      help=f"one of {', '.join(sorted(CHIPS))}, or local (measured; the default)")
-    pred.add_argument("--dtype", choices=["bfloat16", "float32", "tf32"],
-                      help="matmul dtype (default: bfloat16 on a table chip, float32 locally)")
+    pred.add_argument(
+        "--chip",
+        default="local",
+        help=f"one of {', '.join(sorted(CHIPS))}, or local (measured; the default)",
+    )
+    pred.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32", "tf32"],
+        help="matmul dtype (default: bfloat16 on a table chip, float32 locally)",
+    )
     pred.add_argument("--chips", type=positive_int, default=1, help="chips sharing the step")
 
-    comp = commands.add_parser("compare", help="napkin vs XLA vs a trace written by "
-                               "scripts/profile_s2.py or s2_train.py --profile")
+    comp = commands.add_parser(
+        "compare",
+        help="napkin vs XLA vs a trace written by scripts/profile_s2.py or s2_train.py --profile",
+    )
     comp.add_argument("logdir", help="the directory given to --profile")
     comp.add_argument("--summary-out", help="write the measured and predicted step as JSON")
     add_model_flags(comp, preset_default=None)
@@ -51,22 +60,37 @@ def parse_args(argv):
 
 
 def add_model_flags(parser, preset_default="cpu"):
-    parser.add_argument("--preset", choices=sorted(PRESETS), default=preset_default,
-                        help=f"named shapes (default: {preset_default})")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=preset_default,
+        help=f"named shapes (default: {preset_default})",
+    )
     parser.add_argument("--batch", type=positive_int, help="sequences per step (default: preset's)")
     for flag in ("seq", "embed", "ff", "heads", "head-dim", "layers", "vocab"):
         parser.add_argument(f"--{flag}", type=positive_int)
-    parser.add_argument("--attention-impl", choices=["einsum", "fused", "cudnn", "splash"],
-                        help="einsum and fused (XLA's) keep the [B, H, S, S] probabilities for "
-                        "backward; the flash kernels (cudnn, splash) do not")
+    parser.add_argument(
+        "--attention-impl",
+        choices=["einsum", "fused", "cudnn", "splash"],
+        help="einsum and fused (XLA's) keep the [B, H, S, S] probabilities for "
+        "backward; the flash kernels (cudnn, splash) do not",
+    )
 
 
 def model_from_args(args, **overrides):
     """(ModelConfig, TrainConfig) of the preset, with the shape flags applied."""
     preset = PRESETS[args.preset]
-    shape = {"seq": args.seq, "embed": args.embed, "ff": args.ff, "heads": args.heads,
-             "head_dim": args.head_dim, "layers": args.layers, "vocab": args.vocab,
-             "attention_impl": args.attention_impl, **overrides}
+    shape = {
+        "seq": args.seq,
+        "embed": args.embed,
+        "ff": args.ff,
+        "heads": args.heads,
+        "head_dim": args.head_dim,
+        "layers": args.layers,
+        "vocab": args.vocab,
+        "attention_impl": args.attention_impl,
+        **overrides,
+    }
     cfg = dataclasses.replace(preset.model, **{k: v for k, v in shape.items() if v is not None})
     tc = dataclasses.replace(preset.train, batch=args.batch or preset.train.batch)
     return cfg, tc
@@ -81,27 +105,56 @@ def chips_lines():
         "peak dense TFLOP/s per chip, memory, interconnect (bidirectional, per chip); "
         + "ridge = bf16 peak / HBM bandwidth; host = one host's worth, the default "
         + "of s2_train.py --target CHIP[:SHAPE]; cc = NVIDIA compute capability",
-        row("chip", "bf16", "tf32", "fp32", "HBM GB/s", "HBM GB", "ICI GB/s", "ridge", "host",
-            "cc", "source"),
+        row(
+            "chip",
+            "bf16",
+            "tf32",
+            "fp32",
+            "HBM GB/s",
+            "HBM GB",
+            "ICI GB/s",
+            "ridge",
+            "host",
+            "cc",
+            "source",
+        ),
     ]
     for name, chip in CHIPS.items():
         if name != chip.name:
             lines.append(f"{name:<15}the same as {chip.name}")
             continue
         link = f"{chip.interconnect / 1e9:,.0f}" if chip.interconnect else "-"
-        lines.append(row(name, tflops(chip, "bfloat16"), tflops(chip, "tf32"),
-                         tflops(chip, "float32"), f"{chip.hbm_bandwidth / 1e9:,.0f}",
-                         f"{chip.hbm_bytes / 1e9:,.0f}", link, f"{chip.ridge('bfloat16'):,.0f}",
-                         chip.host_shape or "-", chip.compute_capability or "-", chip.source))
-    fp16 = [f"{n} {c.flops['float16'] / 1e12:,.0f}" for n, c in CHIPS.items()
-            if n == c.name and "float16" in c.flops]
-    lines.append("below cc 8.0, no bf16 or tf32 tensor cores: bf16 matmuls run at the fp32 "
-                 f"rate; fp16 tensor TFLOP/s: {', '.join(fp16)}")
+        lines.append(
+            row(
+                name,
+                tflops(chip, "bfloat16"),
+                tflops(chip, "tf32"),
+                tflops(chip, "float32"),
+                f"{chip.hbm_bandwidth / 1e9:,.0f}",
+                f"{chip.hbm_bytes / 1e9:,.0f}",
+                link,
+                f"{chip.ridge('bfloat16'):,.0f}",
+                chip.host_shape or "-",
+                chip.compute_capability or "-",
+                chip.source,
+            )
+        )
+    fp16 = [
+        f"{n} {c.flops['float16'] / 1e12:,.0f}"
+        for n, c in CHIPS.items()
+        if n == c.name and "float16" in c.flops
+    ]
+    lines.append(
+        "below cc 8.0, no bf16 or tf32 tensor cores: bf16 matmuls run at the fp32 "
+        f"rate; fp16 tensor TFLOP/s: {', '.join(fp16)}"
+    )
     local = calibrate.cached("float32")
     if local:
-        lines.append(f"local          {local['matmul_flops'] / 1e12:.3f} TFLOP/s float32 matmul, "
-                     f"{local['copy_bandwidth'] / 1e9:,.1f} GB/s copy: measured, cached in "
-                     f"{calibrate.CACHE}")
+        lines.append(
+            f"local          {local['matmul_flops'] / 1e12:.3f} TFLOP/s float32 matmul, "
+            f"{local['copy_bandwidth'] / 1e9:,.1f} GB/s copy: measured, cached in "
+            f"{calibrate.CACHE}"
+        )
     else:
         lines.append("local          not measured yet: python -m roofline calibrate")
     return lines
@@ -111,9 +164,11 @@ def calibrate_lines(dtype):
     m = calibrate.measured(dtype, refresh=True)
     return [
         f"{calibrate.device_key(dtype)}",
-        f"  matmul  {m['matmul_flops'] / 1e12:.3f} TFLOP/s ({m['n']} x {m['n']} {dtype}, best of 5)",
+        f"  matmul  {m['matmul_flops'] / 1e12:.3f} TFLOP/s "
+        f"({m['n']} x {m['n']} {dtype}, best of 5)",
         f"  copy    {m['copy_bandwidth'] / 1e9:,.1f} GB/s (read + write of a large array)",
-        f"  read    {calibrate.read_bandwidth(refresh=True) / 1e9:,.1f} GB/s (read-only: decode's roof)",
+        f"  read    {calibrate.read_bandwidth(refresh=True) / 1e9:,.1f} GB/s "
+        "(read-only: decode's roof)",
         f"cached in {calibrate.CACHE}",
     ]
 
@@ -176,14 +231,25 @@ def compare_lines(args):
     elif saved:
         cfg, batch, cost, devices = saved.cfg, saved.batch, saved.cost, saved.devices
     else:
-        raise UsageError(f"{args.logdir} has no roofline.json saying what ran; "
-                         "name the model: --preset NAME [--batch N ...]")
+        raise UsageError(
+            f"{args.logdir} has no roofline.json saying what ran; "
+            "name the model: --preset NAME [--batch N ...]"
+        )
     # The roofs of the chip the trace was captured on, wherever it is read.
-    roofs = roofs_for(saved.chip if saved else None, cfg.dtype, devices, local_roofs,
-                      trace.platform)
-    c = compare(cfg, batch, cost=cost, trace=trace, devices=devices, datasheet=roofs.datasheet,
-                measured_peak=roofs.measured_peak, measured_bandwidth=roofs.measured_bandwidth,
-                measured_name=roofs.measured_name)
+    roofs = roofs_for(
+        saved.chip if saved else None, cfg.dtype, devices, local_roofs, trace.platform
+    )
+    c = compare(
+        cfg,
+        batch,
+        cost=cost,
+        trace=trace,
+        devices=devices,
+        datasheet=roofs.datasheet,
+        measured_peak=roofs.measured_peak,
+        measured_bandwidth=roofs.measured_bandwidth,
+        measured_name=roofs.measured_name,
+    )
     if args.summary_out:
         with open(args.summary_out, "w") as f:
             json.dump(comparison_summary(c), f, indent=1)

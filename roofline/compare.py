@@ -84,9 +84,19 @@ def local_roofs(dtype, devices):
     return datasheet_chip(), chip.peak(dtype) / share, chip.hbm_bandwidth / share
 
 
-def compare(cfg, batch, *, cost=None, trace=None, devices=1, datasheet=None,
-            measured_peak=None, measured_bandwidth=None, log_peak=None,
-            measured_name="measured on this machine"):
+def compare(
+    cfg,
+    batch,
+    *,
+    cost=None,
+    trace=None,
+    devices=1,
+    datasheet=None,
+    measured_peak=None,
+    measured_bandwidth=None,
+    log_peak=None,
+    measured_name="measured on this machine",
+):
     """The three columns for one training step of `batch` sequences.
 
     cost: (FLOPs, bytes) from `xla_cost`, or None. trace: a TraceProfile, or
@@ -102,21 +112,39 @@ def compare(cfg, batch, *, cost=None, trace=None, devices=1, datasheet=None,
         peak, bandwidth = measured_peak, measured_bandwidth
 
     def bound(flops, bytes_moved):
-        return predict(flops, bytes_moved, peak_flops=peak, bandwidth=bandwidth,
-                       tokens=g.tokens, chips=devices)
+        return predict(
+            flops, bytes_moved, peak_flops=peak, bandwidth=bandwidth, tokens=g.tokens, chips=devices
+        )
 
     xla = bound(*cost) if cost and cost[1] > 0 else None
     use = None
     if trace is not None:
-        use = utilisation(g.exact, trace.step_s, chips=devices, measured_peak=measured_peak,
-                          datasheet_peak=datasheet.peak(cfg.dtype) if datasheet else None)
+        use = utilisation(
+            g.exact,
+            trace.step_s,
+            chips=devices,
+            measured_peak=measured_peak,
+            datasheet_peak=datasheet.peak(cfg.dtype) if datasheet else None,
+        )
     return Comparison(
-        cfg=cfg, batch=batch, devices=devices, ledger=g, bytes_bound=bytes_bound,
-        roof_name=roof_name, peak=peak, bandwidth=bandwidth,
-        napkin=bound(g.exact, bytes_bound), xla=xla,
-        xla_flops=cost[0] if cost else None, xla_bytes=cost[1] if cost else None,
-        trace=trace, use=use, datasheet_name=datasheet.name if datasheet else None,
-        measured_peak=measured_peak, measured_bandwidth=measured_bandwidth, log_peak=log_peak,
+        cfg=cfg,
+        batch=batch,
+        devices=devices,
+        ledger=g,
+        bytes_bound=bytes_bound,
+        roof_name=roof_name,
+        peak=peak,
+        bandwidth=bandwidth,
+        napkin=bound(g.exact, bytes_bound),
+        xla=xla,
+        xla_flops=cost[0] if cost else None,
+        xla_bytes=cost[1] if cost else None,
+        trace=trace,
+        use=use,
+        datasheet_name=datasheet.name if datasheet else None,
+        measured_peak=measured_peak,
+        measured_bandwidth=measured_bandwidth,
+        log_peak=log_peak,
         measured_name=measured_name,
     )
 
@@ -157,12 +185,20 @@ def table_lines(c):
         "",
         row("", "napkin", "XLA's count", "measured (trace)"),
         row("FLOPs per step", f"{_g(g.napkin)} 6·B·P", _g(c.xla_flops) if c.xla_flops else "-"),
-        row("  with attention", f"{_g(g.exact)} exact",
-            f"{100 * (c.xla_flops / g.exact - 1):+.1f}% vs exact" if c.xla_flops else "", ""),
+        row(
+            "  with attention",
+            f"{_g(g.exact)} exact",
+            f"{100 * (c.xla_flops / g.exact - 1):+.1f}% vs exact" if c.xla_flops else "",
+            "",
+        ),
     ]
     if x:
         lines += [
-            row("bytes per step", f">= {c.bytes_bound / 1e9:,.3f} GB", f"{c.xla_bytes / 1e9:,.3f} GB"),
+            row(
+                "bytes per step",
+                f">= {c.bytes_bound / 1e9:,.3f} GB",
+                f"{c.xla_bytes / 1e9:,.3f} GB",
+            ),
             row("FLOPs per byte", f"{n.intensity:,.1f}", f"{x.intensity:,.1f}"),
             row("bound by", n.bound, x.bound),
         ]
@@ -174,14 +210,15 @@ def table_lines(c):
         ]
     step = [f">= {_seconds(n.step_s)}", f"~ {_seconds(x.step_s)}" if x else "-"]
     tokens = [f"<= {n.tokens_per_s:,.0f}", f"~ {x.tokens_per_s:,.0f}" if x else "-"]
-    flops = [f"<= {model_flops_per_s(n) / 1e12:.3f}",
-             f"~ {model_flops_per_s(x) / 1e12:.3f}" if x else "-"]
+    flops = [
+        f"<= {model_flops_per_s(n) / 1e12:.3f}",
+        f"~ {model_flops_per_s(x) / 1e12:.3f}" if x else "-",
+    ]
     if t:
         step.append(f"{_seconds(t.step_s)} median of {len(t.steps)}")
         tokens.append(f"{g.tokens / t.step_s:,.0f}")
         flops.append(f"{u.flops_per_s / 1e12:.3f}")
-    lines += [row("step time", *step), row("tokens/s", *tokens),
-              row("TFLOP/s per device", *flops)]
+    lines += [row("step time", *step), row("tokens/s", *tokens), row("TFLOP/s per device", *flops)]
 
     peaks = []
     if c.measured_peak:
@@ -189,28 +226,41 @@ def table_lines(c):
     if c.datasheet_name:
         peaks.append((f"MFU vs {c.datasheet_name}", c.peak, u.mfu_datasheet if u else None))
     for label, peak, measured in peaks:
-        cells = [f"<= {_pct(model_flops_per_s(n) / peak)}",
-                 f"~ {_pct(model_flops_per_s(x) / peak)}" if x else "-"]
+        cells = [
+            f"<= {_pct(model_flops_per_s(n) / peak)}",
+            f"~ {_pct(model_flops_per_s(x) / peak)}" if x else "-",
+        ]
         lines.append(row(label, *cells, _pct(measured) if measured is not None else "-"))
     if not c.datasheet_name:
         lines.append(row("MFU vs datasheet", "n/a: no datasheet peak (a CPU has none)", "", ""))
     if c.log_peak and u and all(abs(c.log_peak[0] / p - 1) > 1e-3 for _, p, _ in peaks):
         log_flops, source = c.log_peak
-        lines.append(f"  (the training log's MFU is against {log_flops / 1e12:.3f} TFLOP/s, "
-                     f"{source}: {_pct(u.flops_per_s / log_flops)})")
+        lines.append(
+            f"  (the training log's MFU is against {log_flops / 1e12:.3f} TFLOP/s, "
+            f"{source}: {_pct(u.flops_per_s / log_flops)})"
+        )
 
     if t:
-        lines += ["", f"where the time went (mean step, {t.devices} device(s); ops of "
-                      + f"{t.module} classified by {t.classified_by}):"]
+        lines += [
+            "",
+            f"where the time went (mean step, {t.devices} device(s); ops of "
+            + f"{t.module} classified by {t.classified_by}):",
+        ]
         seconds, fractions = t.kind_seconds(), t.kind_fractions()
         for kind in sorted(KINDS, key=lambda k: -seconds[k]):
-            lines.append(f"  {kind:<16}{_pct(fractions[kind]):>7}  {_seconds(seconds[kind]):>10}"
-                         f"   {KIND_NOTES[kind]}")
-        lines.append("  steps traced: " + ", ".join(f"{s.step}: {_seconds(s.wall_s)}"
-                                                    for s in t.steps))
-    lines += ["", ">= and <=: bounds from the napkin (perfect overlap, each byte moved once); "
-                  + "~: estimates from XLA's count (no byte stays in cache)",
-              "FLOP/s and MFU count model FLOPs, the exact count with attention, in every column"]
+            lines.append(
+                f"  {kind:<16}{_pct(fractions[kind]):>7}  {_seconds(seconds[kind]):>10}"
+                f"   {KIND_NOTES[kind]}"
+            )
+        lines.append(
+            "  steps traced: " + ", ".join(f"{s.step}: {_seconds(s.wall_s)}" for s in t.steps)
+        )
+    lines += [
+        "",
+        ">= and <=: bounds from the napkin (perfect overlap, each byte moved once); "
+        + "~: estimates from XLA's count (no byte stays in cache)",
+        "FLOP/s and MFU count model FLOPs, the exact count with attention, in every column",
+    ]
     return lines
 
 
@@ -223,24 +273,38 @@ def roofline_chart(c, path):
     import matplotlib.pyplot as plt
 
     points = [c.napkin.intensity] + ([c.xla.intensity] if c.xla else [])
-    lo, hi = min(points + [c.napkin.ridge]) / 10, max(points + [c.napkin.ridge]) * 10
+    lo, hi = min(*points, c.napkin.ridge) / 10, max(*points, c.napkin.ridge) * 10
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     roofs = [(c.roof_name, c.peak, c.bandwidth, "-")]
     if c.datasheet_name and c.measured_peak:
         roofs.append((c.measured_name, c.measured_peak, c.measured_bandwidth, "--"))
     for name, peak, bandwidth, style in roofs:
-        ax.plot(xs, [min(peak, bandwidth * i) for i in xs], style, color="black",
-                label=f"roof: {name}")
-    ax.plot(c.napkin.intensity, c.ledger.exact / c.napkin.step_s / c.devices, "o",
-            label="napkin: best case (exact FLOPs, bytes lower bound)")
+        ax.plot(
+            xs, [min(peak, bandwidth * i) for i in xs], style, color="black", label=f"roof: {name}"
+        )
+    ax.plot(
+        c.napkin.intensity,
+        c.ledger.exact / c.napkin.step_s / c.devices,
+        "o",
+        label="napkin: best case (exact FLOPs, bytes lower bound)",
+    )
     if c.xla:
-        ax.plot(c.xla.intensity, c.ledger.exact / c.xla.step_s / c.devices, "s",
-                label="XLA's count: estimate (no byte stays in cache)")
+        ax.plot(
+            c.xla.intensity,
+            c.ledger.exact / c.xla.step_s / c.devices,
+            "s",
+            label="XLA's count: estimate (no byte stays in cache)",
+        )
     if c.use:
         intensity = c.xla.intensity if c.xla else c.napkin.intensity
-        ax.plot(intensity, c.use.flops_per_s, "*", markersize=14,
-                label=f"measured step ({c.trace.step_s * 1e3:,.1f} ms)")
+        ax.plot(
+            intensity,
+            c.use.flops_per_s,
+            "*",
+            markersize=14,
+            label=f"measured step ({c.trace.step_s * 1e3:,.1f} ms)",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
@@ -273,13 +337,27 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
     else:
         cost = xla_cost(compiled)
     datasheet, measured_peak, measured_bandwidth = local_roofs(cfg.dtype, devices)
-    save_metadata(logdir, cfg, batch, cost, devices,
-                  chip_record(cfg.dtype, devices, measured_peak, measured_bandwidth))
+    save_metadata(
+        logdir,
+        cfg,
+        batch,
+        cost,
+        devices,
+        chip_record(cfg.dtype, devices, measured_peak, measured_bandwidth),
+    )
     hlo_text = compiled.as_text() if hasattr(compiled, "as_text") else None
     trace = read_trace(logdir, hlo_text=hlo_text)
-    return compare(cfg, batch, cost=cost, trace=trace, devices=devices, datasheet=datasheet,
-                   measured_peak=measured_peak, measured_bandwidth=measured_bandwidth,
-                   log_peak=peak)
+    return compare(
+        cfg,
+        batch,
+        cost=cost,
+        trace=trace,
+        devices=devices,
+        datasheet=datasheet,
+        measured_peak=measured_peak,
+        measured_bandwidth=measured_bandwidth,
+        log_peak=peak,
+    )
 
 
 def report_lines(c, logdir, chart=True):

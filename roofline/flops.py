@@ -32,10 +32,10 @@ def count_params(tree):
 def param_count(cfg):
     """P for a ModelConfig, counted from its shapes (sessions/model.py's params):
 
-        embedding V·E (tied: also the output projection), positions S·E,
-        per layer: q, k, v, o 4·E·H·D and a norm scale E (with attention),
-                   w_in, w_out 2·E·F and a norm scale E,
-        final norm scale E."""
+    embedding V·E (tied: also the output projection), positions S·E,
+    per layer: q, k, v, o 4·E·H·D and a norm scale E (with attention),
+               w_in, w_out 2·E·F and a norm scale E,
+    final norm scale E."""
     E, F, H, D = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim
     per_layer = 2 * E * F + E + ((4 * E * H * D + E) if cfg.attention else 0)
     positions = cfg.seq * E if cfg.positions else 0
@@ -205,14 +205,27 @@ def ledger_lines(cfg, batch):
         + f"P = {g.params:,} parameters",
         row("6·B·P, every parameter", g.napkin, "the napkin", against_napkin=False),
         row("6·B·N, Kaplan's N", g.kaplan, "no embedding or positional parameters"),
-        row("6·B·P_matmul, matmul weights only", g.matmul,
-            f"{non_matmul:,} norm scales and positional values multiply nothing"),
-        row("+ attention, full score matrix", g.exact,
-            "exact: q·k and probs·v over all S x S, as XLA computes them"),
-        row("+ attention, causal half", g.exact_causal,
-            "only the unmasked half (some trainers' convention)"),
-        row("forward only (inference prefill)", g.forward, "a third of exact: no backward",
-            against_napkin=False),
+        row(
+            "6·B·P_matmul, matmul weights only",
+            g.matmul,
+            f"{non_matmul:,} norm scales and positional values multiply nothing",
+        ),
+        row(
+            "+ attention, full score matrix",
+            g.exact,
+            "exact: q·k and probs·v over all S x S, as XLA computes them",
+        ),
+        row(
+            "+ attention, causal half",
+            g.exact_causal,
+            "only the unmasked half (some trainers' convention)",
+        ),
+        row(
+            "forward only (inference prefill)",
+            g.forward,
+            "a third of exact: no backward",
+            against_napkin=False,
+        ),
     ]
     if cfg.attention:
         lines.append(

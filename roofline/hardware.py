@@ -10,8 +10,16 @@ import jax
 
 from roofline.chips import CHIPS, Chip
 
-__all__ = ["CHIPS", "Chip", "chip_for_kind", "datasheet_chip", "find_chip", "local_peak_flops",
-           "measured_chip", "product_name"]  # fmt: skip
+__all__ = [
+    "CHIPS",
+    "Chip",
+    "chip_for_kind",
+    "datasheet_chip",
+    "find_chip",
+    "local_peak_flops",
+    "measured_chip",
+    "product_name",
+]
 
 # Words a driver may or may not print before the product: jax on one A100 reported
 # "A100-SXM4-40GB" in 2022 and "NVIDIA A100-SXM4-40GB" with a later driver (both in
@@ -59,9 +67,14 @@ def measured_chip(dtype="float32"):
 
     device = jax.local_devices()[0]
     m = measured(dtype)
-    return Chip(f"{device.platform} ({device.device_kind}, measured)", {dtype: m["matmul_flops"]},
-                m["copy_bandwidth"], 0, None,
-                f"measured on this machine by roofline/calibrate.py ({dtype} matmul, copy)")
+    return Chip(
+        f"{device.platform} ({device.device_kind}, measured)",
+        {dtype: m["matmul_flops"]},
+        m["copy_bandwidth"],
+        0,
+        None,
+        f"measured on this machine by roofline/calibrate.py ({dtype} matmul, copy)",
+    )
 
 
 def datasheet_chip(device=None):
@@ -90,8 +103,10 @@ def local_peak_flops(dtype="float32", device=None):
 
     flops = measured(dtype)["matmul_flops"]
     if device.platform != "cpu":
-        return flops, (f"unknown chip '{device.device_kind}': not in the table (python -m "
-                       f"roofline chips), so measured: {dtype} matmul on this {device.platform}")
+        return flops, (
+            f"unknown chip '{device.device_kind}': not in the table (python -m "
+            f"roofline chips), so measured: {dtype} matmul on this {device.platform}"
+        )
     n = jax.local_device_count()
     share = f", shared by {n} simulated devices" if n > 1 else ""
     return flops / n, f"measured {dtype} matmul on this cpu{share}"

@@ -47,8 +47,10 @@ def allocator_peak(device=None):
         return None, "not reported by this backend"
     if _set_outside_the_step(device, peak):
         before, after = _raised_outside_the_step[device.id]
-        return peak, (f"allocator peak over the process, set by calibration "
-                      f"({(after - before) / 2**20:,.1f} MiB above what came before)")
+        return peak, (
+            f"allocator peak over the process, set by calibration "
+            f"({(after - before) / 2**20:,.1f} MiB above what came before)"
+        )
     return peak, "allocator peak over the process"
 
 

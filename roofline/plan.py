@@ -55,8 +55,11 @@ class Plan:
 
     @property
     def bound(self):
-        times = {"compute": self.compute_s, "memory": self.memory_s, "communication":
-                 self.comm_s or 0.0}
+        times = {
+            "compute": self.compute_s,
+            "memory": self.memory_s,
+            "communication": self.comm_s or 0.0,
+        }
         return max(times, key=times.get)
 
     @property
@@ -69,8 +72,17 @@ class Plan:
         return self.compute_s / self.step_s
 
 
-def plan(cfg, batch, target, facts, *, mesh, kernel_attention=False, xla_flops=None,
-         xla_source="XLA's cost analysis of the compiled step"):
+def plan(
+    cfg,
+    batch,
+    target,
+    facts,
+    *,
+    mesh,
+    kernel_attention=False,
+    xla_flops=None,
+    xla_source="XLA's cost analysis of the compiled step",
+):
     """The Plan of one training step of `batch` sequences compiled for `target`.
 
     facts: roofline.program.ProgramFacts of the compiled step. kernel_attention:
@@ -184,43 +196,62 @@ def plan_lines(p):
     lines = [f"memory per device: {memory} ({100 * share:.0f}%): {fit}"]
     exact = p.exact_flops_per_device
     if p.xla_flops_per_device is None:
-        lines.append(f"FLOPs per device: exact {_flops(exact)}; the target's compiler "
-                     "gives no count")
+        lines.append(
+            f"FLOPs per device: exact {_flops(exact)}; the target's compiler gives no count"
+        )
     else:
         xla = p.xla_flops_per_device
-        lines.append(f"FLOPs per device: XLA {_flops(xla)}, exact {_flops(exact)}: "
-                     f"{100 * (xla / exact - 1):+.1f}%")
+        lines.append(
+            f"FLOPs per device: XLA {_flops(xla)}, exact {_flops(exact)}: "
+            f"{100 * (xla / exact - 1):+.1f}%"
+        )
         lines.append(f"  XLA's count: {p.xla_source}")
         if p.kernel_flops_per_device:
             seen = exact - p.kernel_flops_per_device
-            lines.append(f"  attention runs inside a custom kernel XLA cannot count "
-                         f"({_flops(p.kernel_flops_per_device)}): exact without it "
-                         f"{_flops(seen)}, XLA {100 * (xla / seen - 1):+.1f}%")
+            lines.append(
+                f"  attention runs inside a custom kernel XLA cannot count "
+                f"({_flops(p.kernel_flops_per_device)}): exact without it "
+                f"{_flops(seen)}, XLA {100 * (xla / seen - 1):+.1f}%"
+            )
         if p.windowed_loops:
-            lines.append(f"  {p.windowed_loops} collective matmuls (windowed einsums: loops that "
-                         "multiply while they pass shards around) are counted once a loop, not "
-                         "once a trip: XLA falls short (roofline/README.md)")
+            lines.append(
+                f"  {p.windowed_loops} collective matmuls (windowed einsums: loops that "
+                "multiply while they pass shards around) are counted once a loop, not "
+                "once a trip: XLA falls short (roofline/README.md)"
+            )
     if p.collectives:
         lines.append("collectives per step, per device (link bytes: what a device sends, ring):")
         for kind, c in p.collectives.items():
-            lines.append(f"  {kind:<19}x{c.count:<4} {_gb(c.output_bytes):>10} results "
-                         f"{_gb(c.bytes):>10} over the links")
+            lines.append(
+                f"  {kind:<19}x{c.count:<4} {_gb(c.output_bytes):>10} results "
+                f"{_gb(c.bytes):>10} over the links"
+            )
     else:
         lines.append("collectives: none (one device, or nothing to share)")
     kinds = kernel_lines(p.kernels)
     lines.append("custom kernels: " + ("; ".join(kinds) if kinds else "none (XLA's own fusions)"))
-    dtypes = ", ".join(f"{lhs} x {rhs} -> {out}: {n}" for (lhs, rhs, out), n in
-                       sorted(p.matmul_dtypes.items(), key=lambda kv: -kv[1]))
+    dtypes = ", ".join(
+        f"{lhs} x {rhs} -> {out}: {n}"
+        for (lhs, rhs, out), n in sorted(p.matmul_dtypes.items(), key=lambda kv: -kv[1])
+    )
     lines.append(f"matmuls (dot/convolution ops) by dtype: {dtypes or 'none visible'}")
-    comm = (f"{_ms(p.comm_s)} at {p.interconnect / 1e9:,.0f} GB/s a direction"
-            if p.comm_s is not None and p.interconnect else "unknown (no interconnect figure)")
+    comm = (
+        f"{_ms(p.comm_s)} at {p.interconnect / 1e9:,.0f} GB/s a direction"
+        if p.comm_s is not None and p.interconnect
+        else "unknown (no interconnect figure)"
+    )
     hidden = ""
     if p.comm_s:
-        hidden = (" (hides behind compute, if overlapped)" if p.comm_s <= p.compute_s
-                  else " (longer than compute: it cannot hide)")
+        hidden = (
+            " (hides behind compute, if overlapped)"
+            if p.comm_s <= p.compute_s
+            else " (longer than compute: it cannot hide)"
+        )
     roof = f"{p.peak / 1e12:,.1f} TFLOP/s ({p.peak_note}), {p.hbm_bandwidth / 1e9:,.0f} GB/s HBM"
-    best = (f"{_ms(p.step_s)} a step ({p.bound}-bound), {p.tokens_per_s:,.0f} tokens/s, "
-            f"MFU {100 * p.mfu:.0f}%")
+    best = (
+        f"{_ms(p.step_s)} a step ({p.bound}-bound), {p.tokens_per_s:,.0f} tokens/s, "
+        f"MFU {100 * p.mfu:.0f}%"
+    )
     lines += [
         f"roofline per device: {roof}",
         f"  compute-bound  {_ms(p.compute_s)}   exact FLOPs / peak",
@@ -244,8 +275,10 @@ def plan_summary(p):
         "memory_per_device_bytes": p.memory_per_device_bytes,
         "hbm_bytes_per_device": p.hbm_bytes_per_device,
         "fits": p.fits,
-        "collectives": {k: {"count": c.count, "bytes": c.bytes, "output_bytes": c.output_bytes}
-                        for k, c in p.collectives.items()},
+        "collectives": {
+            k: {"count": c.count, "bytes": c.bytes, "output_bytes": c.output_bytes}
+            for k, c in p.collectives.items()
+        },
         "kernels": sorted(p.kernels),
         "windowed_einsum_loops": p.windowed_loops,
         "matmul_dtypes": {f"{a},{b}->{c}": n for (a, b, c), n in p.matmul_dtypes.items()},
@@ -270,9 +303,11 @@ def _collective_text(found):
 
 def decode_lines(plans, hbm_bytes):
     """DecodePlans as text: what each device holds, the roofline, what the compiler did."""
-    header = (f"  {'batch':>6} {'weights':>9} {'KV cache':>9} {'XLA args':>9} {'temp':>8} "
-              f"{'of ' + _gb(hbm_bytes) + ' HBM':>16} | {'MB/step':>8} {'mem':>9} {'flop':>9} "
-              f"{'comm':>9} {'step':>9} {'tokens/s':>10}  bound")
+    header = (
+        f"  {'batch':>6} {'weights':>9} {'KV cache':>9} {'XLA args':>9} {'temp':>8} "
+        f"{'of ' + _gb(hbm_bytes) + ' HBM':>16} | {'MB/step':>8} {'mem':>9} {'flop':>9} "
+        f"{'comm':>9} {'step':>9} {'tokens/s':>10}  bound"
+    )
     lines = [header]
     for p in plans:
         fit = f"{100 * p.memory_bytes / p.hbm_bytes:.0f}%" + ("" if p.fits else " NO FIT")
@@ -281,23 +316,31 @@ def decode_lines(plans, hbm_bytes):
             f"  {p.batch:>6} {_gb(p.weight_bytes):>9} {_gb(p.cache_bytes):>9} "
             f"{_gb(p.argument_bytes):>9} {_gb(p.temp_bytes):>8} {fit:>16} | "
             f"{p.step.bytes / 1e6:>8,.1f} {_ms(p.step.memory_s):>9} {_ms(p.step.compute_s):>9} "
-            f"{comm:>9} {_ms(p.step_s):>9} {p.tokens_per_s:>10,.0f}  {p.bound}")
-    lines.append("  per step and device, XLA's FLOPs against the napkin B·f / n, and what the "
-                 "compiler did:")
+            f"{comm:>9} {_ms(p.step_s):>9} {p.tokens_per_s:>10,.0f}  {p.bound}"
+        )
+    lines.append(
+        "  per step and device, XLA's FLOPs against the napkin B·f / n, and what the compiler did:"
+    )
     if plans:
         lines.append(f"  (XLA's count: {plans[0].xla_source})")
     for p in plans:
         flops = "XLA gives none"
         if p.xla_flops is not None:
-            flops = (f"XLA {_flops(p.xla_flops)} vs {_flops(p.step.flops)} "
-                     f"({100 * (p.xla_flops / p.step.flops - 1):+.0f}%)")
-        dtypes = ", ".join(f"{a} x {b} -> {c} x{n}" for (a, b, c), n in
-                           sorted(p.matmul_dtypes.items(), key=lambda kv: -kv[1]))
+            flops = (
+                f"XLA {_flops(p.xla_flops)} vs {_flops(p.step.flops)} "
+                f"({100 * (p.xla_flops / p.step.flops - 1):+.0f}%)"
+            )
+        dtypes = ", ".join(
+            f"{a} x {b} -> {c} x{n}"
+            for (a, b, c), n in sorted(p.matmul_dtypes.items(), key=lambda kv: -kv[1])
+        )
         kinds = kernel_lines(p.kernels)
-        lines.append(f"  {p.batch:>6}: {flops} | collectives "
-                     f"{_collective_text(p.collectives) or 'none'} | matmuls "
-                     f"{dtypes or NO_DOTS} | kernels "
-                     f"{'; '.join(kinds) if kinds else 'none'}")
+        lines.append(
+            f"  {p.batch:>6}: {flops} | collectives "
+            f"{_collective_text(p.collectives) or 'none'} | matmuls "
+            f"{dtypes or NO_DOTS} | kernels "
+            f"{'; '.join(kinds) if kinds else 'none'}"
+        )
     once = {kind for p in plans for kind in p.per_call}
     if once:
         lines.append(f"  outside the loop, once per call: {', '.join(sorted(once))}")
@@ -306,9 +349,12 @@ def decode_lines(plans, hbm_bytes):
 
 def decode_summary(p):
     """One DecodePlan as JSON-ready values (s3_infer.py --target ... --summary-out)."""
+
     def found(collectives):
-        return {k: {"count": c.count, "bytes": c.bytes, "output_bytes": c.output_bytes}
-                for k, c in collectives.items()}
+        return {
+            k: {"count": c.count, "bytes": c.bytes, "output_bytes": c.output_bytes}
+            for k, c in collectives.items()
+        }
 
     return {
         "weight_bytes_per_device": p.weight_bytes,

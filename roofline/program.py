@@ -26,19 +26,42 @@ KERNELS = {
     "__cublas$lt$matmul": "cuBLASLt matmul",
     "tpu_custom_call": "Pallas (Mosaic) kernel on TPU",
 }
-NOT_KERNELS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "ConcatBitcast",
-               "AllocateBuffer", "MoveToHost", "MoveToDevice", "LayoutConstraint",
-               "AsyncCollectiveStart", "AsyncCollectiveDone", "AssumeGatherIndicesInBound",
-               "GatherScatterIndicesBitpacked"}
+NOT_KERNELS = {
+    "Sharding",
+    "SPMDFullToShardShape",
+    "SPMDShardToFullShape",
+    "ConcatBitcast",
+    "AllocateBuffer",
+    "MoveToHost",
+    "MoveToDevice",
+    "LayoutConstraint",
+    "AsyncCollectiveStart",
+    "AsyncCollectiveDone",
+    "AssumeGatherIndicesInBound",
+    "GatherScatterIndicesBitpacked",
+}
 
-BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2,
-         "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
 
 _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 _INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.+?) ("
-    + "|".join(COLLECTIVES)
-    + r")(-start|-done)?\((.*)$"
+    r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.+?) (" + "|".join(COLLECTIVES) + r")(-start|-done)?\((.*)$"
 )
 
 
@@ -199,8 +222,10 @@ def kernels(hlo_text):
 
 def kernel_lines(found):
     """One line per custom kernel: its name, what it is, how many calls."""
-    return [f"{target} x{n}: {KERNELS.get(target, 'custom call')}"
-            for target, n in sorted(found.items())]
+    return [
+        f"{target} x{n}: {KERNELS.get(target, 'custom call')}"
+        for target, n in sorted(found.items())
+    ]
 
 
 _DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = \(?(\w+)\[[^=]*?\s([\w\-$]+)\((.*)$")
@@ -248,7 +273,7 @@ def xla_flops(compiled):
     where the target's compiler gives no count (NVIDIA, deviceless)."""
     try:
         cost = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001  (some backends raise, of various types, rather than return)
+    except Exception:
         return None
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else None

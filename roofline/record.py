@@ -37,10 +37,16 @@ def chip_record(dtype, devices, measured_peak, measured_bandwidth):
     it (per device)."""
     device = jax.local_devices()[0]
     chip = datasheet_chip(device)
-    return {"platform": device.platform, "device_kind": device.device_kind,
-            "devices": devices, "dtype": dtype, "datasheet": chip.name if chip else None,
-            "host": socket.gethostname(), "measured_peak": measured_peak,
-            "measured_bandwidth": measured_bandwidth}
+    return {
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "devices": devices,
+        "dtype": dtype,
+        "datasheet": chip.name if chip else None,
+        "host": socket.gethostname(),
+        "measured_peak": measured_peak,
+        "measured_bandwidth": measured_bandwidth,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +62,14 @@ class Saved:
 
 def save_metadata(logdir, cfg, batch, cost, devices, chip=None):
     """What ran, beside the trace, so `python -m roofline compare LOGDIR` can redo the table."""
-    record = {"model": dataclasses.asdict(cfg), "batch": batch, "devices": devices,
-              "xla_flops": cost[0] if cost else None, "xla_bytes": cost[1] if cost else None,
-              "chip": chip}
+    record = {
+        "model": dataclasses.asdict(cfg),
+        "batch": batch,
+        "devices": devices,
+        "xla_flops": cost[0] if cost else None,
+        "xla_bytes": cost[1] if cost else None,
+        "chip": chip,
+    }
     os.makedirs(logdir, exist_ok=True)
     with open(os.path.join(logdir, METADATA), "w") as f:
         json.dump(record, f, indent=1)
@@ -72,8 +83,13 @@ def load_metadata(logdir):
     with open(path) as f:
         record = json.load(f)
     cost = (record["xla_flops"], record["xla_bytes"]) if record.get("xla_flops") else None
-    return Saved(ModelConfig(**record["model"]), record["batch"], cost,
-                 record.get("devices", 1), record.get("chip"))
+    return Saved(
+        ModelConfig(**record["model"]),
+        record["batch"],
+        cost,
+        record.get("devices", 1),
+        record.get("chip"),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +109,16 @@ def roofs_for(chip, dtype, devices, local_roofs, trace_platform=None):
     used only where the record has no measured figures of its own."""
     if chip is None:
         _, peak, bandwidth = local_roofs(dtype, devices)
-        ran_on = f"; the trace ran on a {trace_platform}" if trace_platform not in (None, "cpu") \
-            else ""
-        return Roofs(None, peak, bandwidth, "measured on this machine (roofline.json does not "
-                     f"say which chip captured the trace{ran_on})")
+        ran_on = (
+            f"; the trace ran on a {trace_platform}" if trace_platform not in (None, "cpu") else ""
+        )
+        return Roofs(
+            None,
+            peak,
+            bandwidth,
+            "measured on this machine (roofline.json does not "
+            f"say which chip captured the trace{ran_on})",
+        )
     datasheet = None
     if chip["platform"] != "cpu":
         datasheet = chip_for_kind(chip["device_kind"])
@@ -115,8 +137,13 @@ def roofs_for(chip, dtype, devices, local_roofs, trace_platform=None):
     if datasheet is not None:
         return Roofs(datasheet, None, None, "")
     _, peak, bandwidth = local_roofs(dtype, devices)
-    return Roofs(None, peak, bandwidth, f"measured on this machine, not on the {chip['platform']} "
-                 f"({chip['device_kind']}) that captured the trace")
+    return Roofs(
+        None,
+        peak,
+        bandwidth,
+        f"measured on this machine, not on the {chip['platform']} "
+        f"({chip['device_kind']}) that captured the trace",
+    )
 
 
 def comparison_summary(c):

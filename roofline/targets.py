@@ -32,16 +32,66 @@ EXTRAS = "requirements-aot.txt"
 GPU_SPECS = {
     # chip: (device name, compute capability, SMs, FP32 lanes per SM, clock GHz,
     #        memory bytes/s, memory bytes, L2 bytes, shared memory per SM, per block opt-in)
-    "h100-sxm": ("NVIDIA H100 80GB HBM3", 9, 132, 128, 1.98,  # h100_sxm.txtpb
-                 3352320000000, 84942979072, 52428800, 233472, 232448),
-    "h100-pcie": ("NVIDIA H100 PCIe", 9, 114, 128, 1.755,  # h100_pcie.txtpb
-                  2039040000000, 84942979072, 52428800, 233472, 232448),
-    "h200": ("NVIDIA H200 141GB HBM3e", 9, 132, 128, 1.98,  # h200.txtpb
-             4800000000000, 151397597184, 52428800, 233472, 232448),
-    "a100-80gb": ("NVIDIA A100-SXM4-80GB", 8, 108, 64, 1.41,  # a100_sxm_80.txtpb
-                  2039040000000, 85100068864, 41943040, 167936, 166912),
-    "a100-40gb": ("NVIDIA A100-SXM4-40GB", 8, 108, 64, 1.41,  # a100_sxm_40.txtpb
-                  1555200000000, 42331013120, 41943040, 167936, 166912),
+    "h100-sxm": (
+        "NVIDIA H100 80GB HBM3",
+        9,
+        132,
+        128,
+        1.98,  # h100_sxm.txtpb
+        3352320000000,
+        84942979072,
+        52428800,
+        233472,
+        232448,
+    ),
+    "h100-pcie": (
+        "NVIDIA H100 PCIe",
+        9,
+        114,
+        128,
+        1.755,  # h100_pcie.txtpb
+        2039040000000,
+        84942979072,
+        52428800,
+        233472,
+        232448,
+    ),
+    "h200": (
+        "NVIDIA H200 141GB HBM3e",
+        9,
+        132,
+        128,
+        1.98,  # h200.txtpb
+        4800000000000,
+        151397597184,
+        52428800,
+        233472,
+        232448,
+    ),
+    "a100-80gb": (
+        "NVIDIA A100-SXM4-80GB",
+        8,
+        108,
+        64,
+        1.41,  # a100_sxm_80.txtpb
+        2039040000000,
+        85100068864,
+        41943040,
+        167936,
+        166912,
+    ),
+    "a100-40gb": (
+        "NVIDIA A100-SXM4-40GB",
+        8,
+        108,
+        64,
+        1.41,  # a100_sxm_40.txtpb
+        1555200000000,
+        42331013120,
+        41943040,
+        167936,
+        166912,
+    ),
 }
 
 
@@ -71,11 +121,15 @@ def parse_target(text):
     chip = CHIPS.get(name.lower())
     # Every TPU of the table (libtpu compiles for each), and the GPUs whose target
     # description XLA ships (GPU_SPECS): a T4 or an L4 can be trained on, not planned for.
-    targets = sorted(n for n, c in CHIPS.items()
-                     if c.platform == "tpu" or (c.platform == "gpu" and c.name in GPU_SPECS))
+    targets = sorted(
+        n
+        for n, c in CHIPS.items()
+        if c.platform == "tpu" or (c.platform == "gpu" and c.name in GPU_SPECS)
+    )
     if chip is not None and name.lower() not in targets:
-        raise TargetError(f"--target: no compile-only target for {name} here; one of "
-                          f"{', '.join(targets)}")
+        raise TargetError(
+            f"--target: no compile-only target for {name} here; one of {', '.join(targets)}"
+        )
     if name.lower() not in targets:
         raise TargetError(f"--target: unknown chip '{name}' (one of {', '.join(targets)})")
     shape = shape or chip.host_shape
@@ -138,9 +192,13 @@ def _quiet_libtpu():
     print a page of warnings about missing metadata before compiling. And it
     takes a lock file (/tmp/libtpu_lockfile) so that two processes never drive
     the same chips; with no chips to drive, two compiling processes may share."""
-    for var, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v5litepod-8"),
-                       ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_WORKER_ID", "0"),
-                       ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
+    for var, value in (
+        ("TPU_SKIP_MDS_QUERY", "1"),
+        ("TPU_ACCELERATOR_TYPE", "v5litepod-8"),
+        ("TPU_WORKER_HOSTNAMES", "localhost"),
+        ("TPU_WORKER_ID", "0"),
+        ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+    ):
         os.environ.setdefault(var, value)
 
 
@@ -171,7 +229,7 @@ def compile_only_devices(text):
                 platform="cuda", target_config=gpu_target_config(chip), topology=f"1x1x{shape}"
             )
             chips = int(shape)
-    except Exception as e:  # noqa: BLE001  (the compiler's words: a bad topology, an old libtpu)
+    except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TargetError(f"--target {text}: {first}") from None
     devices = list(topology.devices)

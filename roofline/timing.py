@@ -33,7 +33,8 @@ class Timing:
 
     def __str__(self):
         lo, hi = self.spread
-        return f"{self.median * 1e3:.1f} ms (median of {len(self.times)}, {lo * 1e3:.1f}-{hi * 1e3:.1f})"
+        spread = f"{lo * 1e3:.1f}-{hi * 1e3:.1f}"
+        return f"{self.median * 1e3:.1f} ms (median of {len(self.times)}, {spread})"
 
 
 def time_calls(call, repeats=10, warmup=1):

@@ -89,32 +89,53 @@ class Op:
 
 def _tpu_ops(host, plane):
     lines = {line.name: line for line in plane.lines}
-    modules = sorted(plane.events(lines["XLA Modules"]), key=lambda m: m.start_ps) \
-        if "XLA Modules" in lines else []
+    modules = (
+        sorted(plane.events(lines["XLA Modules"]), key=lambda m: m.start_ps)
+        if "XLA Modules" in lines
+        else []
+    )
     starts = [m.start_ps for m in modules]
     for e in plane.events(lines["XLA Ops"]) if "XLA Ops" in lines else ():
         i = bisect.bisect_right(starts, e.start_ps) - 1
         module = modules[i] if i >= 0 and e.start_ps < modules[i].end_ps else None
-        yield Op(e.name, re.sub(r"\(\d+\)$", "", module.name) if module else "",
-                 (host, plane.name), "XLA Ops", e.start_ps, e.end_ps,
-                 execution=module.start_ps if module else None,
-                 category=e.stats.get("hlo_category"))
+        yield Op(
+            e.name,
+            re.sub(r"\(\d+\)$", "", module.name) if module else "",
+            (host, plane.name),
+            "XLA Ops",
+            e.start_ps,
+            e.end_ps,
+            execution=module.start_ps if module else None,
+            category=e.stats.get("hlo_category"),
+        )
 
 
 def _gpu_ops(host, plane):
     for line in plane.lines:
         if line.name.startswith("Stream #"):
             for e in plane.events(line, having="hlo_op"):
-                yield Op(str(e.stats["hlo_op"]), str(e.stats.get("hlo_module", "")),
-                         (host, plane.name), line.name, e.start_ps, e.end_ps)
+                yield Op(
+                    str(e.stats["hlo_op"]),
+                    str(e.stats.get("hlo_module", "")),
+                    (host, plane.name),
+                    line.name,
+                    e.start_ps,
+                    e.end_ps,
+                )
 
 
 def _cpu_ops(host, plane):
     for line in plane.lines:
         for e in plane.events(line, having="hlo_op"):
-            yield Op(str(e.stats["hlo_op"]), str(e.stats.get("hlo_module", "")),
-                     (host, e.stats.get("device_ordinal", 0)), line.name, e.start_ps, e.end_ps,
-                     execution=e.stats.get("run_id"))
+            yield Op(
+                str(e.stats["hlo_op"]),
+                str(e.stats.get("hlo_module", "")),
+                (host, e.stats.get("device_ordinal", 0)),
+                line.name,
+                e.start_ps,
+                e.end_ps,
+                execution=e.stats.get("run_id"),
+            )
 
 
 def load_ops(run_dir):
@@ -134,8 +155,12 @@ def load_ops(run_dir):
         if not found:
             found = [op for p in host_planes for op in _cpu_ops(host, p)]
         ops += found
-        markers[host] = sorted((e.start_ps, int(e.stats["step_num"])) for p in host_planes
-                               for line in p.lines for e in p.events(line, having="step_num"))
+        markers[host] = sorted(
+            (e.start_ps, int(e.stats["step_num"]))
+            for p in host_planes
+            for line in p.lines
+            for e in p.events(line, having="step_num")
+        )
     return platform, ops, markers
 
 
@@ -158,8 +183,11 @@ def _executions(ops, markers):
                 groups[op.execution].append(op)
             ordered = sorted(groups.values(), key=lambda g: min(op.start_ps for op in g))
             first = marks[0][1] if marks else 0
-            numbers = [n for _, n in marks] if len(marks) == len(ordered) else \
-                [first + i for i in range(len(ordered))]
+            numbers = (
+                [n for _, n in marks]
+                if len(marks) == len(ordered)
+                else [first + i for i in range(len(ordered))]
+            )
             for number, group in zip(numbers, ordered):
                 steps[number] += group
         else:
@@ -235,8 +263,12 @@ def step_profile(number, ops, kind_of):
         walls.append(wall)
         busies.append(busy)
     seconds = PS / len(walls)  # picoseconds summed over devices -> seconds per device
-    return StepProfile(step=number, wall_s=sum(walls) * seconds, busy_s=sum(busies) * seconds,
-                       by_kind={k: v * seconds for k, v in kinds.items()})
+    return StepProfile(
+        step=number,
+        wall_s=sum(walls) * seconds,
+        busy_s=sum(busies) * seconds,
+        by_kind={k: v * seconds for k, v in kinds.items()},
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,8 +330,15 @@ def read_trace(logdir, hlo_text=None):
         return kind_from_category(op.category) if op.category else kind_from_name(op.name)
 
     by = "HLO" if known else "the TPU's op categories" if categories else "op names"
-    steps = tuple(step_profile(n, step_ops, kind_of)
-                  for n, step_ops in _executions(ops, markers).items())
-    return TraceProfile(run_dir=run_dir, platform=platform, module=module,
-                        devices=len({op.device for op in ops}), steps=steps, classified_by=by,
-                        other_modules=tuple(sorted(m for m in time_by_module if m != module)))
+    steps = tuple(
+        step_profile(n, step_ops, kind_of) for n, step_ops in _executions(ops, markers).items()
+    )
+    return TraceProfile(
+        run_dir=run_dir,
+        platform=platform,
+        module=module,
+        devices=len({op.device for op in ops}),
+        steps=steps,
+        classified_by=by,
+        other_modules=tuple(sorted(m for m in time_by_module if m != module)),
+    )

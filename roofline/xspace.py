@@ -31,24 +31,53 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message, message_fa
 # message -> [(field, number, type)]; "T*" is repeated, "map:T" a map from int64
 # to T, "T|group" one of a oneof. Types in capitals are messages of this file.
 SCHEMA = {
-    "XSpace": [("planes", 1, "XPlane*"), ("errors", 2, "string*"), ("warnings", 3, "string*"),
-               ("hostnames", 4, "string*")],
-    "XPlane": [("id", 1, "int64"), ("name", 2, "string"), ("lines", 3, "XLine*"),
-               ("event_metadata", 4, "map:XEventMetadata"),
-               ("stat_metadata", 5, "map:XStatMetadata"), ("stats", 6, "XStat*")],
-    "XLine": [("id", 1, "int64"), ("display_id", 10, "int64"), ("name", 2, "string"),
-              ("display_name", 11, "string"), ("timestamp_ns", 3, "int64"),
-              ("duration_ps", 9, "int64"), ("events", 4, "XEvent*")],
-    "XEvent": [("metadata_id", 1, "int64"), ("offset_ps", 2, "int64|data"),
-               ("num_occurrences", 5, "int64|data"), ("duration_ps", 3, "int64"),
-               ("stats", 4, "XStat*")],
-    "XStat": [("metadata_id", 1, "int64"), ("double_value", 2, "double|value"),
-              ("uint64_value", 3, "uint64|value"), ("int64_value", 4, "int64|value"),
-              ("str_value", 5, "string|value"), ("bytes_value", 6, "bytes|value"),
-              ("ref_value", 7, "uint64|value")],
-    "XEventMetadata": [("id", 1, "int64"), ("name", 2, "string"), ("metadata", 3, "bytes"),
-                       ("display_name", 4, "string"), ("stats", 5, "XStat*"),
-                       ("child_id", 6, "int64*")],
+    "XSpace": [
+        ("planes", 1, "XPlane*"),
+        ("errors", 2, "string*"),
+        ("warnings", 3, "string*"),
+        ("hostnames", 4, "string*"),
+    ],
+    "XPlane": [
+        ("id", 1, "int64"),
+        ("name", 2, "string"),
+        ("lines", 3, "XLine*"),
+        ("event_metadata", 4, "map:XEventMetadata"),
+        ("stat_metadata", 5, "map:XStatMetadata"),
+        ("stats", 6, "XStat*"),
+    ],
+    "XLine": [
+        ("id", 1, "int64"),
+        ("display_id", 10, "int64"),
+        ("name", 2, "string"),
+        ("display_name", 11, "string"),
+        ("timestamp_ns", 3, "int64"),
+        ("duration_ps", 9, "int64"),
+        ("events", 4, "XEvent*"),
+    ],
+    "XEvent": [
+        ("metadata_id", 1, "int64"),
+        ("offset_ps", 2, "int64|data"),
+        ("num_occurrences", 5, "int64|data"),
+        ("duration_ps", 3, "int64"),
+        ("stats", 4, "XStat*"),
+    ],
+    "XStat": [
+        ("metadata_id", 1, "int64"),
+        ("double_value", 2, "double|value"),
+        ("uint64_value", 3, "uint64|value"),
+        ("int64_value", 4, "int64|value"),
+        ("str_value", 5, "string|value"),
+        ("bytes_value", 6, "bytes|value"),
+        ("ref_value", 7, "uint64|value"),
+    ],
+    "XEventMetadata": [
+        ("id", 1, "int64"),
+        ("name", 2, "string"),
+        ("metadata", 3, "bytes"),
+        ("display_name", 4, "string"),
+        ("stats", 5, "XStat*"),
+        ("child_id", 6, "int64*"),
+    ],
     "XStatMetadata": [("id", 1, "int64"), ("name", 2, "string"), ("description", 3, "string")],
 }
 PACKAGE = "tensorflow.profiler"
@@ -59,8 +88,9 @@ def _add_field(message, name, number, kind):
     kind, _, oneof = kind.partition("|")
     repeated = kind.endswith("*") or kind.startswith("map:")
     kind = kind.removesuffix("*")
-    field = message.field.add(name=name, number=number,
-                              label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL)
+    field = message.field.add(
+        name=name, number=number, label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL
+    )
     if kind.startswith("map:"):  # a map is a repeated nested message {key, value}
         entry = message.nested_type.add(name="".join(p.title() for p in name.split("_")) + "Entry")
         entry.options.map_entry = True
@@ -83,7 +113,8 @@ def _add_field(message, name, number, kind):
 def xspace_class():
     """The XSpace message class, built from SCHEMA (protobuf, no generated code)."""
     file = descriptor_pb2.FileDescriptorProto(
-        name="roofline/xplane.proto", package=PACKAGE, syntax="proto3")
+        name="roofline/xplane.proto", package=PACKAGE, syntax="proto3"
+    )
     for name, fields in SCHEMA.items():
         message = file.message_type.add(name=name)
         for field in fields:
@@ -151,8 +182,13 @@ class Plane:
             if e.metadata_id not in self._metadata_stats:
                 self._metadata_stats[e.metadata_id] = self._stats(metadata.stats)
             stats = {**self._metadata_stats[e.metadata_id], **self._stats(e.stats)}
-            yield Event(metadata.display_name or metadata.name, metadata.name,
-                        base_ps + e.offset_ps, e.duration_ps, stats)
+            yield Event(
+                metadata.display_name or metadata.name,
+                metadata.name,
+                base_ps + e.offset_ps,
+                e.duration_ps,
+                stats,
+            )
 
 
 def read_xspace(path):

@@ -77,7 +77,9 @@ def main(argv=None):
     optimizer = make_optimizer(tc, 1000)
     train_tokens, _ = data.split(data.default_corpus(), S)
     batch = jax.device_put(data.get_batch(train_tokens, 0, batch=B, seq=S, seed=0), device)
-    fresh = lambda: init_state(jax.random.key(0), cfg=cfg, optimizer=optimizer)
+
+    def fresh():
+        return init_state(jax.random.key(0), cfg=cfg, optimizer=optimizer)
 
     compiled = make_train_step(cfg, optimizer).lower(fresh(), batch).compile()
     ours = time_step(compiled, fresh(), batch, args)
@@ -86,18 +88,26 @@ def main(argv=None):
     peak, peak_source = local_peak_flops(cfg.dtype)
     ceiling = measured(cfg.dtype)["matmul_flops"]
     memory, memory_source = step_memory(compiled, device)
-    print(f"bench | preset {args.preset} | batch {B} x seq {S} = {B * S:,} tokens | {cfg.dtype} "
-          f"| {device.device_kind} | jax {jax.__version__}")  # fmt: skip
-    print(f"FLOPs per step: {flops / 1e9:.2f} GFLOP exact with attention "
-          f"(6·B·P = {napkin_train_flops(cfg, B) / 1e9:.2f})")  # fmt: skip
+    print(
+        f"bench | preset {args.preset} | batch {B} x seq {S} = {B * S:,} tokens | {cfg.dtype} "
+        f"| {device.device_kind} | jax {jax.__version__}"
+    )
+    print(
+        f"FLOPs per step: {flops / 1e9:.2f} GFLOP exact with attention "
+        f"(6·B·P = {napkin_train_flops(cfg, B) / 1e9:.2f})"
+    )
     print(f"step time       {ours}")
     print(f"tokens/s        {B * S / ours.median:,.0f}")
     print(f"achieved        {flops / ours.median / 1e12:.3f} TFLOP/s")
-    print(f"MFU             {100 * flops / ours.median / peak:.1f}% of {peak / 1e12:.3f} "
-          f"TFLOP/s ({peak_source})")  # fmt: skip
+    print(
+        f"MFU             {100 * flops / ours.median / peak:.1f}% of {peak / 1e12:.3f} "
+        f"TFLOP/s ({peak_source})"
+    )
     if device.platform != "cpu":
-        print(f"MFU (measured)  {100 * flops / ours.median / ceiling:.1f}% of the measured "
-              f"matmul ceiling, {ceiling / 1e12:.1f} TFLOP/s")  # fmt: skip
+        print(
+            f"MFU (measured)  {100 * flops / ours.median / ceiling:.1f}% of the measured "
+            f"matmul ceiling, {ceiling / 1e12:.1f} TFLOP/s"
+        )
     if memory is not None:
         print(f"memory          {memory / 2**20:,.1f} MiB per device ({memory_source})")
 
@@ -108,8 +118,10 @@ def main(argv=None):
         print(f"naive step      {naive}")
         print(f"naive MFU       {100 * flops / naive.median / peak:.1f}%")
         print(f"speed-up        {naive.median / ours.median:.2f}x (naive median / ours)")
-        print(f"same numbers    first-step loss {float(ours_first['loss']):.6f} ours, "
-              f"{float(naive_first['loss']):.6f} naive")  # fmt: skip
+        print(
+            f"same numbers    first-step loss {float(ours_first['loss']):.6f} ours, "
+            f"{float(naive_first['loss']):.6f} naive"
+        )
     if args.compare == "flax":
         compare_flax(cfg, optimizer, fresh, batch, compiled, args)
     return 0
@@ -150,10 +162,11 @@ def compare_flax(cfg, optimizer, fresh, batch, compiled, args):
     print(f"ours, in turn   {ours}")
     print(f"flax nnx step   {flax}")
     print(f"flax / ours     {flax.median / ours.median:.2f}x (Flax NNX median / ours)")
-    print(f"flax, cached    {cached} (nnx.cached_partial), "
-          f"{cached.median / ours.median:.2f}x ours")  # fmt: skip
-    print(f"same numbers    first-step loss {float(ours_first['loss']):.6f} ours, "
-          f"{float(flax_first['loss']):.6f} flax")  # fmt: skip
+    print(f"flax, cached    {cached} (nnx.cached_partial), {cached.median / ours.median:.2f}x ours")
+    print(
+        f"same numbers    first-step loss {float(ours_first['loss']):.6f} ours, "
+        f"{float(flax_first['loss']):.6f} flax"
+    )
 
 
 if __name__ == "__main__":

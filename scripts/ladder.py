@@ -20,18 +20,22 @@ import tempfile
 
 import jax
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sessions",
-                      "s2_train.py")  # fmt: skip
+SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sessions", "s2_train.py"
+)
 
 # (rung, what it changed, the s2_train.py flags that leave the later rungs off)
 RUNGS = [
-    ("session 1", "feed-forward only, op by op, blocking loads, one device",
-     ["--no-attention", "--no-positions", "--no-jit", "--no-overlap"]),
+    (
+        "session 1",
+        "feed-forward only, op by op, blocking loads, one device",
+        ["--no-attention", "--no-positions", "--no-jit", "--no-overlap"],
+    ),
     ("+ attention", "tokens read earlier tokens", ["--no-positions", "--no-jit", "--no-overlap"]),
     ("+ positions", "and know their order", ["--no-jit", "--no-overlap"]),
     ("+ whole-step jit", "forward, backward and AdamW as one program", ["--no-overlap"]),
     ("+ overlapped loading", "the next batch loads while the step runs", []),
-]  # fmt: skip
+]
 
 
 def run_rung(flags, args, devices, tmp):
@@ -41,11 +45,29 @@ def run_rung(flags, args, devices, tmp):
     env = dict(os.environ)
     if jax.default_backend() == "cpu":
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    command = [sys.executable, SCRIPT, "--preset", args.preset, "--steps", str(args.steps),
-               "--log-every", str(max(args.steps // 8, 1)), "--eval-every", str(args.steps),
-               "--sample-bytes", "0", "--data-delay-ms", str(args.data_delay_ms),
-               "--run-dir", tmp, "--summary-out", summary, "--metrics-out", metrics,
-               *flags]  # fmt: skip
+    command = [
+        sys.executable,
+        SCRIPT,
+        "--preset",
+        args.preset,
+        "--steps",
+        str(args.steps),
+        "--log-every",
+        str(max(args.steps // 8, 1)),
+        "--eval-every",
+        str(args.steps),
+        "--sample-bytes",
+        "0",
+        "--data-delay-ms",
+        str(args.data_delay_ms),
+        "--run-dir",
+        tmp,
+        "--summary-out",
+        summary,
+        "--metrics-out",
+        metrics,
+        *flags,
+    ]
     if devices == 1:
         command += ["--mesh", "fsdp=1"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -65,8 +87,11 @@ def main(argv=None):
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--data-delay-ms", type=int, default=100)
-    parser.add_argument("--devices", type=int, help="for the multichip rung (default: all; "
-                        "on a CPU, one simulated device per core)")  # fmt: skip
+    parser.add_argument(
+        "--devices",
+        type=int,
+        help="for the multichip rung (default: all; on a CPU, one simulated device per core)",
+    )
     args = parser.parse_args(argv)
     on_cpu = jax.default_backend() == "cpu"
     devices = args.devices or (os.cpu_count() if on_cpu else jax.device_count())
@@ -77,9 +102,11 @@ def main(argv=None):
     rungs.append(("+ multichip", multichip, [], devices))
 
     device = jax.devices()[0]
-    print(f"ladder: preset {args.preset}, {args.steps} steps a rung, batches delayed "
-          f"{args.data_delay_ms} ms | {device.device_kind}, {os.cpu_count()} cores | "
-          f"jax {jax.__version__}\n")  # fmt: skip
+    print(
+        f"ladder: preset {args.preset}, {args.steps} steps a rung, batches delayed "
+        f"{args.data_delay_ms} ms | {device.device_kind}, {os.cpu_count()} cores | "
+        f"jax {jax.__version__}\n"
+    )
     print("| rung | tokens/s | MFU | val loss | memory/device | what it changed |")
     print("|---|---:|---:|---:|---:|---|")
     for name, what, flags, n in rungs:
@@ -87,11 +114,17 @@ def main(argv=None):
             s = run_rung(flags, args, n, tmp)
         memory = s["memory_bytes_per_device"]
         memory = f"{memory / 2**20:,.0f} MiB" if memory else "n/a"
-        print(f"| {name} | {s['tokens_per_sec']:,.0f} | {100 * s['mfu']:.1f}% | "
-              f"{s['val_loss']:.3f} | {memory} | {what} |", flush=True)  # fmt: skip
-    print("\ntokens/s and MFU: the median over log intervals after the first; MFU: model FLOPs (6·B·P plus attention) over the peak of the devices used; val loss "
-          "after the same number of tokens; memory from XLA's plan of the compiled step "
-          "(n/a when run op by op).")  # fmt: skip
+        print(
+            f"| {name} | {s['tokens_per_sec']:,.0f} | {100 * s['mfu']:.1f}% | "
+            f"{s['val_loss']:.3f} | {memory} | {what} |",
+            flush=True,
+        )
+    print(
+        "\ntokens/s and MFU: the median over log intervals after the first; MFU: model FLOPs "
+        "(6·B·P plus attention) over the peak of the devices used; val loss "
+        "after the same number of tokens; memory from XLA's plan of the compiled step "
+        "(n/a when run op by op)."
+    )
     return 0
 
 

@@ -42,103 +42,222 @@ DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_disc
 LOOP_SAVE = "        if on_step is not None:\n            paused += on_step(step, state) or 0.0\n"
 
 MUTANTS = [
-    Mutant("clip", "gradient clipping removed from the optimizer", "sessions/train.py",
-           (("        optax.clip_by_global_norm(tc.clip),\n", ""),),
-           ("tests/test_train.py::test_clipping_bounds_a_huge_gradient",)),
-    Mutant("decay-mask", "weight decay on norm scales instead of matrices", "sessions/train.py",
-           (("lambda w: w.ndim >= 2", "lambda w: w.ndim < 2"),),
-           ("tests/test_train.py::test_weight_decay_shrinks_matrices_and_spares_norm_scales",)),
-    Mutant("w_in-rule", "w_in split as P('tp', 'fsdp'), a legal but wrong layout",
-           "sessions/sharding.py", (('"w_in": P("fsdp", "tp")', '"w_in": P("tp", "fsdp")'),),
-           ("tests/test_multichip.py::test_the_layout_by_hand[fsdp=4,tp=2]",)),
-    Mutant("napkin-4", "the napkin's 6·B·P printed as 4·B·P", "roofline/flops.py",
-           (("return 6 * batch * cfg.seq * param_count(cfg)",
-             "return 4 * batch * cfg.seq * param_count(cfg)"),),
-           ("tests/test_roofline.py::test_parameter_and_flop_counts_equal_hand_counts",)),
-    Mutant("fingerprint", "the fingerprint check skipped on restore", "sessions/checkpoint.py",
-           (('if not np.allclose(_fingerprint_list(restored), meta["fingerprint"], rtol=1e-5):',
-             "if False:"),),
-           (f"{CHECKPOINT}::test_a_checkpoint_changed_on_disk_fails_its_fingerprint",)),
-    Mutant("discord-2100", "Discord parts of up to 2,100 characters", "scripts/homework.py",
-           (("DISCORD_LIMIT = 2000", "DISCORD_LIMIT = 2100"),),
-           (DISCORD_TEST,)),
-    Mutant("discord-code-points", "message length counted in code points, not UTF-16 units",
-           "scripts/homework.py",
-           (('return len(text.encode("utf-16-le")) // 2', "return len(text)"),),
-           (DISCORD_TEST,)),
-    Mutant("positions-reversed", "position s gets pos[S-1-s]", "sessions/positions.py",
-           (("[None, :, :]", "[None, ::-1, :]"),),
-           ("tests/test_model.py::test_zero_blocks_are_the_identity_and_position_s_gets_pos_s",
-            "tests/test_model.py::test_forward_equals_the_plain_reference")),
-    Mutant("mlp-residual", "the MLP's residual connection dropped", "sessions/model.py",
-           (("x + mlp_block(", "mlp_block("),),
-           ("tests/test_model.py::test_zero_blocks_are_the_identity_and_position_s_gets_pos_s",
-            "tests/test_model.py::test_forward_equals_the_plain_reference")),
-    Mutant("metrics-after-save", "a log step's metrics line written after its checkpoint "
-           "(the flaky resume test's cause)", "sessions/loop.py",
-           (("        done = step + 1\n", "        done = step + 1\n" + LOOP_SAVE),
-            (LOOP_SAVE + "        if logged:\n", "        if logged:\n")),
-           ("tests/test_train.py::test_a_log_line_is_in_the_file_before_its_step_is_saved",
-            f"{CHECKPOINT}::test_killed_right_after_a_checkpoint_resumes_with_every_line")),
-    Mutant("step-time", "a log interval's step time divided by one step too many",
-           "sessions/loop.py",
-           (("seconds / (done - last_step)", "seconds / (done - last_step + 1)"),),
-           ("tests/test_train.py::test_the_loop_s_numbers_by_hand",)),
-    Mutant("mfu-one-device", "MFU against one device's peak on several devices",
-           "sessions/loop.py",
-           (("/ (peak_flops * n_devices)", "/ peak_flops"),),
-           ("tests/test_train.py::test_the_loop_s_numbers_by_hand",)),
-    Mutant("summary-steps", "the summary's step count one too many", "sessions/report.py",
-           (('["step"] - first_step', '["step"] - first_step + 1'),),
-           ("tests/test_train.py::test_the_summary_by_hand",)),
-    Mutant("bench-tokens", "bench.py's tokens/s counts sequences, not tokens", "scripts/bench.py",
-           (("{B * S / ours.median:,.0f}", "{B / ours.median:,.0f}"),),
-           ("tests/test_scripts.py::test_bench_compares_with_naive_on_equal_numbers",)),
-    Mutant("s1-tokens", "s1_train.py's tokens/s one step short", "sessions/s1_train.py",
-           (("tokens = (step + 1) * tc.batch * cfg.seq", "tokens = step * tc.batch * cfg.seq"),),
-           ("tests/test_cli.py::test_s1_runs_end_to_end_and_counts_its_tokens",)),
-    Mutant("sparse-peak", "the TPU v5e's bf16 peak doubled", "roofline/chips.py",
-           (('_tpu("tpu-v5e", 197 * T,', '_tpu("tpu-v5e", 394 * T,'),),
-           ("tests/test_roofline.py::test_chip_figures_are_the_datasheet_s[tpu-v5e]",)),
-    Mutant("memory-alias", "donated buffers counted twice in the memory plan", "roofline/memory.py",
-           (("- m.alias_size_in_bytes", ""),),
-           ("tests/test_roofline.py::test_step_memory_by_hand",)),
-    Mutant("state-bytes", "bytes per device counted as if every device held everything",
-           "sessions/sharding.py",
-           (("math.prod(s.shard_shape(x.shape))", "math.prod(x.shape)"),),
-           ("tests/test_cli.py::test_s2_runs_end_to_end_and_every_number_it_prints_is_right",)),
-    Mutant("cache-copy", "the cache written before it is read: XLA copies it every step",
-           "sessions/inference.py", (("after = 0 * out[:, :1, :1, :1]", "after = 0"),),
-           (f"{INFERENCE}::test_the_decode_loop_copies_no_weight_and_no_cache",)),
-    Mutant("decode-weight-rule", "decode's transposed weights split by the untransposed rule",
-           "sessions/decode_layout.py", (("return P(*(spec[i] for i in order))", "return P(*spec)"),),
-           (f"{INFERENCE}::test_sharded_equals_one_device",)),
-    Mutant("chip-substring", "a chip found by a part of its name (GH200 read as H200)",
-           "roofline/hardware.py",
-           (("if any(product_name(kind) == name for kind in chip.kinds):",
-             "if any(product_name(kind) in name for kind in chip.kinds):"),),
-           ("tests/test_hardware.py::test_the_gh200_is_not_read_as_an_h200_nor_the_a1000_as_an_a100",)),
-    Mutant("bucket-abspath", "a gs:// checkpoint folder made a local path", "sessions/checkpoint.py",
-           (('    if "://" in str(directory):', "    if False:"),),
-           ("tests/test_checkpoint_hosts.py::test_a_bucket_stays_a_bucket_and_a_local_folder_becomes_absolute",)),
-    Mutant("unshared-folder", "hosts that see different checkpoint folders go on",
-           "sessions/checkpoint.py",
-           (("            check_shared(checkpoint_path(directory))", "            pass"),),
-           ("tests/test_checkpoint_hosts.py::test_hosts_that_see_different_folders_are_refused_on_every_host",)),
-    Mutant("decode-trip", "decode's loop over a traced count (a GPU waits on the host each token)",
-           "sessions/inference.py",
-           (("return jax.lax.fori_loop(0, STEPS, step, (tokens, cache, logits))",
-             "return jax.lax.fori_loop(0, n, step, (tokens, cache, logits))"),),
-           ("tests/test_decode_targets.py::test_the_gpu_decode_programs_never_wait_on_the_host",)),
-]  # fmt: skip
+    Mutant(
+        "clip",
+        "gradient clipping removed from the optimizer",
+        "sessions/train.py",
+        (("        optax.clip_by_global_norm(tc.clip),\n", ""),),
+        ("tests/test_train.py::test_clipping_bounds_a_huge_gradient",),
+    ),
+    Mutant(
+        "decay-mask",
+        "weight decay on norm scales instead of matrices",
+        "sessions/train.py",
+        (("lambda w: w.ndim >= 2", "lambda w: w.ndim < 2"),),
+        ("tests/test_train.py::test_weight_decay_shrinks_matrices_and_spares_norm_scales",),
+    ),
+    Mutant(
+        "w_in-rule",
+        "w_in split as P('tp', 'fsdp'), a legal but wrong layout",
+        "sessions/sharding.py",
+        (('"w_in": P("fsdp", "tp")', '"w_in": P("tp", "fsdp")'),),
+        ("tests/test_multichip.py::test_the_layout_by_hand[fsdp=4,tp=2]",),
+    ),
+    Mutant(
+        "napkin-4",
+        "the napkin's 6·B·P printed as 4·B·P",
+        "roofline/flops.py",
+        (
+            (
+                "return 6 * batch * cfg.seq * param_count(cfg)",
+                "return 4 * batch * cfg.seq * param_count(cfg)",
+            ),
+        ),
+        ("tests/test_roofline.py::test_parameter_and_flop_counts_equal_hand_counts",),
+    ),
+    Mutant(
+        "fingerprint",
+        "the fingerprint check skipped on restore",
+        "sessions/checkpoint.py",
+        (
+            (
+                'if not np.allclose(_fingerprint_list(restored), meta["fingerprint"], rtol=1e-5):',
+                "if False:",
+            ),
+        ),
+        (f"{CHECKPOINT}::test_a_checkpoint_changed_on_disk_fails_its_fingerprint",),
+    ),
+    Mutant(
+        "discord-2100",
+        "Discord parts of up to 2,100 characters",
+        "scripts/homework.py",
+        (("DISCORD_LIMIT = 2000", "DISCORD_LIMIT = 2100"),),
+        (DISCORD_TEST,),
+    ),
+    Mutant(
+        "discord-code-points",
+        "message length counted in code points, not UTF-16 units",
+        "scripts/homework.py",
+        (('return len(text.encode("utf-16-le")) // 2', "return len(text)"),),
+        (DISCORD_TEST,),
+    ),
+    Mutant(
+        "positions-reversed",
+        "position s gets pos[S-1-s]",
+        "sessions/positions.py",
+        (("[None, :, :]", "[None, ::-1, :]"),),
+        (
+            "tests/test_model.py::test_zero_blocks_are_the_identity_and_position_s_gets_pos_s",
+            "tests/test_model.py::test_forward_equals_the_plain_reference",
+        ),
+    ),
+    Mutant(
+        "mlp-residual",
+        "the MLP's residual connection dropped",
+        "sessions/model.py",
+        (("x + mlp_block(", "mlp_block("),),
+        (
+            "tests/test_model.py::test_zero_blocks_are_the_identity_and_position_s_gets_pos_s",
+            "tests/test_model.py::test_forward_equals_the_plain_reference",
+        ),
+    ),
+    Mutant(
+        "metrics-after-save",
+        "a log step's metrics line written after its checkpoint (the flaky resume test's cause)",
+        "sessions/loop.py",
+        (
+            ("        done = step + 1\n", "        done = step + 1\n" + LOOP_SAVE),
+            (LOOP_SAVE + "        if logged:\n", "        if logged:\n"),
+        ),
+        (
+            "tests/test_train.py::test_a_log_line_is_in_the_file_before_its_step_is_saved",
+            f"{CHECKPOINT}::test_killed_right_after_a_checkpoint_resumes_with_every_line",
+        ),
+    ),
+    Mutant(
+        "step-time",
+        "a log interval's step time divided by one step too many",
+        "sessions/loop.py",
+        (("seconds / (done - last_step)", "seconds / (done - last_step + 1)"),),
+        ("tests/test_train.py::test_the_loop_s_numbers_by_hand",),
+    ),
+    Mutant(
+        "mfu-one-device",
+        "MFU against one device's peak on several devices",
+        "sessions/loop.py",
+        (("/ (peak_flops * n_devices)", "/ peak_flops"),),
+        ("tests/test_train.py::test_the_loop_s_numbers_by_hand",),
+    ),
+    Mutant(
+        "summary-steps",
+        "the summary's step count one too many",
+        "sessions/report.py",
+        (('["step"] - first_step', '["step"] - first_step + 1'),),
+        ("tests/test_train.py::test_the_summary_by_hand",),
+    ),
+    Mutant(
+        "bench-tokens",
+        "bench.py's tokens/s counts sequences, not tokens",
+        "scripts/bench.py",
+        (("{B * S / ours.median:,.0f}", "{B / ours.median:,.0f}"),),
+        ("tests/test_scripts.py::test_bench_compares_with_naive_on_equal_numbers",),
+    ),
+    Mutant(
+        "s1-tokens",
+        "s1_train.py's tokens/s one step short",
+        "sessions/s1_train.py",
+        (("tokens = (step + 1) * tc.batch * cfg.seq", "tokens = step * tc.batch * cfg.seq"),),
+        ("tests/test_cli.py::test_s1_runs_end_to_end_and_counts_its_tokens",),
+    ),
+    Mutant(
+        "sparse-peak",
+        "the TPU v5e's bf16 peak doubled",
+        "roofline/chips.py",
+        (('_tpu("tpu-v5e", 197 * T,', '_tpu("tpu-v5e", 394 * T,'),),
+        ("tests/test_roofline.py::test_chip_figures_are_the_datasheet_s[tpu-v5e]",),
+    ),
+    Mutant(
+        "memory-alias",
+        "donated buffers counted twice in the memory plan",
+        "roofline/memory.py",
+        (("- m.alias_size_in_bytes", ""),),
+        ("tests/test_roofline.py::test_step_memory_by_hand",),
+    ),
+    Mutant(
+        "state-bytes",
+        "bytes per device counted as if every device held everything",
+        "sessions/sharding.py",
+        (("math.prod(s.shard_shape(x.shape))", "math.prod(x.shape)"),),
+        ("tests/test_cli.py::test_s2_runs_end_to_end_and_every_number_it_prints_is_right",),
+    ),
+    Mutant(
+        "cache-copy",
+        "the cache written before it is read: XLA copies it every step",
+        "sessions/inference.py",
+        (("after = 0 * out[:, :1, :1, :1]", "after = 0"),),
+        (f"{INFERENCE}::test_the_decode_loop_copies_no_weight_and_no_cache",),
+    ),
+    Mutant(
+        "decode-weight-rule",
+        "decode's transposed weights split by the untransposed rule",
+        "sessions/decode_layout.py",
+        (("return P(*(spec[i] for i in order))", "return P(*spec)"),),
+        (f"{INFERENCE}::test_sharded_equals_one_device",),
+    ),
+    Mutant(
+        "chip-substring",
+        "a chip found by a part of its name (GH200 read as H200)",
+        "roofline/hardware.py",
+        (
+            (
+                "if any(product_name(kind) == name for kind in chip.kinds):",
+                "if any(product_name(kind) in name for kind in chip.kinds):",
+            ),
+        ),
+        ("tests/test_hardware.py::test_the_gh200_is_not_read_as_an_h200_nor_the_a1000_as_an_a100",),
+    ),
+    Mutant(
+        "bucket-abspath",
+        "a gs:// checkpoint folder made a local path",
+        "sessions/checkpoint.py",
+        (('    if "://" in str(directory):', "    if False:"),),
+        (
+            "tests/test_checkpoint_hosts.py::test_a_bucket_stays_a_bucket_and_a_local_folder_becomes_absolute",
+        ),
+    ),
+    Mutant(
+        "unshared-folder",
+        "hosts that see different checkpoint folders go on",
+        "sessions/checkpoint.py",
+        (("            check_shared(checkpoint_path(directory))", "            pass"),),
+        (
+            "tests/test_checkpoint_hosts.py::test_hosts_that_see_different_folders_are_refused_on_every_host",
+        ),
+    ),
+    Mutant(
+        "decode-trip",
+        "decode's loop over a traced count (a GPU waits on the host each token)",
+        "sessions/inference.py",
+        (
+            (
+                "return jax.lax.fori_loop(0, STEPS, step, (tokens, cache, logits))",
+                "return jax.lax.fori_loop(0, n, step, (tokens, cache, logits))",
+            ),
+        ),
+        ("tests/test_decode_targets.py::test_the_gpu_decode_programs_never_wait_on_the_host",),
+    ),
+]
 
 
 def copy_tree(destination):
     """The working tree as git sees it (tracked and untracked, not ignored)."""
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, check=True, capture_output=True, text=True,
-    ).stdout.split("\0")  # fmt: skip
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
     for path in filter(None, listed):
         source = os.path.join(REPO, path)
         if os.path.isfile(source):  # a tracked file may be deleted in the tree
@@ -167,8 +286,9 @@ def run_tests(root, tests, timeout):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests]
     try:
-        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False)  # fmt: skip
+        done = subprocess.run(
+            command, cwd=root, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired:
         return None, set(), f"timed out after {timeout} s"
     out = done.stdout + done.stderr
@@ -186,8 +306,11 @@ def main(argv=None):
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per pytest run")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="skip running the tests on an untouched copy first")  # fmt: skip
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip running the tests on an untouched copy first",
+    )
     args = parser.parse_args(argv)
     known = {m.name: m for m in MUTANTS}
     if args.list:

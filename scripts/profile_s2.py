@@ -27,14 +27,22 @@ from sessions.config import PRESETS
 
 def parse_args(argv):
     parser = ArgumentParser(prog="profile_s2.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS),
-                        help="named shapes (default: cpu on a CPU, course on GPU/TPU)")
-    parser.add_argument("--steps", type=positive_int, default=5,
-                        help="steps to train; steps 1-3 are traced (at least 4)")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="named shapes (default: cpu on a CPU, course on GPU/TPU)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=positive_int,
+        default=5,
+        help="steps to train; steps 1-3 are traced (at least 4)",
+    )
     parser.add_argument("--batch", type=positive_int, help="sequences per step")
     parser.add_argument("--mesh", help="axis=size,... as s2_train.py takes it (default: fsdp=all)")
-    parser.add_argument("--logdir", default="runs/profile_s2",
-                        help="trace, metrics, chart and loss curve go here")
+    parser.add_argument(
+        "--logdir", default="runs/profile_s2", help="trace, metrics, chart and loss curve go here"
+    )
     args = parser.parse_args(argv)
     if args.steps < 4:
         parser.error("--steps must be at least 4: steps 1-3 are traced")
@@ -44,8 +52,20 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     metrics_path = os.path.join(args.logdir, "metrics.jsonl")
-    s2_argv = ["--steps", str(args.steps), "--log-every", "1", "--sample-bytes", "0",
-               "--profile", args.logdir, "--metrics-out", metrics_path, "--run-dir", args.logdir]
+    s2_argv = [
+        "--steps",
+        str(args.steps),
+        "--log-every",
+        "1",
+        "--sample-bytes",
+        "0",
+        "--profile",
+        args.logdir,
+        "--metrics-out",
+        metrics_path,
+        "--run-dir",
+        args.logdir,
+    ]
     for flag in ("preset", "batch", "mesh"):
         if getattr(args, flag):
             s2_argv += [f"--{flag}", str(getattr(args, flag))]
@@ -75,15 +95,19 @@ def main(argv=None):
     log_mfu = statistics.median(logged[n]["mfu"] for n in traced)
     waited = (log_s - trace_s) / log_s
     shown = ", ".join(str(n + 1) for n in traced)
-    print(f"step time: the log {log_s * 1e3:,.1f} ms (its lines for steps {shown}, MFU "
-          f"{100 * log_mfu:.1f}%), the trace {trace_s * 1e3:,.1f} ms on the device "
-          f"(MFU {100 * log_mfu * log_s / trace_s:.1f}%)")
+    print(
+        f"step time: the log {log_s * 1e3:,.1f} ms (its lines for steps {shown}, MFU "
+        f"{100 * log_mfu:.1f}%), the trace {trace_s * 1e3:,.1f} ms on the device "
+        f"(MFU {100 * log_mfu * log_s / trace_s:.1f}%)"
+    )
     if abs(waited) <= 0.10:
         print("  within 10%: the device was busy for the whole step the host timed")
     else:
-        print(f"  {100 * waited:+.0f}% of the logged step the device was not running the step: "
-              "time on the host (dispatch, Python, the loader) it waited for, or, if negative, "
-              "a trace that disagrees with the log")
+        print(
+            f"  {100 * waited:+.0f}% of the logged step the device was not running the step: "
+            "time on the host (dispatch, Python, the loader) it waited for, or, if negative, "
+            "a trace that disagrees with the log"
+        )
     return 0
 
 

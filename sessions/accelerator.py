@@ -72,17 +72,23 @@ def capability_defaults(device, dtype=None, attention_impl=None):
     chip = f"{device.device_kind} is compute capability {cc[0]}.{cc[1]}"
     if attention_impl in ("cudnn", "splash"):
         need = "8.0+" if attention_impl == "cudnn" else "a TPU"
-        raise UsageError(f"--attention-impl {attention_impl}: {chip}; that kernel needs {need} "
-                         "(fused or einsum run here)")  # fmt: skip
+        raise UsageError(
+            f"--attention-impl {attention_impl}: {chip}; that kernel needs {need} "
+            "(fused or einsum run here)"
+        )
     attention = attention_impl or "fused"
     if dtype == "bfloat16":
-        note = (f"{chip}: no bf16 tensor cores, so XLA computes the bfloat16 matmuls in "
-                f"float32, slower than --dtype float32; {ATTENTION_WORDS[attention]}, as "
-                "cuDNN flash attention needs 8.0+")  # fmt: skip
+        note = (
+            f"{chip}: no bf16 tensor cores, so XLA computes the bfloat16 matmuls in "
+            f"float32, slower than --dtype float32; {ATTENTION_WORDS[attention]}, as "
+            "cuDNN flash attention needs 8.0+"
+        )
         return Defaults("bfloat16", attention, note)
     dtype = dtype or "float32"
-    note = (f"{chip}: cuDNN flash attention and bf16 matmuls need 8.0+; {dtype} and "
-            f"{ATTENTION_WORDS[attention]}")  # fmt: skip
+    note = (
+        f"{chip}: cuDNN flash attention and bf16 matmuls need 8.0+; {dtype} and "
+        f"{ATTENTION_WORDS[attention]}"
+    )
     return Defaults(dtype, attention, note)
 
 
@@ -101,6 +107,7 @@ def unseen_accelerator(root="/"):
     nodes. Not /dev/nvidiactl alone, which a container given the driver but no GPU has.
     TPU: a TPU's PCI function (as JAX checks), or /dev/accel0 and on (TPU v2 to v4 VMs;
     an Intel NPU's node is /dev/accel/accel0, one level down)."""
+
     def found(pattern):
         paths = sorted(glob.glob(os.path.join(root, pattern)))
         return "/" + os.path.relpath(paths[0], root) if paths else None

@@ -51,9 +51,7 @@ def abstract_step(cfg, tc, mesh):
     shardings = jax.tree.map(lambda x: x.sharding, state)
     batch_sharding = sharding.batch_sharding(mesh)
     tokens = jax.ShapeDtypeStruct((tc.batch, cfg.seq), np.int32, sharding=batch_sharding)
-    step = make_train_step(
-        cfg, optimizer, state_shardings=shardings, batch_sharding=batch_sharding
-    )
+    step = make_train_step(cfg, optimizer, state_shardings=shardings, batch_sharding=batch_sharding)
     return step, state, {"inputs": tokens, "targets": tokens}
 
 
@@ -103,7 +101,7 @@ def compiler_needs(error):
     needed = " ".join(str(error).split())
     for marker in ("total memory required", "Ran out of memory"):
         if marker in needed:
-            return needed[needed.index(marker):][:200].rstrip(". ")
+            return needed[needed.index(marker) :][:200].rstrip(". ")
     return needed
 
 
@@ -132,8 +130,10 @@ def compile_for(lowered, chip, say):
     except Exception as e:
         if chip.platform != "gpu" or "tile sizes" not in str(e):
             raise
-    say("matmuls: XLA's Triton tiling found no tiles for these shapes without a GPU to "
-        "autotune on; compiled with cuBLAS matmuls instead (xla_gpu_enable_triton_gemm=false)")
+    say(
+        "matmuls: XLA's Triton tiling found no tiles for these shapes without a GPU to "
+        "autotune on; compiled with cuBLAS matmuls instead (xla_gpu_enable_triton_gemm=false)"
+    )
     return lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
 
 
@@ -158,11 +158,15 @@ def plan_target(mesh_text, cfg, tc, preset, target, devices, say, attention_note
     sharding.check_divisible(cfg, tc.batch, sizes)
     mesh = sharding.make_mesh(sizes, devices=np.array(devices))
     chip = target.chip
-    say(f"target: {target.name}, {target.devices} x {devices[0].device_kind} "
-        f"(compile-only: nothing runs) | preset {preset}")
-    say(f"model: L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
+    say(
+        f"target: {target.name}, {target.devices} x {devices[0].device_kind} "
+        f"(compile-only: nothing runs) | preset {preset}"
+    )
+    say(
+        f"model: L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
         f"S={cfg.seq} V={cfg.vocab} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype} "
-        f"matmuls | attention: {cfg.attention_impl}")
+        f"matmuls | attention: {cfg.attention_impl}"
+    )
     if attention_note:
         say(f"attention: {attention_note}")
     say(f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens")
@@ -172,8 +176,10 @@ def plan_target(mesh_text, cfg, tc, preset, target, devices, say, attention_note
     for line in sharding.describe(state["params"], shardings["params"], mesh):
         say(line)
     held, total = sharding.bytes_per_device(state, shardings)
-    say(f"params + optimizer state: {total / 2**20:,.1f} MiB in all, "
-        f"{held / 2**20:,.1f} MiB per device")
+    say(
+        f"params + optimizer state: {total / 2**20:,.1f} MiB in all, "
+        f"{held / 2**20:,.1f} MiB per device"
+    )
 
     start = time.perf_counter()
     with jax.set_mesh(mesh):
@@ -185,29 +191,52 @@ def plan_target(mesh_text, cfg, tc, preset, target, devices, say, attention_note
                 raise too_big(e, target, tc, sizes) from None
             raise
     seconds = time.perf_counter() - start
-    say(f"compiled for {target.name} in {seconds:.1f} s ({jax.__version__}, "
-        f"{'libtpu' if chip.platform == 'tpu' else 'the CUDA plugin'})")
+    say(
+        f"compiled for {target.name} in {seconds:.1f} s ({jax.__version__}, "
+        f"{'libtpu' if chip.platform == 'tpu' else 'the CUDA plugin'})"
+    )
 
     facts = read_program(compiled, target.devices)
     kernel_attention = cfg.attention and cfg.attention_impl in KERNEL_PLATFORM
     xla_flops, source = facts.xla_flops, "XLA's cost analysis of the compiled step"
     if xla_flops is None:
         xla_flops = count_before_optimisation(cfg, tc) / target.devices
-        source = ("the target's compiler gives none; this is XLA's count of the step "
-                  "before optimisation (lowered for this CPU, attention as einsums)")
+        source = (
+            "the target's compiler gives none; this is XLA's count of the step "
+            "before optimisation (lowered for this CPU, attention as einsums)"
+        )
         kernel_attention = False  # that program has no kernel to hide FLOPs in
-    p = plan(cfg, tc.batch, target, facts, mesh=sizes, kernel_attention=kernel_attention,
-             xla_flops=xla_flops, xla_source=source)
+    p = plan(
+        cfg,
+        tc.batch,
+        target,
+        facts,
+        mesh=sizes,
+        kernel_attention=kernel_attention,
+        xla_flops=xla_flops,
+        xla_source=source,
+    )
     for line in plan_lines(p):
         say(line)
     summary = plan_summary(p)
-    summary.update(preset=preset, batch=tc.batch, seq=cfg.seq, dtype=cfg.dtype,
-                   attention_impl=cfg.attention_impl, compile_seconds=seconds)
+    summary.update(
+        preset=preset,
+        batch=tc.batch,
+        seq=cfg.seq,
+        dtype=cfg.dtype,
+        attention_impl=cfg.attention_impl,
+        compile_seconds=seconds,
+    )
     if not p.fits:
         # Written out first (--summary-out), then refused: exit 2 with what to try.
-        summary["error"] = str(too_big(f"the compiled step needs "
-                                       f"{p.memory_per_device_bytes / 1e9:.2f} GB per device",
-                                       target, tc, sizes))
+        summary["error"] = str(
+            too_big(
+                f"the compiled step needs {p.memory_per_device_bytes / 1e9:.2f} GB per device",
+                target,
+                tc,
+                sizes,
+            )
+        )
     return Planned(p, summary, compiled, held)
 
 
@@ -221,8 +250,9 @@ def abstract_weights(cfg, mesh):
     (cast once, at load), each with its sharding rule over `mesh`."""
     key = jax.eval_shape(lambda: jax.random.key(0))  # an abstract key: no device is touched
     params = sharding.abstract_sharded(functools.partial(init_params, cfg), key, mesh)
-    return jax.tree.map(lambda w: jax.ShapeDtypeStruct(w.shape, cfg.dtype, sharding=w.sharding),
-                        params)
+    return jax.tree.map(
+        lambda w: jax.ShapeDtypeStruct(w.shape, cfg.dtype, sharding=w.sharding), params
+    )
 
 
 def abstract_decode_inputs(cfg, batch, mesh):
@@ -243,8 +273,9 @@ def abstract_decode_inputs(cfg, batch, mesh):
         make = jax.jit(inference.init_cache, static_argnums=(0, 1))
         layouts = make.lower(dataclasses.replace(cfg, seq=1), small).compile().output_shardings
     shapes = jax.eval_shape(functools.partial(inference.init_cache, cfg, batch))
-    cache = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                         shapes, layouts)
+    cache = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, layouts
+    )
     tokens = jax.ShapeDtypeStruct((batch, cfg.seq), np.int32, sharding=rows)
     logits = jax.ShapeDtypeStruct((batch, cfg.vocab), np.float32, sharding=rows)
     start = n = jax.ShapeDtypeStruct((), np.int32)  # traced: one program for every length
@@ -295,16 +326,23 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     cfg = dataclasses.replace(cfg, attention_impl=impl)
 
     def args_for(mesh, cfg=cfg):
-        prompts = jax.ShapeDtypeStruct((batch, prompt_len), np.int32,
-                                       sharding=sharding.batch_sharding(mesh))
+        prompts = jax.ShapeDtypeStruct(
+            (batch, prompt_len), np.int32, sharding=sharding.batch_sharding(mesh)
+        )
         return (abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
 
     compiled, oom, seconds = compile_or_oom(inference.prefill, *args_for(mesh), mesh, chip, say)
     napkin = roof.prefill_flops(cfg, batch, prompt_len) / n
-    summary = {"batch": batch, "prompt_tokens": prompt_len, "attention_impl": impl,
-               "compile_seconds": seconds, "napkin_flops_per_device": napkin}
-    head = f"prefill: {batch} x {prompt_len} tokens, attention {impl}" + (f" ({note})" if note
-                                                                           else "")
+    summary = {
+        "batch": batch,
+        "prompt_tokens": prompt_len,
+        "attention_impl": impl,
+        "compile_seconds": seconds,
+        "napkin_flops_per_device": napkin,
+    }
+    head = f"prefill: {batch} x {prompt_len} tokens, attention {impl}" + (
+        f" ({note})" if note else ""
+    )
     if compiled is None:
         say(f"{head}: does not fit: {oom}")
         return {**summary, "fits": False, "error": oom}
@@ -315,12 +353,21 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
         xla = count_on_this_cpu(inference.prefill, functools.partial(args_for, cfg=einsum)) / n
         source = "XLA's count before optimisation, lowered for this CPU, attention as einsums"
     fits = facts.memory_bytes <= target.hbm_per_device
-    say(f"{head} | compiled in {seconds:.1f} s | {facts.memory_bytes / 1e6:,.1f} MB of "
-        f"{target.hbm_per_device / 1e9:.2f} GB HBM per device{'' if fits else ': DOES NOT FIT'}")
-    say(f"  FLOPs per device: XLA {xla / 1e9:,.3f} GFLOP, napkin {napkin / 1e9:,.3f} GFLOP: "
-        f"{100 * (xla / napkin - 1):+.1f}%; {source}")
-    return {**summary, "fits": fits, "memory_per_device_bytes": facts.memory_bytes,
-            "xla_flops_per_device": xla, "xla_flops_source": source}
+    say(
+        f"{head} | compiled in {seconds:.1f} s | {facts.memory_bytes / 1e6:,.1f} MB of "
+        f"{target.hbm_per_device / 1e9:.2f} GB HBM per device{'' if fits else ': DOES NOT FIT'}"
+    )
+    say(
+        f"  FLOPs per device: XLA {xla / 1e9:,.3f} GFLOP, napkin {napkin / 1e9:,.3f} GFLOP: "
+        f"{100 * (xla / napkin - 1):+.1f}%; {source}"
+    )
+    return {
+        **summary,
+        "fits": fits,
+        "memory_per_device_bytes": facts.memory_bytes,
+        "xla_flops_per_device": xla,
+        "xla_flops_source": source,
+    }
 
 
 def plan_decode_batch(cfg, batch, mesh, target, say):
@@ -339,12 +386,20 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     # the loop's, over its steps, are one step's.
     xla, source = facts.xla_flops, "XLA's cost analysis of the compiled loop (one step)"
     if xla is None:
-        xla = count_on_this_cpu(inference.decode_steps,
-                                functools.partial(abstract_decode_inputs, cfg, batch)) / n
-        source = ("the target's compiler gives none: XLA's count of the loop before "
-                  "optimisation, lowered for this CPU, shared by the devices")
-    per_step = {kind: Collective(*(x // inference.STEPS for x in c))
-                for kind, c in collectives(text, n, in_loops=True).items()}
+        xla = (
+            count_on_this_cpu(
+                inference.decode_steps, functools.partial(abstract_decode_inputs, cfg, batch)
+            )
+            / n
+        )
+        source = (
+            "the target's compiler gives none: XLA's count of the loop before "
+            "optimisation, lowered for this CPU, shared by the devices"
+        )
+    per_step = {
+        kind: Collective(*(x // inference.STEPS for x in c))
+        for kind, c in collectives(text, n, in_loops=True).items()
+    }
     memory = compiled.memory_analysis()
     peak = chip.peak(cfg.dtype, facts.matmul_precision)
     bandwidth = chip.hbm_bandwidth * target.chips / n
@@ -356,8 +411,9 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
         temp_bytes=memory.temp_size_in_bytes,
         memory_bytes=facts.memory_bytes,
         hbm_bytes=target.hbm_per_device,
-        step=roof.decode_step_per_device(cfg, batch, dict(mesh.shape), peak_flops=peak,
-                                         bandwidth=bandwidth),
+        step=roof.decode_step_per_device(
+            cfg, batch, dict(mesh.shape), peak_flops=peak, bandwidth=bandwidth
+        ),
         comm_s=comm_time(per_step, chip)[1],
         collectives=per_step,
         per_call=collectives(text, n, in_loops=False),
@@ -395,15 +451,27 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
     chip, n = target.chip, target.devices
     peak, bandwidth = chip.peak(cfg.dtype), chip.hbm_bandwidth * target.chips / n
     link = f", {chip.interconnect / 2e9:,.0f} GB/s a link direction" if chip.interconnect else ""
-    say(f"target: {target.name}, {n} x {devices[0].device_kind} (compile-only: nothing runs) "
-        f"| preset {preset}")
-    say(f"model: L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
-        f"T={cfg.seq} V={cfg.vocab} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype}")
-    say(f"mesh: {', '.join(f'{a}={k}' for a, k in sizes.items())} | per device "
-        f"{peak / 1e12:,.1f} TFLOP/s ({cfg.dtype}), {bandwidth / 1e9:,.0f} GB/s HBM{link}")
-    summary = {"target": target.name, "devices": n, "mesh": sizes, "preset": preset,
-               "model": dataclasses.asdict(cfg), "peak_flops_per_device": peak,
-               "hbm_bandwidth_per_device": bandwidth}
+    say(
+        f"target: {target.name}, {n} x {devices[0].device_kind} (compile-only: nothing runs) "
+        f"| preset {preset}"
+    )
+    say(
+        f"model: L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
+        f"T={cfg.seq} V={cfg.vocab} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype}"
+    )
+    say(
+        f"mesh: {', '.join(f'{a}={k}' for a, k in sizes.items())} | per device "
+        f"{peak / 1e12:,.1f} TFLOP/s ({cfg.dtype}), {bandwidth / 1e9:,.0f} GB/s HBM{link}"
+    )
+    summary = {
+        "target": target.name,
+        "devices": n,
+        "mesh": sizes,
+        "preset": preset,
+        "model": dataclasses.asdict(cfg),
+        "peak_flops_per_device": peak,
+        "hbm_bandwidth_per_device": bandwidth,
+    }
     summary["prefill"] = plan_prefill(cfg, max(batches), prompt_len, mesh, target, say)
 
     plans, refused, compiled = [], {}, None
@@ -415,20 +483,30 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
             plans.append(decoded)
             compiled = out
             if not decoded.fits:
-                refused[b] = (f"XLA's plan needs {decoded.memory_bytes / 1e9:,.2f} GB a device, "
-                              f"more than its {target.hbm_per_device / 1e9:.2f} GB of HBM")
-    say("decode, one token per sequence a step, per device (it reads every weight tp does not "
-        "split):")
+                refused[b] = (
+                    f"XLA's plan needs {decoded.memory_bytes / 1e9:,.2f} GB a device, "
+                    f"more than its {target.hbm_per_device / 1e9:.2f} GB of HBM"
+                )
+    say(
+        "decode, one token per sequence a step, per device (it reads every weight tp does not "
+        "split):"
+    )
     for line in decode_lines(plans, target.hbm_per_device) if plans else []:
         say(line)
     for b, why in refused.items():
         say(f"  batch {b} does not fit: {why}")
     best = roof.compute_bound_batch_per_device(cfg, sizes, peak_flops=peak, bandwidth=bandwidth)
-    say(f"decode turns compute-bound from batch {best:,.0f} on this mesh" if best else
-        f"decode is memory-bound at every batch here (T={cfg.seq}: the cache outweighs the work)")
+    say(
+        f"decode turns compute-bound from batch {best:,.0f} on this mesh"
+        if best
+        else f"decode is memory-bound at every batch here (T={cfg.seq}: the cache outweighs "
+        "the work)"
+    )
     if any("all-gather" in p.collectives for p in plans) and sizes["fsdp"] > 1:
-        say("fsdp gathers the weights again every step (the all-gathers): --mesh tp=N splits "
-            "them where they lie, data=N keeps a whole copy on each device")
+        say(
+            "fsdp gathers the weights again every step (the all-gathers): --mesh tp=N splits "
+            "them where they lie, data=N keeps a whole copy on each device"
+        )
     summary["compute_bound_batch"] = best
     summary["batches"] = {str(p.batch): decode_summary(p) for p in plans}
     for b, why in refused.items():
@@ -437,7 +515,9 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
         tries = ["smaller --batches", "a shorter --seq (the cache grows with it)"]
         if sizes["data"] > 1:
             tries.append("fsdp or tp for data in --mesh (data copies every weight)")
-        summary["error"] = (f"no batch of {', '.join(map(str, batches))} fits on {target.name} "
-                            f"({target.hbm_per_device / 1e9:.2f} GB HBM per device); try "
-                            f"{', '.join(tries)}, or a bigger slice")
+        summary["error"] = (
+            f"no batch of {', '.join(map(str, batches))} fits on {target.name} "
+            f"({target.hbm_per_device / 1e9:.2f} GB HBM per device); try "
+            f"{', '.join(tries)}, or a bigger slice"
+        )
     return DecodePlanned(plans, summary, compiled)

@@ -92,9 +92,14 @@ def splash_kernel(q, k, v, segment_ids=None, *, interpret=False):
     # divides the sequence: 640 takes 128-wide tiles, not 512 (which would not divide it).
     bq, bt = (next((b for b in (512, 384, 256, 128) if n % b == 0), n) for n in (S, T))
     sizes = splash.BlockSizes(
-        block_q=bq, block_kv=bt, block_kv_compute=bt,
-        block_q_dkv=bq, block_kv_dkv=bt, block_kv_dkv_compute=bt,
-        block_q_dq=bq, block_kv_dq=bt,
+        block_q=bq,
+        block_kv=bt,
+        block_kv_compute=bt,
+        block_q_dkv=bq,
+        block_kv_dkv=bt,
+        block_kv_dkv_compute=bt,
+        block_q_dq=bq,
+        block_kv_dq=bt,
     )
     kernel = splash.make_splash_mha(
         mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
@@ -118,7 +123,10 @@ def splash_attention(q, k, v, segment_ids=None):
 
     def local(q, k, v, segment_ids):
         return jax.lax.platform_dependent(
-            q, k, v, segment_ids,
+            q,
+            k,
+            v,
+            segment_ids,
             tpu=functools.partial(splash_kernel, interpret=False),
             default=functools.partial(splash_kernel, interpret=True),
         )
@@ -129,9 +137,9 @@ def splash_attention(q, k, v, segment_ids=None):
     qkv = P(("data", "fsdp"), None, "tp", None)
     ids = None if segment_ids is None else P(("data", "fsdp"), None)
     # check_vma=False: the Pallas call does not say how its output varies over the mesh.
-    return jax.shard_map(
-        local, in_specs=(qkv, qkv, qkv, ids), out_specs=qkv, check_vma=False
-    )(q, k, v, segment_ids)
+    return jax.shard_map(local, in_specs=(qkv, qkv, qkv, ids), out_specs=qkv, check_vma=False)(
+        q, k, v, segment_ids
+    )
 
 
 IMPLEMENTATIONS = {
@@ -156,7 +164,7 @@ def kernel_refusal(impl, cfg, batch, seq=None):
         shape = jax.ShapeDtypeStruct((batch, S, cfg.heads, cfg.head_dim), jnp.bfloat16)
         try:  # cuDNN's own checks (head dim, sequence, library version) run at trace time
             jax.eval_shape(cudnn_attention, shape, shape, shape)
-        except Exception as e:  # noqa: BLE001  (its errors are of several types)
+        except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             return f"cuDNN's flash attention refused the shapes: {first}"
     return None
@@ -177,8 +185,10 @@ def choose(requested, platform, cfg, batch, seq=None):
             f"--attention-impl {requested} runs on {KERNEL_PLATFORM[requested].upper()}s, "
             f"not on this step's {platform.upper()}"
         )
-    kernel = requested if requested in KERNEL_PLATFORM else {"gpu": "cudnn", "tpu": "splash"}.get(
-        platform
+    kernel = (
+        requested
+        if requested in KERNEL_PLATFORM
+        else {"gpu": "cudnn", "tpu": "splash"}.get(platform)
     )
     if kernel is None:
         return "fused", None

@@ -115,7 +115,7 @@ def newest_meta(directory):
 def _read_meta(manager, step):
     try:
         return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    except Exception:  # noqa: BLE001 - a damaged file reads as no metadata
+    except Exception:
         return None
 
 
@@ -191,14 +191,15 @@ class Checkpoints:
                     step,
                     args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
                 )["state"]
-            except Exception as e:  # noqa: BLE001 - any unreadable file means: try the previous
+            except Exception as e:
                 log(
                     f"checkpoint {step}: cannot be read ({type(e).__name__}), trying the one before"
                 )
                 continue
             if not np.allclose(_fingerprint_list(restored), meta["fingerprint"], rtol=1e-5):
                 log(
-                    f"checkpoint {step}: its data does not match its fingerprint, trying the one before"
+                    f"checkpoint {step}: its data does not match its fingerprint, "
+                    "trying the one before"
                 )
                 continue
             return step, restored

@@ -20,7 +20,6 @@ from jax.sharding import PartitionSpec as P
 from sessions import sharding
 from sessions.model import cast
 
-
 # How many leading dims of each matmul weight are its inputs (model.dense's n_in).
 INPUT_DIMS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_in": 1, "w_out": 1}
 

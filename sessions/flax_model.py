@@ -79,7 +79,10 @@ class Attention(nnx.Module):
 
     def __call__(self, x, segment_ids=None):
         """x: [B, S, E] -> [B, S, E]."""
-        w = lambda p: p[...].astype(x.dtype)  # the float32 master weight, cast
+
+        def w(p):  # the float32 master weight, cast
+            return p[...].astype(x.dtype)
+
         q = constrain(dense(x, w(self.wq)), "BSHD")  # "BSE,EHD->BSHD"
         k = constrain(dense(x, w(self.wk)), "BSHD")
         v = constrain(dense(x, w(self.wv)), "BSHD")

@@ -204,8 +204,16 @@ def decode(weights, cache, tokens, logits, start, n, key, temperature, cfg, gree
     calls queue on the device; nothing waits for one to finish."""
     for done in range(0, n, STEPS):
         tokens, cache, logits = decode_steps(
-            weights, cache, tokens, logits, start + done, n - done, key, temperature,
-            cfg=cfg, greedy=greedy,
+            weights,
+            cache,
+            tokens,
+            logits,
+            start + done,
+            n - done,
+            key,
+            temperature,
+            cfg=cfg,
+            greedy=greedy,
         )
     return tokens, cache, logits
 
@@ -251,7 +259,15 @@ def generate(params, cfg, prompts, n_new, *, key=None, temperature=0.0):
     logits, cache = prefill(params, prompts, dataclasses.replace(cfg, attention_impl=impl))
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T], room for the new tokens
     tokens, _, _ = decode(
-        decode_weights(params, cfg), cache, tokens, logits, P, n_new, key, temperature,
-        cfg=cfg, greedy=temperature == 0,
+        decode_weights(params, cfg),
+        cache,
+        tokens,
+        logits,
+        P,
+        n_new,
+        key,
+        temperature,
+        cfg=cfg,
+        greedy=temperature == 0,
     )
     return tokens[:, : P + n_new]

@@ -53,7 +53,7 @@ class Prefetcher:
                     except queue.Full:
                         continue
                 step += 1
-        except Exception as e:  # noqa: BLE001 - any failure is handed to the consumer, raised there
+        except Exception as e:
             self._queue.put((None, e))
 
     def __iter__(self):

@@ -10,9 +10,18 @@ from sessions.loop import impossible_mfu
 
 
 def summarize(
-    history, *, train_seconds, tokens_per_step, flops_per_step, peak, n_devices, unigram,
-    first_step, memory=(None, ""), allocator=(None, ""),
-):  # fmt: skip
+    history,
+    *,
+    train_seconds,
+    tokens_per_step,
+    flops_per_step,
+    peak,
+    n_devices,
+    unigram,
+    first_step,
+    memory=(None, ""),
+    allocator=(None, ""),
+):
     """The run in numbers (what --summary-out writes). Throughput is over every
     step timed, compilation excluded. memory: (bytes per device, source) from
     roofline.memory.step_memory; allocator: the same from allocator_peak, the

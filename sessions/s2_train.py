@@ -126,8 +126,9 @@ def choose_configs(args, platform=None):
     on_cpu = platform == "cpu"
     preset = args.preset or ("cpu" if on_cpu else "course")
     # A GPU below compute capability 8.0 has neither bf16 tensor cores nor cuDNN's attention.
-    caps = capability_defaults(jax.local_devices()[0] if here else None, args.dtype,
-                               args.attention_impl)
+    caps = capability_defaults(
+        jax.local_devices()[0] if here else None, args.dtype, args.attention_impl
+    )
     overrides = {
         "attention": not args.no_attention,
         "positions": not args.no_positions,

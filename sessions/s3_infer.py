@@ -185,7 +185,8 @@ def main(argv=None):
         print(f"session 3 | {len(devices)} x {devices[0].device_kind} | {source}")
         print(
             f"model: L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
-            f"T={cfg.seq} | {cfg.dtype} | prompt {len(prompt)} bytes, {args.new_tokens} decode steps"
+            f"T={cfg.seq} | {cfg.dtype} | prompt {len(prompt)} bytes, "
+            f"{args.new_tokens} decode steps"
         )
         # The roofs of the whole mesh. A CPU's are measured; its simulated devices share them.
         peak, peak_source = local_peak_flops(cfg.dtype)

@@ -30,7 +30,7 @@ def prefetch(make_batch, steps, depth=2):
         try:
             for step in range(steps):
                 ready.put((True, make_batch(step)))
-        except Exception as e:  # noqa: BLE001 - handed to the consumer, raised there
+        except Exception as e:
             ready.put((False, e))
 
     threading.Thread(target=work, daemon=True).start()

@@ -52,7 +52,8 @@ PLUGIN_NOISE = ("All log messages before absl::InitializeLog()", "cudart_stub.cc
 
 def without_plugin_noise(text):
     return "".join(
-        line for line in text.splitlines(keepends=True)
+        line
+        for line in text.splitlines(keepends=True)
         if not any(noise in line for noise in PLUGIN_NOISE)
     )
 

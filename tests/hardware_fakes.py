@@ -32,9 +32,11 @@ class FakeCompiled:
 
     def __init__(self, arguments, outputs, temps, aliased):
         self.plan = types.SimpleNamespace(
-            argument_size_in_bytes=arguments, output_size_in_bytes=outputs,
-            temp_size_in_bytes=temps, alias_size_in_bytes=aliased,
-        )  # fmt: skip
+            argument_size_in_bytes=arguments,
+            output_size_in_bytes=outputs,
+            temp_size_in_bytes=temps,
+            alias_size_in_bytes=aliased,
+        )
 
     def memory_analysis(self):
         return self.plan

@@ -17,8 +17,20 @@ def test_without_an_accelerator_it_refuses_unless_asked(tmp_path, monkeypatch, c
 
 def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
-    argv = ["--cpu", "--run-dir", str(tmp_path), "--bench-args", BENCH, "--s3-args", "--new-tokens 16",
-            "--", "--preset", "tiny", "--steps", "6"]  # fmt: skip
+    argv = [
+        "--cpu",
+        "--run-dir",
+        str(tmp_path),
+        "--bench-args",
+        BENCH,
+        "--s3-args",
+        "--new-tokens 16",
+        "--",
+        "--preset",
+        "tiny",
+        "--steps",
+        "6",
+    ]
     assert accelerator_check.main(argv) == 0, capsys.readouterr()
     out = capsys.readouterr().out
     check = json.loads((tmp_path / "check.json").read_text())

@@ -21,8 +21,18 @@ from sessions.checkpoint import Checkpoints
 from sessions.config import PRESETS, UsageError
 from sessions.train import init_state, make_optimizer
 
-RUN = ["--preset", "tiny", "--steps", "40", "--checkpoint-every", "10", "--log-every", "1",
-       "--sample-bytes", "0"]  # fmt: skip
+RUN = [
+    "--preset",
+    "tiny",
+    "--steps",
+    "40",
+    "--checkpoint-every",
+    "10",
+    "--log-every",
+    "1",
+    "--sample-bytes",
+    "0",
+]
 
 
 # Run as `python -c KILLER sessions/s2_train.py FLAGS`: s2_train.py, killed
@@ -54,8 +64,9 @@ def start(tmp_path, name, *extra, kill_after_save=None):
         env["KILL_AFTER_SAVE"] = str(kill_after_save)
         command = [PYTHON, "-c", KILLER, "sessions/s2_train.py"]
     command += [*RUN, "--run-dir", str(tmp_path / name), "--metrics-out", str(metrics), *extra]
-    proc = subprocess.Popen(command, cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     return proc, metrics
 
 
@@ -92,14 +103,22 @@ def uninterrupted(tmp_path_factory):
 
 
 def resume_and_compare(tmp_path, metrics, expected, where):
-    resumed = run_python("sessions/s2_train.py", *RUN, "--run-dir", str(tmp_path / "killed"),
-                         "--metrics-out", str(metrics), "--resume")  # fmt: skip
+    resumed = run_python(
+        "sessions/s2_train.py",
+        *RUN,
+        "--run-dir",
+        str(tmp_path / "killed"),
+        "--metrics-out",
+        str(metrics),
+        "--resume",
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from the checkpoint at step" in resumed.stdout
     got = losses(metrics)
     assert sorted(got) == list(range(1, 41)), f"killed {where}: steps {sorted(got)}"
-    np.testing.assert_allclose([got[s] for s in range(1, 41)],
-                               [expected[s] for s in range(1, 41)], rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        [got[s] for s in range(1, 41)], [expected[s] for s in range(1, 41)], rtol=1e-6
+    )
 
 
 def test_killed_run_resumes_on_the_same_trajectory(tmp_path, uninterrupted):
@@ -133,8 +152,15 @@ def test_sigterm_saves_then_stops_and_resume_finishes(tmp_path):
     with Checkpoints(tmp_path / "term" / "checkpoints", 0, *_tiny()) as checkpoints:
         saved = checkpoints.steps()
     assert len(saved) == 1 and saved[0] >= 5
-    resumed = run_python("sessions/s2_train.py", *RUN, "--checkpoint-every", "1000",
-                         "--run-dir", str(tmp_path / "term"), "--resume")  # fmt: skip
+    resumed = run_python(
+        "sessions/s2_train.py",
+        *RUN,
+        "--checkpoint-every",
+        "1000",
+        "--run-dir",
+        str(tmp_path / "term"),
+        "--resume",
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from the checkpoint at step {saved[0]}" in resumed.stdout
 
@@ -183,8 +209,9 @@ def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tmp_path, da
     with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
         checkpoints.maybe_save(10, first)
         checkpoints.maybe_save(20, second)
-    data_files = [p for p in (tmp_path / "20" / "state").rglob("*") if p.is_file()
-                  and "/d/" in str(p)]  # fmt: skip
+    data_files = [
+        p for p in (tmp_path / "20" / "state").rglob("*") if p.is_file() and "/d/" in str(p)
+    ]
     assert data_files
     for path in data_files:
         raw = bytearray(path.read_bytes())
@@ -216,8 +243,12 @@ def test_a_checkpoint_changed_on_disk_fails_its_fingerprint(tmp_path):
     changed["params"]["final_norm"] = changed["params"]["final_norm"].at[0].add(1.0)
     shutil.rmtree(tmp_path / "20")
     with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
-        checkpoints.manager.save(20, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(changed), meta=ocp.args.JsonSave(meta)))  # fmt: skip
+        checkpoints.manager.save(
+            20,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(changed), meta=ocp.args.JsonSave(meta)
+            ),
+        )
     notes = []
     with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
         assert checkpoints.steps() == [10, 20]
@@ -230,8 +261,7 @@ def test_a_checkpoint_changed_on_disk_fails_its_fingerprint(tmp_path):
 
 
 def test_resume_with_nothing_to_resume(tmp_path, capsys):
-    code, err = s2_in_process(["--preset", "tiny", "--resume", "--run-dir", str(tmp_path)],
-                               capsys)  # fmt: skip
+    code, err = s2_in_process(["--preset", "tiny", "--resume", "--run-dir", str(tmp_path)], capsys)
     assert code == 2 and "no checkpoint in" in err and len(err.strip().splitlines()) == 1
 
 
@@ -273,8 +303,20 @@ def test_every_checkpoint_damaged_is_an_error(tmp_path):
 def test_a_diverged_state_is_never_saved_over_the_last_good_one(tmp_path, capsys):
     """The loss is read only on log steps: a checkpoint step between a
     divergence and the next log line must keep the last good checkpoint."""
-    argv = ["--preset", "tiny", "--steps", "30", "--log-every", "30", "--checkpoint-every", "1",
-            "--lr", "1e12", "--run-dir", str(tmp_path)]  # fmt: skip
+    argv = [
+        "--preset",
+        "tiny",
+        "--steps",
+        "30",
+        "--log-every",
+        "30",
+        "--checkpoint-every",
+        "1",
+        "--lr",
+        "1e12",
+        "--run-dir",
+        str(tmp_path),
+    ]
     code, err = s2_in_process(argv, capsys)
     assert code == 1
     assert "NaN or infinite by step" in err and "nothing was saved" in err

@@ -48,10 +48,16 @@ def run_two_processes(folders, path):
     env = subprocess_env(1)
     env["PYTHONPATH"] = REPO
     procs = [
-        subprocess.Popen([sys.executable, "-c", CHILD, coordinator, str(i), path], cwd=folder,
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, coordinator, str(i), path],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i, folder in enumerate(folders)
-    ]  # fmt: skip
+    ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     return [p.returncode for p in procs], outputs
 

@@ -87,8 +87,10 @@ def test_bad_data_is_a_usage_error(tmp_path, content, message):
 
 
 def test_prefetcher_yields_the_synchronous_batches_in_order():
-    make = lambda step: batch(step)
-    place = lambda b: {k: v + 0 for k, v in b.items()}
+    def place(b):
+        return {k: v + 0 for k, v in b.items()}
+
+    make = batch
     sync = Synchronous(make, place, start=7)
     with Prefetcher(make, place, start=7, depth=3) as ahead:
         for _ in range(10):

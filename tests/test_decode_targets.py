@@ -27,13 +27,15 @@ from sessions.data import encode
 
 def plan(target_text, mesh, batches, preset="course", *flags):
     """(DecodePlanned, cfg) for s3_infer.py --target TARGET --mesh MESH --batches B [flags]."""
-    args = s3_infer.parse_args(["--target", target_text, "--preset", preset, "--batches",
-                                batches, *flags])
+    args = s3_infer.parse_args(
+        ["--target", target_text, "--preset", preset, "--batches", batches, *flags]
+    )
     target, devices = aot.devices_for(target_text)
     cfg, _ = s3_infer.configure(args, platform=target.chip.platform)
     prompt_len = len(encode(args.prompt))
-    planned = aot.plan_decode(mesh, cfg, args.batches, prompt_len, preset, target, devices,
-                              lambda *a: None)
+    planned = aot.plan_decode(
+        mesh, cfg, args.batches, prompt_len, preset, target, devices, lambda *a: None
+    )
     return planned, cfg
 
 
@@ -55,8 +57,15 @@ def tpu_data():
 def napkin_step_flops(cfg, batch):
     """B·f by hand: 2 FLOPs per matmul weight per token (the tied embedding once,
     as the output projection) and 4·L·T·H·D for attention over the whole cache."""
-    E, F, H, D, L, V, T = (cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.vocab,
-                           cfg.seq)
+    E, F, H, D, L, V, T = (
+        cfg.embed,
+        cfg.ff,
+        cfg.heads,
+        cfg.head_dim,
+        cfg.layers,
+        cfg.vocab,
+        cfg.seq,
+    )
     return batch * (2 * (L * (2 * E * F + 4 * E * H * D) + V * E) + 4 * L * T * H * D)
 
 
@@ -80,7 +89,8 @@ def test_tensor_parallel_decode_all_reduces_activations(tpu_tp):
         # compiled program runs inference.STEPS of them, and counts them all.
         assert found["all-reduce"].count == 2 * cfg.layers + 1
         assert found["all-reduce"].output_bytes == pytest.approx(
-            (2 * cfg.layers + 1) * p.batch * cfg.embed * 2, rel=0.01)
+            (2 * cfg.layers + 1) * p.batch * cfg.embed * 2, rel=0.01
+        )
         # No weight moves: whatever is gathered (the logits' argmax over V's shards)
         # is smaller than the smallest weight shard, a quarter of wq.
         gathered = found["all-gather"].output_bytes if "all-gather" in found else 0
@@ -117,8 +127,10 @@ def test_xla_counts_one_decode_step_as_the_napkin_does(tpu_tp, tpu_data):
             napkin = napkin_step_flops(cfg, p.batch) / 4
             assert p.step.flops == napkin
             # XLA also counts the elementwise work (norms, softmax, argmax): a few percent.
-            assert p.xla_flops == pytest.approx(napkin, rel=0.08), (planned.summary["mesh"],
-                                                                    p.batch)
+            assert p.xla_flops == pytest.approx(napkin, rel=0.08), (
+                planned.summary["mesh"],
+                p.batch,
+            )
 
 
 def test_prefill_flops_match_the_napkin(tpu_tp):
@@ -128,8 +140,7 @@ def test_prefill_flops_match_the_napkin(tpu_tp):
     E, F, H, D, L, V = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.vocab
     # Every layer for every prompt token; the output projection for the last one only;
     # attention's two einsums over the whole P x P scores.
-    napkin = (2 * B * P * L * (2 * E * F + 4 * E * H * D) + 2 * B * V * E
-              + 4 * L * B * P * P * H * D)
+    napkin = 2 * B * P * L * (2 * E * F + 4 * E * H * D) + 2 * B * V * E + 4 * L * B * P * P * H * D
     assert s["batch"] == B and s["napkin_flops_per_device"] == napkin / 4
     assert s["attention_impl"] == "fused"  # splash needs P divisible by 128; 21 is not
     assert s["xla_flops_per_device"] == pytest.approx(napkin / 4, rel=0.03)
@@ -194,11 +205,30 @@ def test_a_loops_collectives_are_read_apart_from_the_rest():
 def test_cli_prints_each_batch_and_writes_the_summary(tmp_path, capsys):
     need("gpu")
     summary, hlo = tmp_path / "plan.json", tmp_path / "decode.hlo"
-    code, out, err = s3(["--target", "h100:1", "--preset", "tiny", "--batches", "2,8",
-                         "--summary-out", str(summary), "--hlo-out", str(hlo)], capsys)
+    code, out, err = s3(
+        [
+            "--target",
+            "h100:1",
+            "--preset",
+            "tiny",
+            "--batches",
+            "2,8",
+            "--summary-out",
+            str(summary),
+            "--hlo-out",
+            str(hlo),
+        ],
+        capsys,
+    )
     assert code == 0, err
-    for text in ("target: h100-sxm:1", "prefill: 8 x 21 tokens", "FLOPs per device",
-                 "KV cache", "tokens/s", "memory-bound"):
+    for text in (
+        "target: h100-sxm:1",
+        "prefill: 8 x 21 tokens",
+        "FLOPs per device",
+        "KV cache",
+        "tokens/s",
+        "memory-bound",
+    ):
         assert text in out, text
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("2 ", "8 "))]
     assert [r[0] for r in rows] == ["2", "8"], out  # one table row per batch
@@ -207,14 +237,17 @@ def test_cli_prints_each_batch_and_writes_the_summary(tmp_path, capsys):
     cfg = PRESETS["tiny"].model
     for b, row in s["batches"].items():
         B = int(b)
-        assert row["cache_bytes_per_device"] == 2 * cfg.layers * B * cfg.seq * cfg.heads * \
-            cfg.head_dim * 2
+        assert (
+            row["cache_bytes_per_device"]
+            == 2 * cfg.layers * B * cfg.seq * cfg.heads * cfg.head_dim * 2
+        )
         assert row["weight_bytes_per_device"] == 2 * param_count(cfg)
         assert row["hbm_bytes_per_device"] == 80e9 and row["fits"]
         assert row["predicted_tokens_per_sec"] == pytest.approx(B / row["predicted_step_seconds"])
         assert row["napkin_flops_per_device"] == napkin_step_flops(cfg, B)
-        assert row["xla_flops_per_device"] == pytest.approx(row["napkin_flops_per_device"],
-                                                            rel=0.15)
+        assert row["xla_flops_per_device"] == pytest.approx(
+            row["napkin_flops_per_device"], rel=0.15
+        )
         assert row["collectives_per_step"] == {}
         assert all(k.startswith("bf16,bf16->") for k in row["matmul_dtypes"])
     assert " while(" in hlo.read_text()  # the decode loop, as compiled
@@ -253,19 +286,39 @@ def test_the_gpu_decode_programs_never_wait_on_the_host():
         assert not re.search(r" conditional\(", text)
 
 
-@pytest.mark.parametrize("target, platform, layers, batch, why", [
-    # One sequence's cache, 2·L·T·H·D·2 bytes at T=65536, H·D=8192: 17.2 GB at 8
-    # layers, beyond a v5e's 16 GB even split four ways: the TPU compiler refuses it.
-    ("tpu-v5e:2x2", "tpu", 8, 4, "HBM"),
-    # 4.3 GB at 2 layers, 137 GB for 32: the NVIDIA compiler plans it, past 80 GB.
-    ("h100:1", "gpu", 2, 32, "XLA's plan needs"),
-])
-def test_a_cache_that_fits_no_device_exits_2_on_one_line(target, platform, layers, batch, why,
-                                                         capsys):
+@pytest.mark.parametrize(
+    "target, platform, layers, batch, why",
+    [
+        # One sequence's cache, 2·L·T·H·D·2 bytes at T=65536, H·D=8192: 17.2 GB at 8
+        # layers, beyond a v5e's 16 GB even split four ways: the TPU compiler refuses it.
+        ("tpu-v5e:2x2", "tpu", 8, 4, "HBM"),
+        # 4.3 GB at 2 layers, 137 GB for 32: the NVIDIA compiler plans it, past 80 GB.
+        ("h100:1", "gpu", 2, 32, "XLA's plan needs"),
+    ],
+)
+def test_a_cache_that_fits_no_device_exits_2_on_one_line(
+    target, platform, layers, batch, why, capsys
+):
     need(platform)
-    code, out, err = s3(["--target", target, "--preset", "tiny", "--heads", "64", "--head-dim",
-                         "128", "--layers", str(layers), "--seq", "65536", "--batches",
-                         str(batch)], capsys)
+    code, out, err = s3(
+        [
+            "--target",
+            target,
+            "--preset",
+            "tiny",
+            "--heads",
+            "64",
+            "--head-dim",
+            "128",
+            "--layers",
+            str(layers),
+            "--seq",
+            "65536",
+            "--batches",
+            str(batch),
+        ],
+        capsys,
+    )
     assert code == 2
     said = [line for line in out.splitlines() if f"batch {batch} does not fit" in line]
     assert len(said) == 1 and why in said[0], out
@@ -275,12 +328,15 @@ def test_a_cache_that_fits_no_device_exits_2_on_one_line(target, platform, layer
     assert "--batches" in error[0] and "--seq" in error[0]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--target", "tpu-v9"], "unknown chip"),
-    (["--target", "t4"], "no compile-only target for t4 here"),  # in the table, not in XLA's
-    (["--target", "h100:8", "--mesh", "fsdp=4"], "8 are present"),
-    (["--target", "h100:2", "--mesh", "data=2", "--batches", "3"], "3 does not divide"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--target", "tpu-v9"], "unknown chip"),
+        (["--target", "t4"], "no compile-only target for t4 here"),  # in the table, not in XLA's
+        (["--target", "h100:8", "--mesh", "fsdp=4"], "8 are present"),
+        (["--target", "h100:2", "--mesh", "data=2", "--batches", "3"], "3 does not divide"),
+    ],
+)
 def test_bad_targets_are_one_line_and_exit_2(argv, message, capsys):
     if "tpu-v9" not in argv and "t4" not in argv:
         need("gpu")

@@ -43,7 +43,10 @@ def test_conversion_round_trips_and_own_init_has_our_shapes(cfg, key):
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
         np.testing.assert_array_equal(a, b)
     own = flax_model.to_params(flax_model.Transformer(cfg, nnx.Rngs(params=0)))
-    shape = lambda x: (x.shape, x.dtype)
+
+    def shape(x):
+        return (x.shape, x.dtype)
+
     assert jax.tree.map(shape, own) == jax.tree.map(shape, params)
 
 

@@ -57,12 +57,15 @@ def test_generate_on_a_kernel_config_gives_the_reference_tokens(params, kernel, 
     assert len(np.unique(np.asarray(want[:, length:]))) > 2, "a degenerate continuation"
 
 
-@pytest.mark.parametrize("kernel, length, impl", [
-    ("splash", 128, "splash"),  # a whole tile: the kernel itself, interpreted here
-    ("splash", 21, "einsum"),
-    ("splash", 64, "einsum"),
-    ("cudnn", 128, "einsum"),  # any length: cuDNN has no CPU implementation
-])
+@pytest.mark.parametrize(
+    "kernel, length, impl",
+    [
+        ("splash", 128, "splash"),  # a whole tile: the kernel itself, interpreted here
+        ("splash", 21, "einsum"),
+        ("splash", 64, "einsum"),
+        ("cudnn", 128, "einsum"),  # any length: cuDNN has no CPU implementation
+    ],
+)
 def test_the_kernel_is_chosen_only_where_it_takes_the_prompt(kernel, length, impl):
     chosen, note = attention.choose_for_length(KERNELS[kernel], "cpu", 2, length)
     assert chosen == impl
@@ -85,8 +88,9 @@ def test_the_sliding_sample_runs_on_a_splash_config(params):
     short = dataclasses.replace(REFERENCE, seq=128)
     p = {**params, "pos": params["pos"][:128]}  # the positional table [T, E], cut to T = 128
     key = jax.random.key(1)
-    text = generate_text(p, dataclasses.replace(short, attention_impl="splash"), "abc", 200, key,
-                         temperature=0.0)
+    text = generate_text(
+        p, dataclasses.replace(short, attention_impl="splash"), "abc", 200, key, temperature=0.0
+    )
     assert text == generate_text(p, short, "abc", 200, key, temperature=0.0)
 
 

@@ -150,7 +150,9 @@ def test_an_unknown_accelerator_is_measured_and_says_so(monkeypatch):
 
     monkeypatch.setattr(calibrate, "measured", no_measuring)
     assert local_peak_flops("bfloat16", FakeDevice("gpu", "Tesla T4", "7.5")) == (
-        8.1 * T, "t4 datasheet")  # fmt: skip
+        8.1 * T,
+        "t4 datasheet",
+    )
 
 
 PRE_AMPERE = "cuDNN flash attention and bf16 matmuls need 8.0+"
@@ -160,8 +162,10 @@ PRE_AMPERE = "cuDNN flash attention and bf16 matmuls need 8.0+"
 def test_below_compute_capability_8_runs_default_to_float32_and_xla_attention(kind, cc):
     gpu = FakeDevice("gpu", kind, cc)
     assert capability_defaults(gpu) == Defaults(
-        "float32", "fused", f"{kind} is compute capability {cc}: {PRE_AMPERE}; float32 and "
-        "XLA's attention")  # fmt: skip
+        "float32",
+        "fused",
+        f"{kind} is compute capability {cc}: {PRE_AMPERE}; float32 and XLA's attention",
+    )
     einsum = capability_defaults(gpu, "float32", "einsum")
     assert (einsum.dtype, einsum.attention_impl) == ("float32", "einsum")
     assert einsum.note.endswith("float32 and einsum attention")
@@ -172,16 +176,19 @@ def test_below_compute_capability_8_runs_default_to_float32_and_xla_attention(ki
         capability_defaults(gpu, "bfloat16", "cudnn")
 
 
-@pytest.mark.parametrize("device", [
-    FakeDevice("gpu", "NVIDIA A100-SXM4-40GB", "8.0"),  # Ampere itself
-    FakeDevice("gpu", "NVIDIA L4", "8.9"),
-    FakeDevice("gpu", "NVIDIA B200", "10.0"),  # "10.0" < "8.0" as text: compared as numbers
-    FakeDevice("gpu", "NVIDIA GeForce RTX 5090", "12.0"),
-    FakeDevice("gpu", "AMD Instinct MI250X", "gfx90a"),  # ROCm's is no number
-    FakeDevice("tpu", "TPU v5 lite"),  # no compute_capability attribute
-    FakeDevice("cpu", "cpu"),
-    None,  # --target: a chip this machine lacks
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "device",
+    [
+        FakeDevice("gpu", "NVIDIA A100-SXM4-40GB", "8.0"),  # Ampere itself
+        FakeDevice("gpu", "NVIDIA L4", "8.9"),
+        FakeDevice("gpu", "NVIDIA B200", "10.0"),  # "10.0" < "8.0" as text: compared as numbers
+        FakeDevice("gpu", "NVIDIA GeForce RTX 5090", "12.0"),
+        FakeDevice("gpu", "AMD Instinct MI250X", "gfx90a"),  # ROCm's is no number
+        FakeDevice("tpu", "TPU v5 lite"),  # no compute_capability attribute
+        FakeDevice("cpu", "cpu"),
+        None,  # --target: a chip this machine lacks
+    ],
+)
 def test_ampere_and_later_and_other_platforms_keep_the_usual_defaults(device):
     assert capability_defaults(device) == Defaults(None, None, None)
     assert capability_defaults(device, "bfloat16", "cudnn") == Defaults("bfloat16", None, None)
@@ -190,20 +197,35 @@ def test_ampere_and_later_and_other_platforms_keep_the_usual_defaults(device):
 MACHINES = {  # the files of a machine's root, and what is on it
     "nothing": ({}, [], None),
     "an NVIDIA GPU's node": ({"dev/nvidia0": ""}, [], ("nvidia", "/dev/nvidia0")),
-    "the driver's GPU list": ({}, ["proc/driver/nvidia/gpus/0000:00:04.0"],
-                              ("nvidia", "/proc/driver/nvidia/gpus/0000:00:04.0")),
-    "the driver alone (a container with no GPU)": ({"dev/nvidiactl": ""}, ["proc/driver/nvidia"],
-                                                   None),
+    "the driver's GPU list": (
+        {},
+        ["proc/driver/nvidia/gpus/0000:00:04.0"],
+        ("nvidia", "/proc/driver/nvidia/gpus/0000:00:04.0"),
+    ),
+    "the driver alone (a container with no GPU)": (
+        {"dev/nvidiactl": ""},
+        ["proc/driver/nvidia"],
+        None,
+    ),
     "a TPU v5e's PCI function": (
-        {"sys/bus/pci/devices/0000:00:05.0/vendor": "0x1ae0\n",
-         "sys/bus/pci/devices/0000:00:05.0/device": "0x0063\n"},
-        [], ("tpu", "/sys/bus/pci/devices/0000:00:05.0")),
+        {
+            "sys/bus/pci/devices/0000:00:05.0/vendor": "0x1ae0\n",
+            "sys/bus/pci/devices/0000:00:05.0/device": "0x0063\n",
+        },
+        [],
+        ("tpu", "/sys/bus/pci/devices/0000:00:05.0"),
+    ),
     "Google's virtual NIC (every GCE VM)": (
-        {"sys/bus/pci/devices/0000:00:04.0/vendor": "0x1ae0\n",
-         "sys/bus/pci/devices/0000:00:04.0/device": "0x0042\n"}, [], None),
+        {
+            "sys/bus/pci/devices/0000:00:04.0/vendor": "0x1ae0\n",
+            "sys/bus/pci/devices/0000:00:04.0/device": "0x0042\n",
+        },
+        [],
+        None,
+    ),
     "a TPU v4 VM's accel node": ({"dev/accel0": ""}, [], ("tpu", "/dev/accel0")),
     "an Intel NPU's accel node": ({"dev/accel/accel0": ""}, [], None),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
@@ -234,24 +256,35 @@ def test_the_scripts_turn_the_stop_into_one_line_and_exit_2(tmp_path, monkeypatc
     status = run_main(lambda argv: check_accelerator_visible(root, backend="cpu", environ={}))
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1
-    assert err.startswith("error: this machine has an NVIDIA GPU (/dev/nvidia0) but JAX sees only "
-                          "the CPU (its jax plugin is installed but did not start")  # fmt: skip
+    assert err.startswith(
+        "error: this machine has an NVIDIA GPU (/dev/nvidia0) but JAX sees only "
+        "the CPU (its jax plugin is installed but did not start"
+    )
 
 
 def test_an_impossible_mfu_is_flagged_never_printed_as_a_result():
     history = [{"step": 10, "loss": 2.0}]
-    args = {"train_seconds": 1.0, "tokens_per_step": 1024, "peak": (1e10, "t4 datasheet"),
-            "n_devices": 1, "unigram": 3.3, "first_step": 9}  # one step in one second
+    args = {
+        "train_seconds": 1.0,
+        "tokens_per_step": 1024,
+        "peak": (1e10, "t4 datasheet"),
+        "n_devices": 1,
+        "unigram": 3.3,
+        "first_step": 9,
+    }  # one step in one second
     s = summarize(history, flops_per_step=1.31e10, **args)  # 1.31e10 FLOP/s on a 1e10 peak
     s = json.loads(json.dumps(s))  # what --summary-out writes
     assert s["mfu"] == pytest.approx(1.31) and s["mfu_exceeds_peak"] is True
     text = "\n".join(summary_lines(s))
-    assert ("  MFU         n/a: 131% of the assumed 0.010 TFLOP/s per device is impossible, "
-            "so the peak (t4 datasheet) is wrong for this chip") in text  # fmt: skip
+    assert (
+        "  MFU         n/a: 131% of the assumed 0.010 TFLOP/s per device is impossible, "
+        "so the peak (t4 datasheet) is wrong for this chip"
+    ) in text
     assert "131.0%" not in text
     fine = summarize(history, flops_per_step=1e9, **args)  # 10%: a result
     assert fine["mfu_exceeds_peak"] is False and "MFU         10.0% of" in "\n".join(
-        summary_lines(fine))  # fmt: skip
+        summary_lines(fine)
+    )
     assert summarize(history, flops_per_step=1e10, **args)["mfu_exceeds_peak"] is False  # 100%
 
     record = make_record(10, 2.0, 0.1, 1024, 1.31e9, 1e10, 1)  # each log line likewise
@@ -270,18 +303,32 @@ def test_a_calibration_never_passes_for_the_step_s_memory(monkeypatch):
     with memory.outside_the_step(gpu):
         gpu.peak = 3 * GiB  # the matmul operands and the copy, freed since
     assert memory.step_memory(step, gpu) == (40 * MiB, "XLA's memory plan of the compiled step")
-    assert memory.step_memory(None, gpu) == (None, (
-        "not known: the allocator peak over the process, set by calibration (2,972.0 MiB above "
-        "what came before), and there is no compiled step to plan"))  # fmt: skip
+    assert memory.step_memory(None, gpu) == (
+        None,
+        (
+            "not known: the allocator peak over the process, set by calibration (2,972.0 MiB above "
+            "what came before), and there is no compiled step to plan"
+        ),
+    )
     allocator = memory.allocator_peak(gpu)
-    s = summarize([{"step": 1, "loss": 2.0}], train_seconds=1.0, tokens_per_step=1,
-                  flops_per_step=1, peak=(1e10, "measured"), n_devices=1, unigram=3.3,
-                  first_step=0, memory=memory.step_memory(step, gpu),
-                  allocator=allocator)  # fmt: skip
+    s = summarize(
+        [{"step": 1, "loss": 2.0}],
+        train_seconds=1.0,
+        tokens_per_step=1,
+        flops_per_step=1,
+        peak=(1e10, "measured"),
+        n_devices=1,
+        unigram=3.3,
+        first_step=0,
+        memory=memory.step_memory(step, gpu),
+        allocator=allocator,
+    )
     lines = summary_lines(s)
     assert "  memory      40.0 MiB per device (XLA's memory plan of the compiled step)" in lines
-    assert ("  allocator   3,072.0 MiB per device (allocator peak over the process, set by "
-            "calibration (2,972.0 MiB above what came before))") in lines  # fmt: skip
+    assert (
+        "  allocator   3,072.0 MiB per device (allocator peak over the process, set by "
+        "calibration (2,972.0 MiB above what came before))"
+    ) in lines
     gpu.peak = 4 * GiB  # the step itself went higher: now the peak is the run's own
     assert memory.step_memory(None, gpu) == (4 * GiB, "allocator peak over the process")
 
@@ -312,8 +359,15 @@ def test_a_tpu_v3_trace_read_elsewhere_is_held_against_one_core():
     TFLOP/s and 900 GB/s (cloud.google.com/tpu/docs/v3), on any reader."""
     from roofline.record import roofs_for
 
-    recorded = {"platform": "tpu", "device_kind": "TPU v3", "devices": 8, "dtype": "bfloat16",
-                "datasheet": "tpu-v3/2", "host": "a-tpu-vm", "measured_peak": None}
+    recorded = {
+        "platform": "tpu",
+        "device_kind": "TPU v3",
+        "devices": 8,
+        "dtype": "bfloat16",
+        "datasheet": "tpu-v3/2",
+        "host": "a-tpu-vm",
+        "measured_peak": None,
+    }
     roofs = roofs_for(recorded, "bfloat16", 8, local_roofs=None)
     assert roofs.datasheet.peak("bfloat16") == 123e12 / 2
     assert roofs.datasheet.hbm_bandwidth == 900e9 / 2

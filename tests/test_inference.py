@@ -141,14 +141,24 @@ def test_the_decode_loop_copies_no_weight_and_no_cache(cfg, params):
     tokens = jnp.zeros((batch, cfg.seq), jnp.int32)
     logits = jnp.zeros((batch, cfg.vocab), jnp.float32)
     compiled = inference.decode_steps.lower(
-        weights, inference.init_cache(cfg, batch), tokens, logits, P, 4, jax.random.key(0), 1.0,
-        cfg=cfg, greedy=True,
+        weights,
+        inference.init_cache(cfg, batch),
+        tokens,
+        logits,
+        P,
+        4,
+        jax.random.key(0),
+        1.0,
+        cfg=cfg,
+        greedy=True,
     ).compile()
     smallest_weight = min(w.size for w in jax.tree.leaves(params["layers"]) if w.ndim >= 2)
     layer_cache = batch * cfg.heads * cfg.head_dim * cfg.seq
     copied = [
         math.prod(int(d) for d in dims.split(",") if d)
-        for dims in re.findall(r"= \w+\[([\d,]*)\]\{[\d,]*\} (?:copy|transpose)\(", compiled.as_text())
+        for dims in re.findall(
+            r"= \w+\[([\d,]*)\]\{[\d,]*\} (?:copy|transpose)\(", compiled.as_text()
+        )
     ]
     assert copied, "the parser found no copy at all: check the pattern against the HLO"
     assert max(copied) < min(smallest_weight, layer_cache), sorted(copied)[-3:]

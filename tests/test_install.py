@@ -32,9 +32,21 @@ PLUGINS = {"requirements-gpu.txt": "jax-cuda12-plugin", "requirements-tpu.txt": 
 def dry_run(extra, tmp_dir):
     """(exit status, stderr, {name: version} pip would install) for requirements.txt + extra."""
     report = os.path.join(tmp_dir, f"{extra}.json")
-    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
-               "--disable-pip-version-check", "--report", report,
-               "-r", "requirements.txt", "-r", extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--report",
+        report,
+        "-r",
+        "requirements.txt",
+        "-r",
+        extra,
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     if done.returncode:
         return done.returncode, done.stderr, {}

@@ -122,8 +122,9 @@ def test_zero_blocks_are_the_identity_and_position_s_gets_pos_s(cfg, key):
     s's embedding plus pos[s] alone, through the final norm and the tied
     output: for S=6 < cfg.seq, rows 0..5 of the table, in order."""
     params = _louder_positions(init_params(cfg, key))
-    params["layers"] = [{**layer, "wo": layer["wo"] * 0, "w_out": layer["w_out"] * 0}
-                        for layer in params["layers"]]  # fmt: skip
+    params["layers"] = [
+        {**layer, "wo": layer["wo"] * 0, "w_out": layer["w_out"] * 0} for layer in params["layers"]
+    ]
     t = tokens()
     logits = forward(params, t, cfg)
     E, pos = np.asarray(params["embed"], np.float64), np.asarray(params["pos"], np.float64)

@@ -116,8 +116,11 @@ def compiled_step():
     init = functools.partial(init_state, cfg=XLA_CFG, optimizer=optimizer)
     state = jax.device_put(init(jax.random.key(0)), jax.devices()[0])
     tokens = jax.ShapeDtypeStruct((XLA_BATCH, XLA_CFG.seq), np.int32)
-    compiled = make_train_step(XLA_CFG, optimizer).lower(
-        state, {"inputs": tokens, "targets": tokens}).compile()
+    compiled = (
+        make_train_step(XLA_CFG, optimizer)
+        .lower(state, {"inputs": tokens, "targets": tokens})
+        .compile()
+    )
     return compiled, state
 
 
@@ -161,8 +164,10 @@ def trace(compiled_step, tmp_path_factory):
     compiled, state = compiled_step
     state = jax.tree.map(jnp.copy, state)  # the step donates its state
     rng = np.random.default_rng(0)
-    batch = {k: jnp.asarray(rng.integers(0, 256, (XLA_BATCH, XLA_CFG.seq)), jnp.int32)
-             for k in ("inputs", "targets")}
+    batch = {
+        k: jnp.asarray(rng.integers(0, 256, (XLA_BATCH, XLA_CFG.seq)), jnp.int32)
+        for k in ("inputs", "targets")
+    }
     logdir = str(tmp_path_factory.mktemp("trace"))
     _, run_dir = capture(compiled, state, itertools.repeat(batch), logdir, steps=3)
     return logdir, run_dir
@@ -259,12 +264,20 @@ def test_every_chip_has_a_source_and_a_name():
         find_chip("h1000")
 
 
-@pytest.mark.parametrize("kind, name", [
-    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
-    ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
-    ("NVIDIA H200", "h200"), ("TPU v5 lite", "tpu-v5e"), ("TPU v6 lite", "tpu-v6e"),
-    ("TPU v4", "tpu-v4"), ("cpu", None),
-])
+@pytest.mark.parametrize(
+    "kind, name",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+        ("NVIDIA H200", "h200"),
+        ("TPU v5 lite", "tpu-v5e"),
+        ("TPU v6 lite", "tpu-v6e"),
+        ("TPU v4", "tpu-v4"),
+        ("cpu", None),
+    ],
+)
 def test_device_kinds_find_their_chip(kind, name):
     chip = chip_for_kind(kind)
     assert (chip.name if chip else None) == name
@@ -314,8 +327,14 @@ def test_the_three_columns(trace, compiled_step, fixed_roofs, tmp_path, capsys):
     for column in ("napkin", "XLA's count", "measured (trace)"):
         assert column in text
     assert "MFU vs measured ceiling" in text and "xprof --logdir" in text
-    c = compare(XLA_CFG, XLA_BATCH, cost=xla_cost(compiled), trace=read_trace(logdir),
-                measured_peak=1e11, measured_bandwidth=1e10)
+    c = compare(
+        XLA_CFG,
+        XLA_BATCH,
+        cost=xla_cost(compiled),
+        trace=read_trace(logdir),
+        measured_peak=1e11,
+        measured_bandwidth=1e10,
+    )
     assert c.use.flops_per_s == pytest.approx(train_flops(XLA_CFG, XLA_BATCH) / c.trace.step_s)
     assert c.use.mfu_measured == pytest.approx(c.use.flops_per_s / 1e11)
     assert c.napkin.step_s <= c.xla.step_s  # XLA moves more bytes than the lower bound
@@ -352,17 +371,20 @@ def test_cli_predicts_gpt2_on_an_h100(capsys):
     assert "compute-bound" in out and "memory-bound" in out
 
 
-@pytest.mark.parametrize("argv", [
-    ["predict", "--chip", "h1000"],
-    ["predict", "--preset", "gpt5"],
-    ["predict", "--batch", "0"],
-    ["predict", "--batch", "-4"],
-    ["predict", "--seq", "many"],
-    ["predict", "--chips", "0"],
-    ["compare", "/no/such/dir"],
-    ["compare"],
-    ["launch"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["predict", "--chip", "h1000"],
+        ["predict", "--preset", "gpt5"],
+        ["predict", "--batch", "0"],
+        ["predict", "--batch", "-4"],
+        ["predict", "--seq", "many"],
+        ["predict", "--chips", "0"],
+        ["compare", "/no/such/dir"],
+        ["compare"],
+        ["launch"],
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(argv, capsys, tmp_path):
     try:
         status = cli.main(argv)
@@ -379,9 +401,15 @@ def test_cli_compare_of_a_directory_without_a_trace(tmp_path, capsys):
 
 
 def test_cli_entry_point_exits_2_on_one_line():
-    result = subprocess.run([PYTHON, "-m", "roofline", "predict", "--chip", "h1000"], cwd=REPO,
-                            env=subprocess_env(1), capture_output=True, text=True, timeout=120,
-                            check=False)
+    result = subprocess.run(
+        [PYTHON, "-m", "roofline", "predict", "--chip", "h1000"],
+        cwd=REPO,
+        env=subprocess_env(1),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2
     stderr = without_plugin_noise(result.stderr)
     assert stderr.startswith("error: unknown chip 'h1000'")
@@ -395,4 +423,4 @@ def test_the_readme_ledger_is_the_code_s():
     cfg, B = PRESETS["cpu"].model, PRESETS["cpu"].train.batch
     rows = ledger_lines(cfg, B)[1:7]  # the six counts, without the title and the note
     start = readme.index(rows[0])
-    assert readme[start:start + 6] == rows
+    assert readme[start : start + 6] == rows

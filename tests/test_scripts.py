@@ -41,14 +41,20 @@ def test_bench_compares_with_naive_on_equal_numbers(capsys, monkeypatch):
 
 
 def test_ladder_prints_every_rung_as_markdown():
-    result = run_python("scripts/ladder.py", "--preset", "tiny", "--steps", "2",
-                        "--data-delay-ms", "0")  # fmt: skip
+    result = run_python(
+        "scripts/ladder.py", "--preset", "tiny", "--steps", "2", "--data-delay-ms", "0"
+    )
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     cells = [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows[1:]]
-    assert [c[0] for c in cells] == ["session 1", "+ attention", "+ positions",
-                                     "+ whole-step jit", "+ overlapped loading",
-                                     "+ multichip"]  # fmt: skip
+    assert [c[0] for c in cells] == [
+        "session 1",
+        "+ attention",
+        "+ positions",
+        "+ whole-step jit",
+        "+ overlapped loading",
+        "+ multichip",
+    ]
     # MFU and tokens/s of a rung describe the same step: MFU = (FLOPs per
     # token) x (tokens/s) / this machine's measured peak, whatever the number
     # of devices (each gets its share of the peak). Session 1 has no attention.

@@ -183,8 +183,9 @@ def test_missing_compilers_name_the_file(monkeypatch):
 
 
 def test_attention_kernel_follows_the_target():
-    course = ModelConfig(embed=512, ff=2048, heads=4, head_dim=128, layers=4, seq=128,
-                         dtype="bfloat16")
+    course = ModelConfig(
+        embed=512, ff=2048, heads=4, head_dim=128, layers=4, seq=128, dtype="bfloat16"
+    )
     assert choose(None, "cpu", course, 32) == ("einsum", None)
     assert choose(None, "tpu", course, 32) == ("splash", None)
     impl, note = choose(None, "tpu", dataclasses.replace(course, seq=64), 32)
@@ -198,8 +199,11 @@ def test_attention_kernel_follows_the_target():
 
 
 def test_param_count_formula_equals_the_params_built(cfg):
-    for c in (cfg, dataclasses.replace(cfg, attention=False),
-              dataclasses.replace(cfg, positions=False)):
+    for c in (
+        cfg,
+        dataclasses.replace(cfg, attention=False),
+        dataclasses.replace(cfg, positions=False),
+    ):
         built = jax.eval_shape(lambda k, c=c: init_params(c, k), jax.random.key(0))
         assert param_count(c) == sum(math.prod(x.shape) for x in jax.tree.leaves(built))
 
@@ -235,8 +239,9 @@ def test_splash_kernel_equals_the_reference_forward_and_backward():
     def grads(fn):
         return jax.grad(lambda q, k, v: (fn(q, k, v) * probe).sum(), argnums=(0, 1, 2))(q, k, v)
 
-    for mine, ref in zip(grads(lambda *a: splash_kernel(*a, interpret=True)),
-                         grads(einsum_attention)):
+    for mine, ref in zip(
+        grads(lambda *a: splash_kernel(*a, interpret=True)), grads(einsum_attention)
+    ):
         np.testing.assert_allclose(mine, ref, atol=2e-4)
 
 
@@ -358,9 +363,11 @@ def test_a_collective_in_a_loop_counts_once_per_trip():
 
 
 def test_windowed_einsum_loops_are_found():
-    hlo = ("  %while.1 = (bf16[8,4]{1,0}, u32[]) while(%t), condition=%wide.windowed_dot_"
-           "general_cond_ag.1, body=%wide.windowed_dot_general_body_ag.1, metadata={}\n"
-           "  %while.2 = (f32[4]{0}, s32[]) while(%u), condition=%cond, body=%scan_body\n")
+    hlo = (
+        "  %while.1 = (bf16[8,4]{1,0}, u32[]) while(%t), condition=%wide.windowed_dot_"
+        "general_cond_ag.1, body=%wide.windowed_dot_general_body_ag.1, metadata={}\n"
+        "  %while.2 = (f32[4]{0}, s32[]) while(%u), condition=%cond, body=%scan_body\n"
+    )
     assert windowed_loops(hlo) == 1
 
 
@@ -381,9 +388,21 @@ def test_a_step_too_big_for_the_chip_exits_2_with_what_to_try():
     need("tpu")
     # 2.1e9 parameters, replicated by data=4: weights and Adam's two moments alone
     # take 25 GB a chip, more than a v5e's 16 GB.
-    result = run_python("sessions/s2_train.py", "--preset", "tiny", "--embed", "8192",
-                        "--ff", "65536", "--layers", "2", "--target", "tpu-v5e:2x2",
-                        "--mesh", "data=4")
+    result = run_python(
+        "sessions/s2_train.py",
+        "--preset",
+        "tiny",
+        "--embed",
+        "8192",
+        "--ff",
+        "65536",
+        "--layers",
+        "2",
+        "--target",
+        "tpu-v5e:2x2",
+        "--mesh",
+        "data=4",
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: the step does not fit on tpu-v5e:2x2")
@@ -408,8 +427,10 @@ def test_h100_fsdp_collectives_and_no_flop_count(h100_course):
     planned, _cfg, _tc = h100_course
     assert planned.compiled.cost_analysis() is None  # the deviceless compiler counts nothing
     p = planned.plan
-    assert {"all-gather", "reduce-scatter"} <= set(p.collectives) or \
-        {"all-gather", "all-reduce"} <= set(p.collectives)
+    assert {"all-gather", "reduce-scatter"} <= set(p.collectives) or {
+        "all-gather",
+        "all-reduce",
+    } <= set(p.collectives)
     # The count before optimisation (einsum attention) against the exact count.
     assert p.xla_flops_per_device == pytest.approx(p.exact_flops_per_device, rel=0.03)
 
@@ -423,42 +444,72 @@ def test_float32_on_h100_is_held_against_the_tf32_peak():
     assert planned.plan.peak == 67e12
 
 
-@pytest.mark.parametrize("target, platform, devices, hbm", [
-    ("h100:8", "gpu", 8, 80e9),  # NVIDIA's datasheet: 80 GB
-    ("tpu-v5e:2x4", "tpu", 8, 16e9),  # Google's v5e page: 16 GB a chip
-])
-def test_target_cli_prints_the_report_and_writes_the_summary(target, platform, devices, hbm,
-                                                             tmp_path, capsys):
+@pytest.mark.parametrize(
+    "target, platform, devices, hbm",
+    [
+        ("h100:8", "gpu", 8, 80e9),  # NVIDIA's datasheet: 80 GB
+        ("tpu-v5e:2x4", "tpu", 8, 16e9),  # Google's v5e page: 16 GB a chip
+    ],
+)
+def test_target_cli_prints_the_report_and_writes_the_summary(
+    target, platform, devices, hbm, tmp_path, capsys
+):
     need(platform)
     out = tmp_path / "summary.json"
     code = s2_train.cli(["--preset", "tiny", "--target", target, "--summary-out", str(out)])
     printed, err = capsys.readouterr()
     assert code == 0, err
-    for heading in ("memory per device", "FLOPs per device", "collectives", "custom kernels",
-                    "compute-bound", "memory-bound", "communication", "best case"):
+    for heading in (
+        "memory per device",
+        "FLOPs per device",
+        "collectives",
+        "custom kernels",
+        "compute-bound",
+        "memory-bound",
+        "communication",
+        "best case",
+    ):
         assert heading in printed
     summary = json.loads(out.read_text())
-    for key in ("target", "devices", "mesh", "exact_flops_per_device", "xla_flops_per_device",
-                "memory_per_device_bytes", "hbm_bytes_per_device", "fits", "collectives",
-                "kernels", "predicted_step_seconds", "predicted_tokens_per_sec"):
+    for key in (
+        "target",
+        "devices",
+        "mesh",
+        "exact_flops_per_device",
+        "xla_flops_per_device",
+        "memory_per_device_bytes",
+        "hbm_bytes_per_device",
+        "fits",
+        "collectives",
+        "kernels",
+        "predicted_step_seconds",
+        "predicted_tokens_per_sec",
+    ):
         assert key in summary, key
     assert summary["devices"] == devices
     assert summary["mesh"] == {"data": 1, "fsdp": devices, "tp": 1}
-    assert summary["exact_flops_per_device"] == train_flops(
-        ModelConfig(embed=48, ff=96, heads=4, head_dim=12, layers=2, seq=64), 16) / devices
+    assert (
+        summary["exact_flops_per_device"]
+        == train_flops(ModelConfig(embed=48, ff=96, heads=4, head_dim=12, layers=2, seq=64), 16)
+        / devices
+    )
     assert summary["hbm_bytes_per_device"] == hbm
     assert summary["fits"] and summary["memory_per_device_bytes"] < hbm
     assert set(summary["collectives"]) >= {"all-gather"}
     tokens = 16 * 64
     assert summary["predicted_tokens_per_sec"] == pytest.approx(
-        tokens / summary["predicted_step_seconds"])
+        tokens / summary["predicted_step_seconds"]
+    )
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--target", "tpu-v9"], "unknown chip"),
-    (["--target", "h100:8", "--mesh", "fsdp=4"], "8 are present"),
-    (["--target", "h100:x"], "GPU count"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--target", "tpu-v9"], "unknown chip"),
+        (["--target", "h100:8", "--mesh", "fsdp=4"], "8 are present"),
+        (["--target", "h100:x"], "GPU count"),
+    ],
+)
 def test_bad_targets_are_one_line_and_exit_2(argv, message, capsys):
     if "h100:8" in argv:
         need("gpu")
@@ -471,5 +522,3 @@ def test_a_tpu_topology_the_compiler_refuses_is_one_line():
     need("tpu")
     with pytest.raises(UsageError, match="3x3"):
         aot.devices_for("tpu-v5e:3x3")
-
-

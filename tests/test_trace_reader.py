@@ -54,8 +54,13 @@ GPU_GAPS = {1: 10, 2: 30, 3: 15}  # µs the device idled inside each step
 GPU_KERNELS = [
     ("fusion.7", "fusion_7", 13, 0, 400),  # a dot inside, which its name does not say
     ("loop_add_fusion", "loop_add_fusion", 13, 400, 100),  # + the step's gap before it
-    ("cublas-gemm.2", "sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x32_cublas", 13,
-     500, 300),
+    (
+        "cublas-gemm.2",
+        "sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x32_cublas",
+        13,
+        500,
+        300,
+    ),
     ("input_reduce_fusion.1", "input_reduce_fusion_1", 13, 800, 50),
     ("all-reduce-start.1", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 21, 690, 200),
 ]
@@ -99,26 +104,50 @@ def gpu_run(logdir):
     marker, correlation = 1000, 100
     for step, gap in GPU_GAPS.items():
         python.event("train", marker, 60, {"_r": 1, "step_num": step})
-        copies.event("MemcpyH2D", marker + 20, 30, {"correlation_id": U(correlation),
-                                                     "memcpy_details": Ref("kind_src:pinned")})
+        copies.event(
+            "MemcpyH2D",
+            marker + 20,
+            30,
+            {"correlation_id": U(correlation), "memcpy_details": Ref("kind_src:pinned")},
+        )
         first = marker + 80
         for hlo_op, kernel, stream, start, duration in GPU_KERNELS:
             correlation += 1
             start = first + start + (gap if start >= 400 else 0)
-            driver.event("cuLaunchKernel", marker + 10, 2,
-                         {"device_id": 0, "correlation_id": U(correlation)})
-            streams[stream].event(kernel, start, duration, {
-                "correlation_id": U(correlation), "context_id": "$$1",
-                "theoretical_occupancy_pct": 50.0, "kernel_details": Ref("regs:64"),
-                "tf_op": Ref("XlaModule"), "name": Ref("jit(train_step)/op"),
-                "hlo_op": Ref(hlo_op), "unique_hlo_op_id": correlation,
-                "hlo_module": Ref("jit_train_step"), "program_id": 12})
+            driver.event(
+                "cuLaunchKernel", marker + 10, 2, {"device_id": 0, "correlation_id": U(correlation)}
+            )
+            streams[stream].event(
+                kernel,
+                start,
+                duration,
+                {
+                    "correlation_id": U(correlation),
+                    "context_id": "$$1",
+                    "theoretical_occupancy_pct": 50.0,
+                    "kernel_details": Ref("regs:64"),
+                    "tf_op": Ref("XlaModule"),
+                    "name": Ref("jit(train_step)/op"),
+                    "hlo_op": Ref(hlo_op),
+                    "unique_hlo_op_id": correlation,
+                    "hlo_module": Ref("jit_train_step"),
+                    "program_id": 12,
+                },
+            )
         end = first + 890 + gap
         if step == 2:
-            streams[13].event("loop_convert_fusion", end + 100, 5, {
-                "correlation_id": U(999), "tf_op": Ref("XlaModule"),
-                "hlo_op": Ref("convert_element_type.1"),
-                "hlo_module": Ref("jit_convert_element_type"), "program_id": 3})
+            streams[13].event(
+                "loop_convert_fusion",
+                end + 100,
+                5,
+                {
+                    "correlation_id": U(999),
+                    "tf_op": Ref("XlaModule"),
+                    "hlo_op": Ref("convert_element_type.1"),
+                    "hlo_module": Ref("jit_convert_element_type"),
+                    "program_id": 3,
+                },
+            )
         marker = end + 300
     return write_run(logdir, {"gpu-host": [host, gpu]})
 
@@ -184,34 +213,59 @@ def tpu_run(logdir):
         python.event("train", 1000 + 100 * (step - 1), 50, {"_r": 1, "step_num": step})
     planes = [host]
     for core, extra in ((0, 0), (1, 5)):
-        tpu = Plane(f"/device:TPU:{core}", {"peak_teraflops_per_second": 197.0,
-                                            "peak_hbm_bw_gigabytes_per_second": 819.0})
+        tpu = Plane(
+            f"/device:TPU:{core}",
+            {"peak_teraflops_per_second": 197.0, "peak_hbm_bw_gigabytes_per_second": 819.0},
+        )
         steps, modules, ops, async_ops = (
             tpu.line(name, 400_000, line_id=i)
-            for i, name in enumerate(("Steps", "XLA Modules", "XLA Ops", "Async XLA Ops"), 1))
+            for i, name in enumerate(("Steps", "XLA Modules", "XLA Ops", "Async XLA Ops"), 1)
+        )
         start = 5000 + 3 * core
         for step, gap in TPU_GAPS.items():
             end = start + 1060 + extra + gap
             steps.event(str(step), start - 2, end - start + 4, {"group_id": step})
-            modules.event(f"jit_train_step({FINGERPRINT})", start, end - start, {
-                "run_id": U(100 + step), "replica_id": 0, "queue_id": U(0), "core_type": U(0)})
+            modules.event(
+                f"jit_train_step({FINGERPRINT})",
+                start,
+                end - start,
+                {"run_id": U(100 + step), "replica_id": 0, "queue_id": U(0), "core_type": U(0)},
+            )
             for symbol, (name, category, offset, duration) in enumerate(TPU_OPS, 1):
                 shift = (extra if symbol > 1 else 0) + (gap if offset >= 705 else 0)
                 duration += extra if symbol == 1 else 0
-                ops.event(f"%{name} = f32[1024,1024]{{1,0:T(8,128)}} {category}(...)",
-                          start + offset + shift, duration,
-                          {"device_offset_ps": U(1), "device_duration_ps": U(duration * 10**6)},
-                          display_name=name, metadata_stats={
-                              "hlo_category": category, "program_id": U(FINGERPRINT),
-                              "symbol_id": U(symbol), "flops": 0, "bytes_accessed": 4096})
+                ops.event(
+                    f"%{name} = f32[1024,1024]{{1,0:T(8,128)}} {category}(...)",
+                    start + offset + shift,
+                    duration,
+                    {"device_offset_ps": U(1), "device_duration_ps": U(duration * 10**6)},
+                    display_name=name,
+                    metadata_stats={
+                        "hlo_category": category,
+                        "program_id": U(FINGERPRINT),
+                        "symbol_id": U(symbol),
+                        "flops": 0,
+                        "bytes_accessed": 4096,
+                    },
+                )
             async_ops.event("copy-start.2", start + 300, 600, {"hlo_op": "copy-start.2", "_a": 1})
             if step == 1 and core == 0:  # another program, between steps 1 and 2
-                modules.event("jit_convert_element_type(1234)", end + 50, 10,
-                              {"run_id": U(7), "replica_id": 0})
-                ops.event("%convert_element_type.1 = f32[8]{0} convert(...)", end + 52, 3,
-                          display_name="convert_element_type.1",
-                          metadata_stats={"hlo_category": "non-fusion elementwise",
-                                          "program_id": U(1234)})
+                modules.event(
+                    "jit_convert_element_type(1234)",
+                    end + 50,
+                    10,
+                    {"run_id": U(7), "replica_id": 0},
+                )
+                ops.event(
+                    "%convert_element_type.1 = f32[8]{0} convert(...)",
+                    end + 52,
+                    3,
+                    display_name="convert_element_type.1",
+                    metadata_stats={
+                        "hlo_category": "non-fusion elementwise",
+                        "program_id": U(1234),
+                    },
+                )
             start = end + 200
         planes.append(tpu)
     sparse = Plane("/device:TPU:0 SparseCore 0")  # xplane_schema.cc, kSparseCorePlaneRegex
@@ -235,8 +289,14 @@ def test_a_tpu_trace_reads_into_its_executions(tmp_path):
     for s, gap in zip(profile.steps, TPU_GAPS.values()):
         assert s.wall_s == pytest.approx((1052.5 + gap) * 1e-6)
         assert s.busy_s == pytest.approx(1052.5e-6)
-        expected = {"matmul": 602.5, "elementwise": 180, "collective": 200,
-                    "copy/transpose": 50, "other": 20, "idle": gap}
+        expected = {
+            "matmul": 602.5,
+            "elementwise": 180,
+            "collective": 200,
+            "copy/transpose": 50,
+            "other": 20,
+            "idle": gap,
+        }
         assert s.by_kind == pytest.approx({k: v * 1e-6 for k, v in expected.items()})
     assert profile.step_s == pytest.approx(1067.5e-6)  # the median of 1067.5, 1077.5, 1067.5
 
@@ -245,9 +305,14 @@ def test_the_compiled_hlo_finds_tpu_ops_by_their_instruction_names(tmp_path):
     """Given the step's HLO, TPU ops are looked up by the names the runtime displays
     (the metadata's display name), not by the instruction text it is named by."""
     tpu_run(tmp_path)
-    hlo = "ENTRY %main () -> f32[] {\n" + "".join(
-        f"  %{name} = f32[] {'dot' if name == 'fusion.2' else 'add'}()\n"
-        for name, *_ in TPU_OPS) + "}\n"
+    hlo = (
+        "ENTRY %main () -> f32[] {\n"
+        + "".join(
+            f"  %{name} = f32[] {'dot' if name == 'fusion.2' else 'add'}()\n"
+            for name, *_ in TPU_OPS
+        )
+        + "}\n"
+    )
     profile = read_trace(str(tmp_path), hlo_text=hlo)
     assert profile.classified_by == "HLO"
     assert profile.steps[0].by_kind["matmul"] == pytest.approx(100e-6)  # fusion.2, a dot here
@@ -313,14 +378,17 @@ def test_capture_drains_each_step(cpu_trace):
 
 # ---------------------------------------------------------------- the chip a trace ran on
 
-COMPARED = ModelConfig(embed=512, ff=2048, heads=8, head_dim=64, layers=4, seq=256,
-                       dtype="bfloat16")
+COMPARED = ModelConfig(
+    embed=512, ff=2048, heads=8, head_dim=64, layers=4, seq=256, dtype="bfloat16"
+)
 
 
 def roofs_here(monkeypatch, peak, bandwidth):
     """This machine's measured roofs, fixed (no calibration runs in a test)."""
+
     def local_roofs(dtype, devices):
         return None, peak, bandwidth
+
     monkeypatch.setattr(compare_module, "local_roofs", local_roofs)
     monkeypatch.setattr(cli, "local_roofs", local_roofs)
 
@@ -334,12 +402,28 @@ def test_compare_holds_a_tpu_trace_against_the_tpu_datasheet(tmp_path, monkeypat
     (https://cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 819 GB/s), MFU is
     against it and against the ceiling measured on the TPU, never this CPU's."""
     tpu_run(tmp_path)
-    chip = {"platform": "tpu", "device_kind": "TPU v5 lite", "devices": 2, "dtype": "bfloat16",
-            "datasheet": "tpu-v5e", "host": "t1v-n-0", "measured_peak": 1.5e14,
-            "measured_bandwidth": 7.5e11}
+    chip = {
+        "platform": "tpu",
+        "device_kind": "TPU v5 lite",
+        "devices": 2,
+        "dtype": "bfloat16",
+        "datasheet": "tpu-v5e",
+        "host": "t1v-n-0",
+        "measured_peak": 1.5e14,
+        "measured_bandwidth": 7.5e11,
+    }
     with open(tmp_path / "roofline.json", "w") as f:
-        json.dump({"model": {**vars(COMPARED)}, "batch": 16, "devices": 2, "xla_flops": None,
-                   "xla_bytes": None, "chip": chip}, f)
+        json.dump(
+            {
+                "model": {**vars(COMPARED)},
+                "batch": 16,
+                "devices": 2,
+                "xla_flops": None,
+                "xla_bytes": None,
+                "chip": chip,
+            },
+            f,
+        )
     roofs_here(monkeypatch, 3e11, 2e10)
     assert cli.main(["compare", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -352,7 +436,8 @@ def test_compare_holds_a_tpu_trace_against_the_tpu_datasheet(tmp_path, monkeypat
 
 
 def test_a_cpu_trace_read_elsewhere_keeps_the_capture_machine_s_roofs(
-        cpu_trace, monkeypatch, capsys):
+    cpu_trace, monkeypatch, capsys
+):
     """profile_comparison records this CPU and the roofs measured on it; read on
     another machine, `compare` holds the trace against those, and says whose."""
     roofs_here(monkeypatch, 1e11, 1e10)
@@ -360,10 +445,16 @@ def test_a_cpu_trace_read_elsewhere_keeps_the_capture_machine_s_roofs(
     with open(os.path.join(cpu_trace, "roofline.json")) as f:
         chip = json.load(f)["chip"]
     device = jax.local_devices()[0]
-    assert chip == {"platform": device.platform, "device_kind": device.device_kind,
-                    "devices": 1, "dtype": "bfloat16", "datasheet": None,
-                    "host": record.socket.gethostname(), "measured_peak": 1e11,
-                    "measured_bandwidth": 1e10}
+    assert chip == {
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "devices": 1,
+        "dtype": "bfloat16",
+        "datasheet": None,
+        "host": record.socket.gethostname(),
+        "measured_peak": 1e11,
+        "measured_bandwidth": 1e10,
+    }
     roofs_here(monkeypatch, 5e11, 4e10)  # the other machine's, which must not be used
     monkeypatch.setattr(record.socket, "gethostname", lambda: "another-laptop")
     assert cli.main(["compare", cpu_trace]) == 0

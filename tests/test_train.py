@@ -182,10 +182,21 @@ def test_the_loop_s_numbers_by_hand(monkeypatch):
         return 1.5
 
     _, history, seconds = train_loop(
-        step_fn, {"params": None}, itertools.repeat(None), start=0, steps=9, log_every=4,
-        tokens_per_step=1024, flops_per_step=3e9, peak_flops=1e10, n_devices=2,
-        evaluate=evaluate, eval_every=4, log=lambda line: None, on_step=save,
-    )  # fmt: skip
+        step_fn,
+        {"params": None},
+        itertools.repeat(None),
+        start=0,
+        steps=9,
+        log_every=4,
+        tokens_per_step=1024,
+        flops_per_step=3e9,
+        peak_flops=1e10,
+        n_devices=2,
+        evaluate=evaluate,
+        eval_every=4,
+        log=lambda line: None,
+        on_step=save,
+    )
     assert [r["step"] for r in history] == [4, 8, 9]
     for r in history:
         assert r["step_time_s"] == pytest.approx(0.5)
@@ -208,10 +219,20 @@ def test_a_log_line_is_in_the_file_before_its_step_is_saved():
         return 0.0
 
     train_loop(
-        lambda state, batch: (state, {"loss": 1.0}), 0, itertools.repeat(None), start=0,
-        steps=6, log_every=2, tokens_per_step=1, flops_per_step=1, peak_flops=1, n_devices=1,
-        log=lambda line: None, metrics_file=metrics, on_step=save,
-    )  # fmt: skip
+        lambda state, batch: (state, {"loss": 1.0}),
+        0,
+        itertools.repeat(None),
+        start=0,
+        steps=6,
+        log_every=2,
+        tokens_per_step=1,
+        flops_per_step=1,
+        peak_flops=1,
+        n_devices=1,
+        log=lambda line: None,
+        metrics_file=metrics,
+        on_step=save,
+    )
     assert seen == {1: [], 2: [2], 3: [2], 4: [2, 4], 5: [2, 4], 6: [2, 4, 6]}
 
 
@@ -219,10 +240,16 @@ def test_the_summary_by_hand():
     """A run resumed at step 2 that timed 6 steps in 3 s: 0.5 s a step."""
     history = [{"step": 4, "loss": 3.0}, {"step": 8, "loss": 2.5, "val_loss": 2.4}]
     s = summarize(
-        history, train_seconds=3.0, tokens_per_step=1024, flops_per_step=3e9,
-        peak=(1e10, "a datasheet"), n_devices=2, unigram=3.3, first_step=2,
+        history,
+        train_seconds=3.0,
+        tokens_per_step=1024,
+        flops_per_step=3e9,
+        peak=(1e10, "a datasheet"),
+        n_devices=2,
+        unigram=3.3,
+        first_step=2,
         memory=(3 * 2**20, "a plan"),
-    )  # fmt: skip
+    )
     assert s["steps"] == 8
     assert s["step_time_s"] == pytest.approx(0.5)
     assert s["tokens_per_sec"] == pytest.approx(2048)

@@ -39,20 +39,25 @@ class Line:
         self.plane, self.id, self.name, self.timestamp_ns = plane, line_id, name, timestamp_ns
         self.events = []  # text of each event
 
-    def event(self, name, start_us, duration_us, stats=None, *, display_name="",
-              metadata_stats=None):
+    def event(
+        self, name, start_us, duration_us, stats=None, *, display_name="", metadata_stats=None
+    ):
         """An event from start_us to start_us + duration_us, microseconds since the
         profile began (written as picoseconds after the line's timestamp)."""
         metadata = self.plane.metadata(name, display_name, metadata_stats or {})
         offset_ps = round(start_us * 1e6) - self.timestamp_ns * 1000
         assert offset_ps >= 0, "an event before its line's timestamp"
-        self.events.append(f"events {{ metadata_id: {metadata} offset_ps: {offset_ps} "
-                           f"duration_ps: {round(duration_us * 1e6)} "
-                           f"{self.plane.stats_text(stats or {})}}}")
+        self.events.append(
+            f"events {{ metadata_id: {metadata} offset_ps: {offset_ps} "
+            f"duration_ps: {round(duration_us * 1e6)} "
+            f"{self.plane.stats_text(stats or {})}}}"
+        )
 
     def text(self):
-        return (f"lines {{ id: {self.id} name: {_quote(self.name)} "
-                f"timestamp_ns: {self.timestamp_ns}\n  " + "\n  ".join(self.events) + " }")
+        return (
+            f"lines {{ id: {self.id} name: {_quote(self.name)} "
+            f"timestamp_ns: {self.timestamp_ns}\n  " + "\n  ".join(self.events) + " }"
+        )
 
 
 class Plane:
@@ -85,28 +90,40 @@ class Plane:
         """The id of the event metadata named `name`, made on first use; later
         uses must agree with the first (metadata is shared)."""
         if name not in self.event_metadata:
-            self.event_metadata[name] = (len(self.event_metadata) + 1, display_name,
-                                         self.stats_text(stats))
+            self.event_metadata[name] = (
+                len(self.event_metadata) + 1,
+                display_name,
+                self.stats_text(stats),
+            )
         key, display, text = self.event_metadata[name]
         assert (display, text) == (display_name, self.stats_text(stats)), name
         return key
 
     def line(self, name, timestamp_ns=0, line_id=None):
-        line = Line(self, line_id if line_id is not None else len(self.lines) + 1, name,
-                    timestamp_ns)
+        line = Line(
+            self, line_id if line_id is not None else len(self.lines) + 1, name, timestamp_ns
+        )
         self.lines.append(line)
         return line
 
     def text(self, plane_id):
         plane_stats = self.stats_text(self.plane_stats)  # may add stat metadata: first
-        events = [f"event_metadata {{ key: {k} value {{ id: {k} name: {_quote(n)} "
-                  + (f"display_name: {_quote(d)} " if d else "") + f"{s}}} }}"
-                  for n, (k, d, s) in self.event_metadata.items()]
-        stats = [f"stat_metadata {{ key: {k} value {{ id: {k} name: {_quote(n)} }} }}"
-                 for n, k in self.stat_ids.items()]
+        events = [
+            f"event_metadata {{ key: {k} value {{ id: {k} name: {_quote(n)} "
+            + (f"display_name: {_quote(d)} " if d else "")
+            + f"{s}}} }}"
+            for n, (k, d, s) in self.event_metadata.items()
+        ]
+        stats = [
+            f"stat_metadata {{ key: {k} value {{ id: {k} name: {_quote(n)} }} }}"
+            for n, k in self.stat_ids.items()
+        ]
         body = [line.text() for line in self.lines] + events + stats
-        return (f"planes {{ id: {plane_id} name: {_quote(self.name)}\n "
-                + "\n ".join(body) + f"\n {plane_stats}}}")
+        return (
+            f"planes {{ id: {plane_id} name: {_quote(self.name)}\n "
+            + "\n ".join(body)
+            + f"\n {plane_stats}}}"
+        )
 
 
 def write_run(logdir, hosts, timestamp="2026_01_01_00_00_00"):

@@ -34,7 +34,7 @@ def take(iterator, n=None, timeout=20, pause_s=0.0):
                 time.sleep(pause_s)
                 if n is not None and len(items) == n:
                     return
-        except Exception as e:  # noqa: BLE001 - handed to the test
+        except Exception as e:
             error.append(e)
 
     thread = threading.Thread(target=run, daemon=True)

@@ -35,7 +35,7 @@ def test_cache_bytes_by_hand():
 
 @pytest.mark.exercise("kv_cache.decode_step_seconds")
 def test_decode_roofline_by_hand():
-    assert W == roof.weight_bytes(GPT2, "bfloat16") and F == roof.flops_per_sequence(GPT2)
+    assert roof.weight_bytes(GPT2, "bfloat16") == W and roof.flops_per_sequence(GPT2) == F
     peak, bw = H100.peak("bfloat16"), H100.hbm_bandwidth
     # Batch 1: 208 MB to read at 3.35 TB/s, 62 µs; the FLOPs would take 0.2 µs.
     assert decode_step_seconds(W, C, F, 1, peak, bw) == pytest.approx((W + C) / bw)
