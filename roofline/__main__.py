@@ -22,7 +22,8 @@ from roofline.predict import predict_train_step
 from roofline.record import comparison_summary, load_metadata, roofs_for
 from roofline.trace import read_trace
 from sessions.cli import ArgumentParser, positive_int
-from sessions.config import PRESETS, UsageError
+from sessions.config import PRESETS
+from sessions.errors import UsageError
 
 
 def parse_args(argv):

@@ -42,6 +42,15 @@ def param_count(cfg):
     return cfg.vocab * E + positions + cfg.layers * per_layer + E
 
 
+def model_line(cfg, seq_letter="S"):
+    """The model's shapes on one line, as every report prints them:
+    'L=4 E=128 F=512 H=2 D=64 S=128 V=256 | 0.84M params' (T for a cache's length)."""
+    return (
+        f"L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
+        f"{seq_letter}={cfg.seq} V={cfg.vocab} | {param_count(cfg) / 1e6:.2f}M params"
+    )
+
+
 def flash_kernel(cfg):
     """True if attention runs in a flash kernel, which keeps no probabilities."""
     return cfg.attention_impl in FLASH_KERNELS

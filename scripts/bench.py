@@ -10,7 +10,6 @@ as possible (scripts/naive_step.py), in the same run, and the ratio; with
     python scripts/bench.py --preset gpt2 --batch 32   # on a GPU (bfloat16 there)
 """
 
-import dataclasses
 import sys
 
 import jax
@@ -22,8 +21,8 @@ from roofline.memory import step_memory
 from roofline.timing import Timing, time_calls
 from scripts.naive_step import make_naive_step
 from sessions import data
-from sessions.attention import choose as choose_attention
-from sessions.cli import ArgumentParser, positive_int, run_main
+from sessions.attention import IMPLEMENTATIONS
+from sessions.cli import ArgumentParser, positive_int, resolve, run_main
 from sessions.config import PRESETS
 from sessions.train import init_state, make_optimizer, make_train_step
 
@@ -36,7 +35,7 @@ def parse_args(argv):
     )
     parser.add_argument("--seq", type=positive_int)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"])
-    parser.add_argument("--attention-impl", choices=["einsum", "fused", "cudnn", "splash"])
+    parser.add_argument("--attention-impl", choices=sorted(IMPLEMENTATIONS))
     parser.add_argument("--repeats", type=positive_int, default=10)
     parser.add_argument("--warmup", type=positive_int, default=2)
     parser.add_argument("--compare", choices=["naive", "flax"], help="also time this step")
@@ -44,18 +43,12 @@ def parse_args(argv):
 
 
 def configure(args):
-    on_cpu = jax.default_backend() == "cpu"
-    preset = PRESETS[args.preset]
-    fields = {
-        "seq": args.seq or preset.model.seq,
-        "dtype": args.dtype or ("float32" if on_cpu else "bfloat16"),
-    }
-    cfg = dataclasses.replace(preset.model, **fields)
-    batch = args.batch or (32 if on_cpu else preset.train.batch)
-    # The chip's own attention kernel where it takes the shapes (cuDNN, splash), as s2_train.
-    impl, _ = choose_attention(args.attention_impl, jax.default_backend(), cfg, batch)
-    cfg = dataclasses.replace(cfg, attention_impl=impl)
-    return cfg, dataclasses.replace(preset.train, batch=batch)
+    """(ModelConfig, TrainConfig) of --preset on this machine, as s2_train.py resolves
+    them (dtype, the chip's attention kernel), with 32 sequences a step on a CPU."""
+    if args.batch is None and jax.default_backend() == "cpu":
+        args.batch = 32
+    run = resolve(args)
+    return run.model, run.train
 
 
 def time_step(step, state, batch, args):

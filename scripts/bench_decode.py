@@ -32,11 +32,11 @@ from roofline.calibrate import measure, measure_read_bandwidth
 from roofline.hardware import datasheet_chip
 from roofline.timing import time_calls
 from sessions import inference, sharding
-from sessions.cli import ArgumentParser, positive_int, run_main
+from sessions.cli import PROMPT, ArgumentParser, positive_int, run_main
 from sessions.config import PRESETS
-from sessions.data import encode
+from sessions.data import text_to_tokens
 from sessions.model import forward, init_params
-from sessions.s3_infer import PROMPT, time_batch
+from sessions.serving import time_decode
 
 
 def parse_args(argv):
@@ -101,7 +101,7 @@ def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
     )
     rows = []
     for b in batches:
-        _, step_s = time_batch(params, cfg, prompt, b, n, mesh, repeats=args.repeats, best=True)
+        _, step_s = time_decode(params, cfg, prompt, b, n, mesh, repeats=args.repeats, best=True)
         step = roof.decode_step(cfg, b, peak_flops=peak, bandwidth=bandwidth)
         got = roof.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
         print(
@@ -117,7 +117,7 @@ def main(argv=None):
     args = parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     cache_batches = [int(b) for b in args.cache_batches.split(",")]
-    prompt = encode(PROMPT)
+    prompt = text_to_tokens(PROMPT)
     print(f"{jax.devices()[0].device_kind}, JAX {jax.__version__}, float32")
     ratio, same = against_uncached(args, prompt)
 

@@ -22,7 +22,7 @@ import os
 
 import jax
 
-from sessions.config import UsageError
+from sessions.errors import UsageError
 
 # Compute capability 8.0 (Ampere) is where bf16 tensor cores begin, and where cuDNN's fused
 # attention begins: "cudnn SDPA operation requires SM80 (Ampere) or newer architectures"

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from sessions.config import UsageError
+from sessions.errors import UsageError
 
 
 def attention_mask(S, T, segment_ids=None):

@@ -31,8 +31,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from sessions.config import UsageError
-from sessions.loop import TrainingDiverged
+from sessions.errors import Interrupted, TrainingDiverged, UsageError
 
 KEEP = 3  # the newest three checkpoints are kept
 
@@ -228,8 +227,32 @@ class Checkpoints:
         self.close()
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; the state was saved first."""
+def open_for_run(directory, every, resume, cfg, tc):
+    """The run's Checkpoints, or None when it keeps none (every=0, no resume).
+    A fresh run refuses a directory that already holds another run's."""
+    if not (every or resume):
+        return None
+    checkpoints = Checkpoints(directory, every, cfg, tc)
+    if not resume and checkpoints.steps():
+        checkpoints.close()
+        raise UsageError(
+            f"{checkpoints.directory} already holds checkpoints (steps {checkpoints.steps()}); "
+            "pass --resume to continue that run, or choose another --checkpoint-dir"
+        )
+    return checkpoints
+
+
+def resume(checkpoints, abstract, steps, log=print):
+    """(step, state) of the newest intact checkpoint, placed as `abstract` says,
+    for a run of `steps` steps that has not finished."""
+    try:
+        start, state = checkpoints.restore_latest(abstract, log=log)
+        if start >= steps:
+            raise UsageError(f"--resume: the run already finished ({start} of {steps} steps)")
+    except UsageError:
+        checkpoints.close()
+        raise
+    return start, state
 
 
 class SaveHook:

@@ -1,11 +1,29 @@
-"""Command-line plumbing shared by the session scripts: flags that override a
-preset's fields, checked, and bad input reported on one line with exit status 2."""
+"""Command-line plumbing of the session scripts: their flags, one `resolve` from
+preset + flags + platform to configs, and bad input reported on one line.
+
+    args = train_flags(argv)           # s2_train.py's flags (infer_flags: s3_infer.py's)
+    run = resolve(args)                # Resolved(preset, model, train, attention_note)
+
+Platform defaults live here and nowhere else: a CPU trains the `cpu` preset in
+float32 with einsum attention; a GPU or TPU the `course` preset in bfloat16
+with its flash kernel (sessions/attention.py), or float32 and XLA's attention
+on a GPU below compute capability 8.0 (sessions/accelerator.py).
+"""
 
 import argparse
 import dataclasses
 import sys
+from typing import NamedTuple
 
-from sessions.config import PRESETS, UsageError
+import jax
+
+from sessions import multihost
+from sessions.accelerator import capability_defaults
+from sessions.attention import IMPLEMENTATIONS, choose
+from sessions.config import PRESETS, ModelConfig, TrainConfig
+from sessions.errors import Interrupted, TrainingDiverged, UsageError
+
+PROMPT = "The import statement "  # the sample's start, in both sessions' scripts
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -48,52 +66,155 @@ def add_shape_flags(parser):
         choices=sorted(PRESETS),
         help="named shapes (default: cpu on a CPU, course on GPU/TPU)",
     )
-    parser.add_argument("--steps", type=positive_int)
+    for flag in ("steps", "seq", "embed", "ff", "heads", "head-dim", "layers"):
+        parser.add_argument(f"--{flag}", type=positive_int)
     parser.add_argument("--batch", type=positive_int, help="sequences per step, all devices")
-    parser.add_argument("--seq", type=positive_int)
-    parser.add_argument("--embed", type=positive_int)
-    parser.add_argument("--ff", type=positive_int)
-    parser.add_argument("--heads", type=positive_int)
-    parser.add_argument("--head-dim", type=positive_int)
-    parser.add_argument("--layers", type=positive_int)
     parser.add_argument("--lr", type=positive_float)
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--log-every", type=positive_int)
     parser.add_argument("--data", help="a text file, folder or glob (default: CPython's docs)")
 
 
-def configs_from_args(args, preset_name, **model_overrides):
-    """(ModelConfig, TrainConfig): the preset with every given flag applied."""
-    preset = PRESETS[preset_name]
-    model_fields = {
-        "seq": args.seq,
-        "embed": args.embed,
-        "ff": args.ff,
-        "heads": args.heads,
-        "head_dim": args.head_dim,
-        "layers": args.layers,
-        **model_overrides,
-    }
-    train_fields = {
-        "steps": args.steps,
-        "batch": args.batch,
-        "lr": args.lr,
-        "seed": args.seed,
-        "log_every": args.log_every,
-    }
+def add_chip_flags(parser, what):
+    """--dtype, --mesh and --target, as both sessions take them."""
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="matmul dtype (default: bfloat16 on GPU/TPU, float32 on CPU)",
+    )
+    parser.add_argument("--mesh", help="axis=size,... over data, fsdp, tp")
+    parser.add_argument(
+        "--target",
+        metavar="CHIP[:SHAPE]",
+        help=f"compile {what} for a chip this machine lacks (tpu-v5e:2x4, h100:8; chips: "
+        "python -m roofline chips), print its memory, collectives, kernels, roofline; exit",
+    )
+    parser.add_argument("--hlo-out", help="with --target: write the compiled program here")
+    parser.add_argument("--summary-out", help="write the closing numbers here, as JSON")
+
+
+def train_flags(argv=None):
+    """s2_train.py's flags, parsed."""
+    parser = ArgumentParser(prog="s2_train.py", description="Session 2: train a transformer.")
+    add_shape_flags(parser)
+    add_chip_flags(parser, "the step")
+    parser.add_argument(
+        "--attention-impl",
+        choices=sorted(IMPLEMENTATIONS),
+        help="einsum by hand (default on CPU); fused: the chip's fastest, cuDNN's flash "
+        "kernel on NVIDIA, Pallas splash on TPU, else jax.nn.dot_product_attention",
+    )
+    for flag in ("--no-attention", "--no-positions", "--no-jit", "--show-sharding"):
+        parser.add_argument(flag, action="store_true")
+    parser.add_argument("--no-overlap", action="store_true", help="load each batch in the loop")
+    parser.add_argument("--data-delay-ms", type=non_negative_int, default=0, help="slow storage")
+    parser.add_argument("--eval-every", type=positive_int)
+    parser.add_argument("--metrics-out", help="write one JSON object per logged step here")
+    parser.add_argument("--run-dir", default="runs/s2", help="loss curve and outputs go here")
+    parser.add_argument("--profile", metavar="DIR", help="trace a few steps into DIR (xprof)")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=non_negative_int,
+        default=0,
+        help="save every N steps, on SIGINT/SIGTERM and at the end (0: never)",
+    )
+    parser.add_argument("--checkpoint-dir", help="default: RUN_DIR/checkpoints")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    parser.add_argument("--prompt", help=f"start of the sample (default: '{PROMPT}', cut to fit)")
+    parser.add_argument("--sample-bytes", type=non_negative_int, default=300)
+    multihost.add_flags(parser)
+    return parser.parse_args(argv)
+
+
+TRAINING_ONLY = ("steps", "batch", "lr", "log_every", "data")
+
+
+def infer_flags(argv=None):
+    """s3_infer.py's flags, parsed and checked."""
+    parser = ArgumentParser(prog="s3_infer.py", description="Session 3: inference.")
+    add_shape_flags(parser)
+    add_chip_flags(parser, "prefill and decode")
+    parser.add_argument("--checkpoint-dir", default="runs/s2/checkpoints")
+    parser.add_argument("--random-params", action="store_true", help="no checkpoint: speed only")
+    parser.add_argument("--batches", help="decode batch sizes (default 1,4,16,64 x data x fsdp)")
+    parser.add_argument("--new-tokens", type=positive_int, default=64, help="decode steps")
+    parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    parser.add_argument("--run-dir", default="runs/s3", help="the plot goes here")
+    args = parser.parse_args(argv)
+    for flag in TRAINING_ONLY:
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} is a training flag (try --batches)")
+    try:
+        args.batches = args.batches and [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise UsageError(f"--batches {args.batches}: positive integers, e.g. 1,4,16") from None
+    if args.batches is not None and min(args.batches) < 1:
+        raise UsageError(f"--batches {args.batches}: positive integers, e.g. 1,4,16")
+    if args.temperature < 0:
+        raise UsageError(f"--temperature {args.temperature}: 0 (greedy) or positive")
+    return args
+
+
+class Resolved(NamedTuple):
+    preset: str
+    model: ModelConfig
+    train: TrainConfig
+    attention_note: str | None  # one header line when the attention is not the usual choice
+
+
+MODEL_FLAGS = ("seq", "embed", "ff", "heads", "head_dim", "layers", "vocab")
+TRAIN_FLAGS = ("steps", "batch", "lr", "seed", "log_every", "eval_every")
+
+
+def resolve(args, platform=None, **model_overrides):
+    """Resolved configs for the chip the step is built for: `platform` ("cpu",
+    "gpu", "tpu"; None: this machine's, whose device also says its compute
+    capability). A flag a command lacks counts as not given."""
+
+    def flag(name):
+        return getattr(args, name, None)
+
+    here = platform is None
+    platform = platform or jax.default_backend()
+    on_cpu = platform == "cpu"
+    preset = flag("preset") or ("cpu" if on_cpu else "course")
+    device = jax.local_devices()[0] if here else None
+    caps = capability_defaults(device, flag("dtype"), flag("attention_impl"))
+    given = {name: flag(name) for name in MODEL_FLAGS}
+    given["attention"] = not flag("no_attention")
+    given["positions"] = not flag("no_positions")
+    given["dtype"] = caps.dtype or ("float32" if on_cpu else "bfloat16")
+    given.update(model_overrides)
     model = dataclasses.replace(
-        preset.model, **{k: v for k, v in model_fields.items() if v is not None}
+        PRESETS[preset].model, **{k: v for k, v in given.items() if v is not None}
     )
     train = dataclasses.replace(
-        preset.train, **{k: v for k, v in train_fields.items() if v is not None}
+        PRESETS[preset].train, **{k: flag(k) for k in TRAIN_FLAGS if flag(k) is not None}
     )
-    return model, train
+    if caps.attention_impl:  # below compute capability 8.0: XLA's attention
+        impl, note = caps.attention_impl, caps.note
+    elif "attention_impl" in model_overrides:
+        impl, note = model_overrides["attention_impl"], None
+    else:
+        impl, note = choose(flag("attention_impl"), platform, model, train.batch)
+    return Resolved(preset, dataclasses.replace(model, attention_impl=impl), train, note)
 
 
 def run_main(main, argv=None):
-    """Call main(argv); a UsageError becomes one line on stderr and exit 2."""
+    """main(argv), with every way a run stops on purpose turned into one line
+    on stderr and its exit status (sessions/errors.py)."""
     try:
         return main(argv)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except TrainingDiverged as e:
+        print(f"error: {e}; try a lower --lr", file=sys.stderr)
+        return 1
+    except Interrupted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("stopped: interrupted (no checkpoints: pass --checkpoint-every N)", file=sys.stderr)
+        return 130

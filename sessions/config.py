@@ -84,8 +84,3 @@ PRESETS = {
         "GPT-2 small's shapes, seq 1024",
     ),
 }
-
-
-class UsageError(ValueError):
-    """A bad flag or input the user can fix. The session scripts print its
-    message on one line and exit with status 2, never a traceback."""

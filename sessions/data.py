@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from sessions.config import UsageError
+from sessions.errors import UsageError
 
 VAL_FRACTION = 0.1  # the corpus's last tenth is held out for validation
 # Past this size, several files are concatenated once into a memory-mapped
@@ -142,9 +142,9 @@ def get_batch(tokens, step, *, batch, seq, seed, stream=TRAIN, rows=None, delay_
     return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
 
 
-def encode(text):
+def text_to_tokens(text):
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
 
-def decode(tokens):
+def tokens_to_text(tokens):
     return bytes(np.asarray(tokens, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")

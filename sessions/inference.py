@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 
 from sessions.attention import attention, choose_for_length
-from sessions.config import UsageError
 from sessions.decode_layout import decode_weights, dense_out_in
+from sessions.errors import UsageError
 from sessions.model import block, cast, embed, unembed
 from sessions.sharding import constrain
 
@@ -198,7 +198,7 @@ def decode_steps(weights, cache, tokens, logits, start, n, key, temperature, cfg
     return jax.lax.fori_loop(0, STEPS, step, (tokens, cache, logits))
 
 
-def decode(weights, cache, tokens, logits, start, n, key, temperature, cfg, greedy):
+def decode_loop(weights, cache, tokens, logits, start, n, key, temperature, cfg, greedy):
     """n decode steps (start, n: ints) from position start, as decode_steps
     calls of STEPS each, the last one masked: -> (tokens, cache, logits). The
     calls queue on the device; nothing waits for one to finish."""
@@ -258,7 +258,7 @@ def generate(params, cfg, prompts, n_new, *, key=None, temperature=0.0):
     impl, _ = choose_for_length(cfg, platform_of(params), *prompts.shape)
     logits, cache = prefill(params, prompts, dataclasses.replace(cfg, attention_impl=impl))
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T], room for the new tokens
-    tokens, _, _ = decode(
+    tokens, _, _ = decode_loop(
         decode_weights(params, cfg),
         cache,
         tokens,

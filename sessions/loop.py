@@ -1,97 +1,75 @@
-"""The training loop: hand batches to the step, and look at the numbers only
-every `log_every` steps.
+"""The training loop's clock and log: what a step cost, read only every
+`log_every` steps.
 
 `step_fn(state, batch)` returns at once: JAX dispatches the work to the
 devices and hands back futures. Reading the loss (`float(loss)`) waits for
 the step to finish; doing that every step would leave the devices idle while
-Python prepares the next one. So the loop reads the loss only on log steps,
-and between them runs under a transfer guard that turns any accidental
-device-to-host read into an error instead of a silent slowdown.
+Python prepares the next one. So s2_train.py's loop reads the loss only on
+log steps, and the Meter times the steps between two such reads: wall time,
+less what the loop spent on work of its own (validation, saves, the profiler),
+which `pause` hands it.
 """
 
 import json
 import math
 import time
 
-import jax
+from sessions.errors import TrainingDiverged
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
+class Meter:
+    """Times steps start..steps-1 between log steps and writes one record per
+    log step: to `metrics_file` (the --metrics-out JSON lines) first, then to
+    the screen, so a line seen on the screen is in the file. peak_flops is of
+    one device."""
 
+    def __init__(
+        self,
+        *,
+        start,
+        steps,
+        log_every,
+        tokens_per_step,
+        flops_per_step,
+        peak_flops,
+        n_devices,
+        log=print,
+        metrics_file=None,
+    ):
+        self.steps, self.log_every = steps, log_every
+        self.per_step = (tokens_per_step, flops_per_step, peak_flops, n_devices)
+        self.say, self.metrics_file = log, metrics_file
+        self.history = []  # one record per log step
+        self.train_seconds = 0.0  # in steps, between log steps
+        self.last_step, self.paused = start, 0.0
+        self.last_time = time.perf_counter()
 
-def train_loop(
-    step_fn,
-    state,
-    batches,
-    *,
-    start,
-    steps,
-    log_every,
-    tokens_per_step,
-    flops_per_step,
-    peak_flops,
-    n_devices,
-    evaluate=None,
-    eval_every=0,
-    log=print,
-    metrics_file=None,
-    on_step=None,
-    wait_for_step=False,
-):
-    """Runs steps start..steps-1. Returns (state, history, seconds spent in steps).
+    def is_log_step(self, done):
+        return done % self.log_every == 0 or done == self.steps
 
-    wait_for_step: wait for each step to finish before asking for the next
-    batch, so loading and computing never overlap (session 1's blocking loads;
-    s2_train.py --no-overlap).
+    def pause(self, seconds):
+        """Seconds since the last log step spent on anything but steps."""
+        self.paused += seconds
 
-    history: one dict per log line (the --metrics-out JSON objects).
-    peak_flops: of one device. on_step(step, state), if given, is called after
-    every step, and on a log step after its line is written (the profiler and
-    the checkpoints use it); it returns the seconds it spent on work of its own
-    (a save), which are not counted as step time.
-    """
-    history = []
-    train_seconds = 0.0
-    last_time, last_step = time.perf_counter(), start
-    paused = 0.0  # seconds since last_time spent in on_step's own work
-    for step in range(start, steps):
-        if wait_for_step:
-            jax.block_until_ready(state)
-        with (
-            jax.profiler.StepTraceAnnotation("train", step_num=step),
-            jax.transfer_guard_device_to_host("disallow"),
-        ):
-            state, metrics = step_fn(state, next(batches))
-        done = step + 1
-        logged = not (done % log_every and done != steps)
-        if logged:
-            loss = float(metrics["loss"])  # waits for this step: the only sync between logs
-            seconds = time.perf_counter() - last_time - paused
-            train_seconds += seconds
-            step_time = seconds / (done - last_step)
-            record = make_record(
-                done, loss, step_time, tokens_per_step, flops_per_step, peak_flops, n_devices
-            )
-            if not math.isfinite(loss):
-                raise TrainingDiverged(f"the loss became {loss} at step {done}")
-            if evaluate is not None and (done % eval_every == 0 or done == steps):
-                record["val_loss"] = evaluate(state["params"])
-            history.append(record)
-            # Written before on_step, which may save a checkpoint of this step: a
-            # run killed after that save resumes past this step, so its line must
-            # be on disk already. Written before it is printed, so a line seen on
-            # the screen is in the file.
-            if metrics_file is not None:
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
-            log(format_record(record))
-        if on_step is not None:
-            paused += on_step(step, state) or 0.0
-        if logged:
-            # Restart the clock after logging, validation and saving: not step time.
-            last_time, last_step, paused = time.perf_counter(), done, 0.0
-    return state, history, train_seconds
+    def record(self, done, loss):
+        """The record of log step `done`, its loss just read (which waited for the step)."""
+        seconds = time.perf_counter() - self.last_time - self.paused
+        self.train_seconds += seconds
+        record = make_record(done, loss, seconds / (done - self.last_step), *self.per_step)
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"the loss became {loss} at step {done}")
+        return record
+
+    def write(self, record):
+        self.history.append(record)
+        if self.metrics_file is not None:
+            self.metrics_file.write(json.dumps(record) + "\n")
+            self.metrics_file.flush()
+        self.say(format_record(record))
+
+    def restart(self, done):
+        """After a log step's validation and saves: the clock starts again."""
+        self.last_time, self.last_step, self.paused = time.perf_counter(), done, 0.0
 
 
 def make_record(step, loss, step_time, tokens_per_step, flops_per_step, peak_flops, n_devices):

@@ -16,7 +16,7 @@ import os
 
 import jax
 
-from sessions.config import UsageError
+from sessions.errors import UsageError
 
 
 def add_flags(parser):

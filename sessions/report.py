@@ -1,12 +1,35 @@
-"""The end of a run: a summary a student can compare across runs, and a PNG
-of the loss curve."""
+"""What a run prints: its header, the summary a student compares across runs,
+and PNGs of the loss curve and of decode against its roofline."""
 
 import os
 
+import jax
 import numpy as np
 
-from roofline.decode import decode_step, flops_per_sequence
+from roofline.decode import compute_bound_batch, decode_step, flops_per_sequence
+from roofline.flops import model_line, napkin_train_flops
+from sessions import data
 from sessions.loop import impossible_mfu
+
+
+def header_lines(run, flops, peak, corpus, train_tokens, val_tokens, unigram):
+    """What session 2 prints before training: the devices, the model, the step's
+    FLOPs, the peak MFU is measured against, and the data."""
+    cfg, tc = run.model, run.train
+    devices, processes = jax.devices(), jax.process_count()
+    on = {True: "on", False: "off"}
+    return [
+        f"session 2 | preset {run.preset} | {len(devices)} x {devices[0].device_kind} "
+        f"({processes} process{'es' if processes > 1 else ''})",
+        f"model: {model_line(cfg)} | {cfg.dtype} matmuls | attention {on[cfg.attention]}, "
+        f"positions {on[cfg.positions]}",
+        f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens | 6·B·P = "
+        f"{napkin_train_flops(cfg, tc.batch) / 1e9:.2f} GFLOP | exact with attention = "
+        f"{flops / 1e9:.2f} GFLOP",
+        f"peak: {peak[0] / 1e12:.3f} TFLOP/s per device ({peak[1]})",
+        f"data: {data.describe_corpus(corpus)} | {len(train_tokens):,} train / "
+        f"{len(val_tokens):,} val bytes | unigram baseline {unigram:.3f} nats/byte",
+    ] + ([f"attention: {run.attention_note}"] if run.attention_note else [])
 
 
 def summarize(
@@ -135,3 +158,32 @@ def plot_decode(measured, cfg, peak, bandwidth, path):
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def decode_table_lines(rows, cfg, prefill_batch, prompt_len, peak, bandwidth):
+    """s3_infer.py's table: prefill, then per batch the decode step against its roofline.
+    rows: (roofline DecodeStep, Achieved, prefill seconds) per batch."""
+    lines = []
+    prefill_s = rows[-1][2]
+    lines.append(
+        f"prefill: {prefill_batch} x {prompt_len} tokens in {prefill_s * 1e3:.1f} ms, "
+        f"{prefill_batch * prompt_len / prefill_s:,.0f} tokens/s"
+    )
+    lines.append(
+        f"  {'batch':>5} {'ms/step':>9} {'tokens/s':>10} {'MB/step':>9} {'mem ms':>8} "
+        f"{'flop ms':>8} {'roof tok/s':>10} {'MBU':>6} {'MFU':>6}"
+    )
+    for s, g, _ in rows:
+        lines.append(
+            f"  {s.batch:>5} {g.step_s * 1e3:>9.2f} {g.tokens_per_s:>10,.0f} {s.bytes / 1e6:>9.1f} "
+            f"{s.memory_s * 1e3:>8.2f} {s.compute_s * 1e3:>8.3f} {s.tokens_per_s:>10,.0f} "
+            f"{100 * g.mbu:>5.1f}% {100 * g.mfu:>5.1f}%"
+        )
+    with_cache = compute_bound_batch(cfg, peak_flops=peak, bandwidth=bandwidth)
+    napkin = compute_bound_batch(cfg, peak_flops=peak, bandwidth=bandwidth, cache=False)
+    where = f"from batch {with_cache:,.0f}" if with_cache else f"at no batch (T={cfg.seq})"
+    lines.append(
+        f"decode turns compute-bound {where}; with the weights alone it would from batch "
+        f"{napkin:,.0f}: each sequence's cache is its own and is read every step"
+    )
+    return lines

@@ -18,7 +18,7 @@ import time
 import jax
 
 from sessions import data
-from sessions.cli import ArgumentParser, add_shape_flags, configs_from_args, run_main
+from sessions.cli import ArgumentParser, add_shape_flags, resolve, run_main
 from sessions.train import init_state, make_optimizer, make_train_step
 
 
@@ -26,7 +26,9 @@ def main(argv=None):
     parser = ArgumentParser(prog="s1_train.py", description=__doc__.split("\n\n")[0])
     add_shape_flags(parser)
     args = parser.parse_args(argv)
-    cfg, tc = configs_from_args(args, args.preset or "cpu", attention=False, positions=False)
+    # Session 1's shapes and dtype are a CPU's wherever it runs; no attention, no positions.
+    run = resolve(args, platform="cpu", attention=False, positions=False)
+    cfg, tc = run.model, run.train
     if args.steps is None and args.preset is None:
         tc = dataclasses.replace(tc, steps=120, log_every=20)  # about a minute on 2 cores
 

@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sessions.config import UsageError
+from sessions.errors import UsageError
 
 AXES = ("data", "fsdp", "tp")
 BATCH = ("data", "fsdp")  # the batch dimension is split over both

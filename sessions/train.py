@@ -9,11 +9,14 @@ donating the old state lets it update the weights in place.
 """
 
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from sessions import data, sharding
 from sessions.model import forward, init_params
 
 
@@ -59,6 +62,35 @@ def init_state(key, *, cfg, optimizer):
     return {"params": params, "opt": optimizer.init(params)}
 
 
+def abstract_state(cfg, tc, mesh):
+    """(optimizer, init, abstract): the optimizer, init(key) -> the training
+    state, and that state as jax.ShapeDtypeStructs carrying the sharding each
+    weight's rule gives it over `mesh` (sessions/sharding.py). Nothing is built:
+    `jax.jit(init, out_shardings=...)` then builds each shard on its device, a
+    checkpoint restores into it, or a compiler for another chip reads it."""
+    optimizer = make_optimizer(tc, tc.steps)
+    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
+    key = jax.eval_shape(lambda: jax.random.key(tc.seed))  # only its shape is used
+    with jax.set_mesh(mesh):
+        abstract = sharding.abstract_sharded(init, key, mesh)
+    return optimizer, init, abstract
+
+
+def abstract_batch(batch, seq, batch_sharding):
+    """A batch of token ids [B, S] as shapes, split as the loader splits it."""
+    tokens = jax.ShapeDtypeStruct((batch, seq), np.int32, sharding=batch_sharding)
+    return {"inputs": tokens, "targets": tokens}
+
+
+def compile_ahead(step_fn, state, batch, log=print):
+    """step_fn compiled for these shapes before the loop: no step is timed
+    with compilation in it, and the loop can never trigger a recompile."""
+    start = time.perf_counter()
+    compiled = step_fn.lower(state, batch).compile()
+    log(f"compiled the train step in {time.perf_counter() - start:.1f} s")
+    return compiled
+
+
 def train_step(state, batch, *, cfg, optimizer):
     """One step. Returns (new state, {"loss", "grad_norm"}), both still on device."""
     loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, cfg)
@@ -81,7 +113,18 @@ def make_train_step(cfg, optimizer, *, jit=True, state_shardings=None, batch_sha
     )
 
 
-def make_eval_step(cfg, *, jit=True):
-    """Loss on a batch, no update (validation)."""
-    step = functools.partial(loss_fn, cfg=cfg)
-    return jax.jit(step) if jit else step
+def make_evaluator(cfg, tc, val_tokens, batch_sharding, *, jit=True):
+    """params -> mean loss over the same tc.eval_batches validation batches
+    every time (no update), each process loading only its own rows."""
+    eval_step = functools.partial(loss_fn, cfg=cfg)
+    eval_step = jax.jit(eval_step) if jit else eval_step
+    B, S = tc.batch, cfg.seq
+    rows = sharding.process_rows(batch_sharding, B, S)
+    batches = [
+        sharding.place_batch(
+            data.get_batch(val_tokens, i, batch=B, seq=S, seed=tc.seed, stream=data.VAL, rows=rows),
+            batch_sharding,
+        )
+        for i in range(tc.eval_batches)
+    ]
+    return lambda params: float(np.mean([eval_step(params, b) for b in batches]))

@@ -18,7 +18,8 @@ from conftest import PYTHON, REPO, run_python, s2_in_process, subprocess_env
 
 from sessions import sharding
 from sessions.checkpoint import Checkpoints
-from sessions.config import PRESETS, UsageError
+from sessions.config import PRESETS
+from sessions.errors import UsageError
 from sessions.train import init_state, make_optimizer
 
 RUN = [

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sessions import data
-from sessions.config import UsageError
+from sessions.errors import UsageError
 from sessions.prefetch import Prefetcher, Synchronous
 
 TOKENS = np.arange(1000, dtype=np.uint8)
@@ -59,9 +59,9 @@ def test_data_from_a_file_a_folder_and_a_glob(tmp_path):
     (tmp_path / "a.txt").write_text("hello ")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.txt").write_text("world")
-    assert data.decode(data.load_corpus(str(tmp_path / "a.txt"))) == "hello "
-    assert data.decode(data.load_corpus(str(tmp_path))) == "hello world"
-    assert data.decode(data.load_corpus(str(tmp_path / "**" / "*.txt"))) == "hello world"
+    assert data.tokens_to_text(data.load_corpus(str(tmp_path / "a.txt"))) == "hello "
+    assert data.tokens_to_text(data.load_corpus(str(tmp_path))) == "hello world"
+    assert data.tokens_to_text(data.load_corpus(str(tmp_path / "**" / "*.txt"))) == "hello world"
 
 
 def test_large_folders_are_concatenated_once_into_a_mapped_file(tmp_path, monkeypatch):
@@ -70,7 +70,7 @@ def test_large_folders_are_concatenated_once_into_a_mapped_file(tmp_path, monkey
     (tmp_path / "b.txt").write_text("def")
     cache = tmp_path / "cache"
     tokens = data.load_corpus(str(tmp_path), cache_dir=str(cache))
-    assert isinstance(tokens, np.memmap) and data.decode(tokens) == "abcdef"
+    assert isinstance(tokens, np.memmap) and data.tokens_to_text(tokens) == "abcdef"
     assert len(list(cache.iterdir())) == 1
 
 

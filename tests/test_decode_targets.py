@@ -22,7 +22,7 @@ from roofline.flops import param_count
 from roofline.program import collectives
 from sessions import aot, inference, s3_infer, sharding
 from sessions.config import PRESETS
-from sessions.data import encode
+from sessions.data import text_to_tokens
 
 
 def plan(target_text, mesh, batches, preset="course", *flags):
@@ -32,7 +32,7 @@ def plan(target_text, mesh, batches, preset="course", *flags):
     )
     target, devices = aot.devices_for(target_text)
     cfg, _ = s3_infer.configure(args, platform=target.chip.platform)
-    prompt_len = len(encode(args.prompt))
+    prompt_len = len(text_to_tokens(args.prompt))
     planned = aot.plan_decode(
         mesh, cfg, args.batches, prompt_len, preset, target, devices, lambda *a: None
     )
@@ -136,7 +136,7 @@ def test_xla_counts_one_decode_step_as_the_napkin_does(tpu_tp, tpu_data):
 def test_prefill_flops_match_the_napkin(tpu_tp):
     planned, cfg = tpu_tp
     s = planned.summary["prefill"]
-    B, P = 32, len(encode(s3_infer.PROMPT))
+    B, P = 32, len(text_to_tokens(s3_infer.PROMPT))
     E, F, H, D, L, V = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.vocab
     # Every layer for every prompt token; the output projection for the last one only;
     # attention's two einsums over the whole P x P scores.

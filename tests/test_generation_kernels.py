@@ -20,8 +20,8 @@ import pytest
 from roofline.targets import missing_extras
 from sessions import attention, inference
 from sessions.config import ModelConfig
-from sessions.generate import generate as generate_text
 from sessions.model import init_params
+from sessions.sample import sample_text as generate_text
 
 # Small and with sizes that differ pairwise; T = 256 leaves room after a
 # 128-token prompt. Splash's interpreter takes the head dim as it comes.

@@ -14,7 +14,7 @@ from roofline.hardware import CHIPS, chip_for_kind, datasheet_chip, local_peak_f
 from sessions import accelerator
 from sessions.accelerator import Defaults, capability_defaults, check_accelerator_visible
 from sessions.cli import run_main
-from sessions.config import UsageError
+from sessions.errors import UsageError
 from sessions.loop import format_record, make_record
 from sessions.report import summarize, summary_lines
 

@@ -18,9 +18,10 @@ from scripts.bench_decode import uncached_generate
 from sessions import inference, s3_infer, sharding
 from sessions.checkpoint import Checkpoints
 from sessions.cli import run_main
-from sessions.config import PRESETS, TrainConfig, UsageError
-from sessions.generate import generate as generate_text
+from sessions.config import PRESETS, TrainConfig
+from sessions.errors import UsageError
 from sessions.model import forward, init_params
+from sessions.sample import sample_text as generate_text
 from sessions.train import init_state, make_optimizer
 
 B, P = 2, 5

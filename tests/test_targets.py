@@ -30,7 +30,8 @@ from roofline.program import (
 from roofline.targets import EXTRAS, TargetError, missing_extras, parse_target
 from sessions import aot, s2_train, sharding
 from sessions.attention import choose, einsum_attention, splash_attention, splash_kernel
-from sessions.config import ModelConfig, UsageError
+from sessions.config import ModelConfig
+from sessions.errors import UsageError
 from sessions.model import init_params
 
 

@@ -12,14 +12,14 @@ import jax
 import numpy as np
 
 from sessions import inference
-from sessions.config import UsageError
-from sessions.data import decode, encode
+from sessions.data import text_to_tokens, tokens_to_text
+from sessions.errors import UsageError
 
 
-def generate(params, cfg, prompt, n_new, key, temperature=0.8):
+def sample_text(params, cfg, prompt, n_new, key, temperature=0.8):
     """prompt: str -> the prompt followed by n_new sampled bytes, as str
     (temperature 0: greedy)."""
-    tokens = encode(prompt)  # int32 [P]
+    tokens = text_to_tokens(prompt)  # int32 [P]
     if not len(tokens):
         raise UsageError("the prompt is empty")
     if len(tokens) > cfg.seq:
@@ -38,4 +38,4 @@ def generate(params, cfg, prompt, n_new, key, temperature=0.8):
         context = np.asarray(out[0])
         tokens = np.concatenate([tokens, context[-n:]])
         left -= n
-    return decode(tokens)
+    return tokens_to_text(tokens)

@@ -1,0 +1,144 @@
+"""Plan a training run on a chip this machine lacks: `s2_train.py --target
+CHIP[:SHAPE]` compiles the exact step the other flags describe for that chip
+(sessions/aot.py), prints what the compiler did and the roofline
+(roofline/plan.py), and exits without training.
+"""
+
+import dataclasses
+import functools
+import json
+from typing import NamedTuple
+
+import jax
+
+from roofline.flops import model_line
+from roofline.plan import plan, plan_lines, plan_summary
+from roofline.program import read_program
+from sessions import aot, sharding
+from sessions.attention import KERNEL_PLATFORM
+from sessions.cli import resolve
+from sessions.errors import UsageError
+
+
+def plan_training(args, say=print):
+    """--target: plan the step these flags (sessions.cli.train_flags) describe,
+    write --hlo-out and --summary-out, and return the exit status: 0, or a
+    UsageError when the step does not fit (after the summary is written)."""
+    target, devices = aot.devices_for(args.target)
+    run = resolve(args, platform=target.chip.platform)
+    planned = plan_target(args.mesh, run, target, devices, say)
+    if args.hlo_out:
+        with open(args.hlo_out, "w") as f:
+            f.write(planned.compiled.as_text())
+    if args.summary_out:
+        with open(args.summary_out, "w") as f:
+            json.dump(planned.summary, f, indent=1)
+    if "error" in planned.summary:
+        raise UsageError(planned.summary["error"])
+    return 0
+
+
+def too_big(error, target, tc, sizes):
+    """The compiler's out-of-memory error as one line with what to try."""
+    needed = aot.compiler_needs(error)
+    tries = [f"a smaller --batch (now {tc.batch})"]
+    if sizes["fsdp"] < target.devices:
+        tries.append("a larger fsdp axis in --mesh")
+    tries.append("a bigger slice")
+    return UsageError(
+        f"the step does not fit on {target.name} ({target.hbm_per_device / 1e9:.2f} GB HBM per "
+        f"device): {needed}; try {', '.join(tries)}"
+    )
+
+
+class Planned(NamedTuple):
+    """One step compiled for a target, and what was read off it."""
+
+    plan: object  # roofline.plan.Plan
+    summary: dict  # the plan as JSON (--summary-out); "error" if the step does not fit
+    compiled: object  # jax.stages.Compiled, for the target: inspect it, never run it
+    state_bytes_per_device: int  # params + optimizer state, by the sharding rules
+
+
+def plan_target(mesh_text, run, target, devices, say=print):
+    """Compile the step of `run` (sessions.cli.Resolved) for `target` over the mesh `mesh_text`
+    ('fsdp=4,tp=2', None: all on fsdp), print its report, and return it as
+    Planned. Raises UsageError for a mesh the target cannot hold or a step the
+    compiler refuses for want of memory."""
+    cfg, tc = run.model, run.train
+    sizes, mesh = aot.target_mesh(mesh_text, target, devices)
+    sharding.check_divisible(cfg, tc.batch, sizes)
+    chip = target.chip
+    say(
+        f"target: {target.name}, {target.devices} x {devices[0].device_kind} "
+        f"(compile-only: nothing runs) | preset {run.preset}"
+    )
+    say(f"model: {model_line(cfg)} | {cfg.dtype} matmuls | attention: {cfg.attention_impl}")
+    if run.attention_note:
+        say(f"attention: {run.attention_note}")
+    say(f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens")
+
+    (state, batch), _ = aot.train_step_inputs(cfg, tc, mesh)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    for line in sharding.describe(state["params"], shardings["params"], mesh):
+        say(line)
+    held, total = sharding.bytes_per_device(state, shardings)
+    say(
+        f"params + optimizer state: {total / 2**20:,.1f} MiB in all, "
+        f"{held / 2**20:,.1f} MiB per device"
+    )
+
+    step = aot.jitted_train_step(cfg, tc, mesh)
+    compiled, oom, seconds = aot.compile_or_oom(step, (state, batch), {}, mesh, chip, say)
+    if compiled is None:
+        raise too_big(oom, target, tc, sizes)
+    say(
+        f"compiled for {target.name} in {seconds:.1f} s ({jax.__version__}, "
+        f"{'libtpu' if chip.platform == 'tpu' else 'the CUDA plugin'})"
+    )
+
+    facts = read_program(compiled, target.devices)
+    kernel_attention = cfg.attention and cfg.attention_impl in KERNEL_PLATFORM
+    xla_flops, source = facts.xla_flops, "XLA's cost analysis of the compiled step"
+    if xla_flops is None:
+        einsum = dataclasses.replace(cfg, attention_impl="einsum")  # a kernel's FLOPs are unseen
+        step = aot.jitted_train_step(einsum, tc, aot.one_device_mesh())
+        inputs = functools.partial(aot.train_step_inputs, einsum, tc)
+        xla_flops = aot.count_on_this_cpu(step, inputs) / target.devices
+        source = (
+            "the target's compiler gives none; this is XLA's count of the step "
+            "before optimisation (lowered for this CPU, attention as einsums)"
+        )
+        kernel_attention = False  # that program has no kernel to hide FLOPs in
+    p = plan(
+        cfg,
+        tc.batch,
+        target,
+        facts,
+        mesh=sizes,
+        kernel_attention=kernel_attention,
+        xla_flops=xla_flops,
+        xla_source=source,
+    )
+    for line in plan_lines(p):
+        say(line)
+    summary = plan_summary(p)
+    summary.update(
+        preset=run.preset,
+        batch=tc.batch,
+        seq=cfg.seq,
+        dtype=cfg.dtype,
+        attention_impl=cfg.attention_impl,
+        compile_seconds=seconds,
+    )
+    if not p.fits:
+        # Written out first (--summary-out), then refused: exit 2 with what to try.
+        summary["error"] = str(
+            too_big(
+                f"the compiled step needs {p.memory_per_device_bytes / 1e9:.2f} GB per device",
+                target,
+                tc,
+                sizes,
+            )
+        )
+    return Planned(p, summary, compiled, held)
