@@ -19,6 +19,8 @@ import os
 import re
 import sys
 
+from roofline.hlo import parse
+
 KINDS = ("matmul", "elementwise", "copy/transpose", "collective", "other", "idle")
 KIND_NOTES = {
     "matmul": "dot/convolution, and fusions or library calls built around one",
@@ -60,13 +62,6 @@ OTHER_OPS = {
 # Library calls that are matmuls: cuBLAS/cuBLASLt GEMMs, cuDNN's fused attention.
 MATMUL_CALL = re.compile(r"gemm|matmul|cublas|fmha|flash", re.IGNORECASE)
 
-HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-INSTRUCTION = re.compile(
-    r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(?:\(.*?\)|\S+)\s+([a-z][\w\-]*)\((.*)$"
-)
-CALLS = re.compile(r"calls=%?([\w.\-]+)")
-TARGET = re.compile(r'custom_call_target="([^"]*)"')
-
 
 def opcode_kind(opcode, target=""):
     """The kind of one unfused HLO instruction."""
@@ -88,47 +83,33 @@ def classify_hlo(hlo_text):
     dot with its prologue and epilogue fused in is a matmul), a collective, a
     copy or transpose (it writes a new layout, usually the expensive part), a
     gather or scatter ("other"); otherwise it is elementwise work."""
-    computations, current = {}, None
-    for line in hlo_text.splitlines():
-        if not line.startswith((" ", "\t")):
-            header = HEADER.match(line)
-            current = header.group(1) if header else None
-            if current:
-                computations[current] = []
-            continue
-        found = INSTRUCTION.match(line)
-        if found and current:
-            name, opcode, rest = found.groups()
-            calls = CALLS.search(rest)
-            target = TARGET.search(rest)
-            computations[current].append(
-                (name, opcode, calls.group(1) if calls else None, target.group(1) if target else "")
-            )
-
-    inner = {}  # computation -> kinds of the instructions in it, nested calls included
+    module = parse(hlo_text)
+    inner = {}  # computation -> kinds of the instructions in it, nested fusions included
 
     def kinds_inside(computation, seen=()):
         if computation not in inner:
             kinds = set()
-            for _, opcode, calls, target in computations.get(computation, []):
-                kinds.add(opcode_kind(opcode, target))
-                if calls and calls not in seen:
-                    kinds |= kinds_inside(calls, (*seen, computation))
+            found = module.computations.get(computation)
+            for op in found.instructions if found else ():
+                kinds.add(opcode_kind(op.opcode, op.target or ""))
+                for called in op.calls.get("calls", ()):
+                    if called not in seen:
+                        kinds |= kinds_inside(called, (*seen, computation))
             inner[computation] = kinds
         return inner[computation]
 
     kinds = {}
-    for instructions in computations.values():
-        for name, opcode, calls, target in instructions:
-            if opcode == "fusion" and calls:
-                inside = kinds_inside(calls)
-                kind = next(
-                    (k for k in ("matmul", "collective", "copy/transpose", "other") if k in inside),
-                    "elementwise",
-                )
-            else:
-                kind = opcode_kind(opcode, target)
-            kinds[name] = kind
+    for _, op in module.instructions():
+        fused = op.calls.get("calls", ())
+        if op.opcode == "fusion" and fused:
+            inside = kinds_inside(fused[0])
+            kind = next(
+                (k for k in ("matmul", "collective", "copy/transpose", "other") if k in inside),
+                "elementwise",
+            )
+        else:
+            kind = opcode_kind(op.opcode, op.target or "")
+        kinds[op.name] = kind
     return kinds
 
 

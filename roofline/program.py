@@ -12,6 +12,7 @@ import math
 import re
 from typing import NamedTuple
 
+from roofline.hlo import array_bytes, arrays, parse
 from roofline.memory import planned_bytes
 
 # Collectives as HLO names them; the "-start" forms are their asynchronous halves.
@@ -40,38 +41,6 @@ NOT_KERNELS = {
     "AssumeGatherIndicesInBound",
     "GatherScatterIndicesBitpacked",
 }
-
-BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "f8e4m3fn": 1,
-    "f8e5m2": 1,
-    "bf16": 2,
-    "f16": 2,
-    "s16": 2,
-    "u16": 2,
-    "f32": 4,
-    "s32": 4,
-    "u32": 4,
-    "f64": 8,
-    "s64": 8,
-    "u64": 8,
-}
-
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
-_INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.+?) (" + "|".join(COLLECTIVES) + r")(-start|-done)?\((.*)$"
-)
-
-
-def array_bytes(type_text):
-    """Bytes of every array in an HLO type: 'bf16[96,768]{1,0}' or a tuple of them."""
-    total = 0
-    for dtype, dims in _ARRAY.findall(type_text):
-        if dtype in BYTES:
-            total += BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-    return total
 
 
 def group_size(attributes, devices):
@@ -110,64 +79,6 @@ def link_bytes(kind, output_bytes, n):
     raise ValueError(f"not a collective: {kind}")
 
 
-def computations(hlo_text):
-    """{computation name: its instruction lines} of an HLO module's text.
-
-    A computation starts at an unindented header, `%name (params) -> type {`,
-    and runs to the next one. (Its closing brace is no marker: an instruction's
-    attributes may span lines that start with one.)"""
-    found, name = {}, None
-    for line in hlo_text.splitlines():
-        header = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(.*\) -> .*\{\s*$", line)
-        if header:
-            name = header.group(1)
-            found[name] = []
-        elif name is not None:
-            found[name].append(line)
-    return found
-
-
-_CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
-
-
-def trip_counts(hlo_text):
-    """{computation name: how many times it runs per step}, for the bodies of
-    `while` loops (and loops inside them) and everything they call (fusions,
-    async collectives); computations not listed run once, outside any loop.
-
-    A loop's trip count is read from its condition, `counter < N` with N a
-    constant, the form XLA gives the loops it builds itself (collective
-    matmuls, scans, decode's chunk of steps); a loop whose count cannot be
-    read (a fori_loop over a traced count) counts once: its collectives are
-    per trip."""
-    comps = computations(hlo_text)
-    loops = []  # (computation holding the loop, body, condition)
-    for holder, lines in comps.items():
-        for line in lines:
-            m = re.search(r" while\(.*condition=%?([\w.\-]+), body=%?([\w.\-]+)", line)
-            if m:
-                loops.append((holder, m.group(2), m.group(1)))
-    called = {name: set(_CALLS.findall("\n".join(lines))) for name, lines in comps.items()}
-
-    def trips(condition):
-        text = "\n".join(comps.get(condition, []))
-        limit = re.search(r"constant\((\d+)\)", text)
-        return int(limit.group(1)) if limit and "direction=LT" in text else 1
-
-    times = {}
-    for _ in range(4):  # loops nested up to four deep
-        for holder, body, condition in loops:
-            times[body] = times.get(holder, 1) * trips(condition)
-    for body in sorted(times, key=times.get):  # inner loops last: they run more often
-        todo = list(called.get(body, ()))
-        while todo:
-            name = todo.pop()
-            if name in comps and times.get(name, 0) < times[body]:
-                times[name] = times[body]
-                todo += called.get(name, ())
-    return times
-
-
 class Collective(NamedTuple):
     count: int  # collectives executed per step (a combined one moves many arrays at once)
     output_bytes: int  # bytes of their results, per device
@@ -176,33 +87,30 @@ class Collective(NamedTuple):
 
 def collectives(hlo_text, devices, in_loops=None):
     """{kind: Collective} for the collectives in a compiled (partitioned) HLO
-    module, per step: one inside a loop counts once per trip (trip_counts).
+    module, per step: one inside a loop counts once per trip (hlo trip_counts).
     in_loops=True keeps only those inside a while loop, False those outside any.
 
     A TPU's async collective fusions spread one collective over several fusions
     (its start and the pieces that overlap compute), each naming the collective
     with the same channel_id: counted once."""
-    times = trip_counts(hlo_text)
+    module = parse(hlo_text)
+    times = module.trip_counts
     done_types, found, seen = {}, [], set()
-    for computation, lines in computations(hlo_text).items() or [(None, hlo_text.splitlines())]:
-        if in_loops is not None and (computation in times) != in_loops:
+    for computation, op in module.instructions():
+        kind, phase = collective_kind(op.opcode)
+        if kind is None or (in_loops is not None and (computation.name in times) != in_loops):
             continue
-        for line in lines:
-            m = _INSTRUCTION.match(line)
-            if not m:
+        if phase == "-done":
+            done_types[op.operands[0]] = op.type_text
+            continue
+        repeat = times.get(computation.name, 1)
+        channel = op.attributes.get("channel_id")
+        if channel:
+            if (kind, channel, repeat) in seen:
                 continue
-            name, type_text, kind, phase, rest = m.groups()
-            if phase == "-done":
-                start = re.match(r"\s*%?([\w.\-]+)", rest)
-                done_types[start.group(1)] = type_text
-                continue
-            repeat = times.get(computation, 1)
-            channel = re.search(r"channel_id=(\d+)", rest)
-            if channel:
-                if (kind, channel.group(1), repeat) in seen:
-                    continue
-                seen.add((kind, channel.group(1), repeat))
-            found.append((name, kind, phase, type_text, group_size(rest, devices), repeat))
+            seen.add((kind, channel, repeat))
+        n = group_size(op.attribute_text, devices)
+        found.append((op.name, kind, phase, op.type_text, n, repeat))
     totals = collections.defaultdict(lambda: [0, 0, 0])
     for name, kind, phase, type_text, n, repeat in found:
         # An async start's own type holds its operands too; its -done holds the result.
@@ -214,9 +122,22 @@ def collectives(hlo_text, devices, in_loops=None):
     return {kind: Collective(*t) for kind, t in sorted(totals.items())}
 
 
+def collective_kind(opcode):
+    """(collective kind, "-start", "-done" or "") of an opcode, or (None, "")."""
+    for phase in ("-start", "-done", ""):
+        if opcode.endswith(phase) and opcode.removesuffix(phase) in COLLECTIVES:
+            return opcode.removesuffix(phase), phase
+    return None, ""
+
+
+def collectives_summary(found):
+    """{kind: Collective} as JSON-ready values."""
+    return {kind: c._asdict() for kind, c in found.items()}
+
+
 def kernels(hlo_text):
     """{custom call target: count}, leaving out sharding and layout markers."""
-    targets = re.findall(r'custom_call_target="([^"]+)"', hlo_text)
+    targets = (op.target for _, op in parse(hlo_text).instructions() if op.target)
     return dict(collections.Counter(t for t in targets if t not in NOT_KERNELS))
 
 
@@ -228,7 +149,6 @@ def kernel_lines(found):
     ]
 
 
-_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = \(?(\w+)\[[^=]*?\s([\w\-$]+)\((.*)$")
 _MATMUL_CALLS = ("__cublas$gemm", "__cublas$lt$matmul")
 
 
@@ -238,48 +158,62 @@ def matmul_dtypes(hlo_text):
     The precision the matmuls really run in, whatever the source asked for.
 
     Operands are named, not typed, in a compiled module's text, so every
-    instruction's type is looked up by its name (unique within the module)."""
-    types, matmuls = {}, []
-    for line in hlo_text.splitlines():
-        m = _DEFINITION.match(line)
-        if not m:
-            continue
-        name, dtype, op, rest = m.groups()
-        types[name] = dtype
-        is_library = op == "custom-call" and any(f'"{t}"' in rest for t in _MATMUL_CALLS)
-        if op in ("dot", "convolution") or is_library:
-            operands = re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0])[:2]
-            matmuls.append((operands, dtype))
-    for header in re.findall(r"\(([^()]*)\) -> ", hlo_text):  # computation parameters
-        for name, dtype in re.findall(r"([\w.\-]+): \(?(\w+)\[", header):
-            types.setdefault(name, dtype)
+    operand's type is looked up by its name (unique within the module)."""
+    module = parse(hlo_text)
+    types = module.types
     found = collections.Counter()
-    for operands, out in matmuls:
-        if len(operands) == 2:
-            found[(types.get(operands[0], "?"), types.get(operands[1], "?"), out)] += 1
+    for _, op in module.instructions():
+        is_matmul = op.opcode in ("dot", "convolution") or op.target in _MATMUL_CALLS
+        if is_matmul and len(op.operands) >= 2 and op.dtype:
+            lhs, rhs = (arrays(types.get(name, "")) for name in op.operands[:2])
+            found[(lhs[0].dtype if lhs else "?", rhs[0].dtype if rhs else "?", op.dtype)] += 1
     return dict(found)
+
+
+def matmul_dtypes_summary(found):
+    """{(lhs, rhs, out): count} as JSON-ready values: {"lhs,rhs->out": count}."""
+    return {f"{a},{b}->{c}": n for (a, b, c), n in found.items()}
 
 
 def matmul_precision(hlo_text):
     """'highest' if any matmul asks for full float32 (jax.default_matmul_precision
-    or precision=HIGHEST), else 'default': what the chip's peak depends on."""
-    if re.search(r"operand_precision=\{highest|\"operand_precision\":\[\"HIGHEST", hlo_text):
-        return "highest"
+    or precision=HIGHEST), else 'default': what the chip's peak depends on.
+    XLA writes it as an attribute, or in a library call's backend config."""
+    for _, op in parse(hlo_text).instructions():
+        if op.attributes.get("operand_precision", "").startswith("{highest"):
+            return "highest"
+        if '"operand_precision":["HIGHEST"' in op.attributes.get("backend_config", ""):
+            return "highest"
     return "default"
+
+
+def cost_analysis(stage):
+    """XLA's cost analysis of a lowered or compiled program (`jax.stages.Lowered`
+    or `Compiled`) as one dict ("flops", "bytes accessed", ...), or None where
+    the backend gives none (NVIDIA's deviceless compiler) or raises.
+
+    `stage.cost_analysis()` returns a dict, or in some jax versions a list with
+    one dict per program (the first is the step's), or None; this is the one
+    place that unwraps it."""
+    try:
+        cost = stage.cost_analysis()
+    except Exception:  # some backends raise instead of returning nothing
+        return None
+    return unwrap_cost(cost)
+
+
+def unwrap_cost(cost):
+    """What `cost_analysis()` returned (a dict, a list of them, or None) as one dict or None."""
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    return dict(cost) if cost else None
 
 
 def xla_flops(compiled):
     """FLOPs per device from XLA's cost analysis of the compiled program, or None
     where the target's compiler gives no count (NVIDIA, deviceless)."""
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:
-        return None
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else None
-    if not cost or "flops" not in cost:
-        return None
-    return float(cost["flops"])
+    cost = cost_analysis(compiled)
+    return float(cost["flops"]) if cost and "flops" in cost else None
 
 
 def windowed_loops(hlo_text):
@@ -287,7 +221,11 @@ def windowed_loops(hlo_text):
     that multiply one shard while passing the next around the ring. XLA's cost
     analysis counts a loop's body once, not once per trip, so their FLOPs are
     mostly missing from its count (roofline/README.md)."""
-    return len(re.findall(r" while\(.*body=%?[\w.\-]*windowed_dot_general", hlo_text))
+    return sum(
+        1
+        for _, op in parse(hlo_text).instructions()
+        if op.opcode == "while" and "windowed_dot_general" in "".join(op.calls.get("body", ()))
+    )
 
 
 class ProgramFacts(NamedTuple):
