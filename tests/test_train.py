@@ -3,9 +3,10 @@ compiles once and never waits on the device between log lines, and the
 tiny preset learns."""
 
 import functools
-import io
-import itertools
 import json
+import os
+import runpy
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,14 +14,26 @@ import numpy as np
 import optax
 import pytest
 
-from sessions import data
+from sessions import checkpoint, data, train
 from sessions import loop as loop_module
 from sessions.config import PRESETS, TrainConfig
-from sessions.loop import TrainingDiverged, format_record, train_loop
+from sessions.errors import TrainingDiverged
+from sessions.loop import Meter, format_record
 from sessions.model import init_params
-from sessions.prefetch import Synchronous
 from sessions.report import summarize, summary_lines
-from sessions.train import init_state, loss_fn, make_optimizer, make_train_step
+from sessions.sharding import batch_sharding, make_mesh
+from sessions.train import (
+    abstract_batch,
+    compile_ahead,
+    init_state,
+    loss_fn,
+    make_optimizer,
+    make_train_step,
+)
+
+S2_TRAIN = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sessions", "s2_train.py"
+)
 
 DEVICE = jax.devices()[0]
 
@@ -35,22 +48,16 @@ def setup(cfg, tc, steps):
     return optimizer, state, make_batch
 
 
-def run_loop(step_fn, state, make_batch, steps, log_every, **kw):
-    place = functools.partial(jax.device_put, device=DEVICE)
-    return train_loop(
-        step_fn,
-        state,
-        Synchronous(make_batch, place),
-        start=0,
-        steps=steps,
-        log_every=log_every,
-        tokens_per_step=1,
-        flops_per_step=1,
-        peak_flops=1,
-        n_devices=1,
-        log=lambda line: None,
-        **kw,
-    )
+def run_s2(argv, monkeypatch):
+    """sessions/s2_train.py run in this process as its command line runs it
+    (8 simulated devices): its exit status."""
+    monkeypatch.setattr(sys, "argv", [S2_TRAIN, *argv])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(S2_TRAIN, run_name="__main__")
+    return exit_.value.code
+
+
+TINY = ["--preset", "tiny", "--sample-bytes", "0"]
 
 
 def test_jitted_step_equals_eager_step(cfg):
@@ -78,17 +85,26 @@ class CompileCounter:
             self.count += 1
 
 
-def test_loop_compiles_the_step_once_and_never_syncs_between_logs(cfg):
+def test_a_step_compiled_ahead_never_compiles_again(cfg):
+    """s2_train.py compiles the step from shapes before the loop
+    (train.compile_ahead); twelve steps then compile nothing more, and run
+    under the loop's device-to-host guard."""
     tc = TrainConfig(batch=2)
     optimizer, state, make_batch = setup(cfg, tc, 12)
-    step_fn = make_train_step(cfg, optimizer, jit=True)
-    counter = CompileCounter()
-    before = counter.count
-    # The loop runs non-log steps under transfer_guard_device_to_host("disallow"):
-    # any float(loss) between log steps would raise here.
-    _, history, _ = run_loop(step_fn, state, make_batch, steps=12, log_every=4)
-    assert [r["step"] for r in history] == [4, 8, 12]
-    assert counter.count - before == 1
+    mesh = make_mesh({"data": 1, "fsdp": 1, "tp": 1}, devices=[DEVICE])
+    with jax.set_mesh(mesh):
+        rows = batch_sharding(mesh)
+        step_fn = compile_ahead(
+            make_train_step(cfg, optimizer), state, abstract_batch(2, cfg.seq, rows), log=print
+        )
+        counter = CompileCounter()
+        before = counter.count
+        for step in range(12):
+            batch = jax.device_put(make_batch(step), rows)
+            with jax.transfer_guard_device_to_host("disallow"):
+                state, metrics = step_fn(state, batch)
+        assert np.isfinite(float(metrics["loss"]))
+    assert counter.count == before
 
 
 class RecordedLoss:
@@ -102,32 +118,75 @@ class RecordedLoss:
         return float(self.value)
 
 
-def test_the_loop_reads_the_loss_only_on_log_steps(cfg):
-    """On a CPU, device memory is host memory, so JAX's device-to-host guard
-    (which the loop sets, and which fires on GPU and TPU) cannot see a read.
-    Here each read is recorded instead."""
-    tc = TrainConfig(batch=2)
-    optimizer, state, make_batch = setup(cfg, tc, 10)
-    jitted = make_train_step(cfg, optimizer, jit=True)
+def test_the_loop_reads_the_loss_only_on_log_steps(monkeypatch, tmp_path):
+    """s2_train.py's loop, with every step's loss noting when the host reads it.
+    On a CPU, device memory is host memory, so JAX's device-to-host guard (which
+    the loop sets, and which fires on GPU and TPU) cannot see a read; here each
+    read is recorded instead. Op by op (--no-jit), so the step can be wrapped."""
     reads, calls = [], []
+    real = train.make_train_step
 
-    def recording_step(state, batch):
-        calls.append(len(calls) + 1)
-        state, metrics = jitted(state, batch)
-        return state, {"loss": RecordedLoss(metrics["loss"], len(calls), reads)}
+    def recording(*args, **kwargs):
+        step_fn = real(*args, **kwargs)
 
-    run_loop(recording_step, state, make_batch, steps=10, log_every=4)
+        def step(state, batch):
+            calls.append(len(calls) + 1)
+            state, metrics = step_fn(state, batch)
+            return state, {"loss": RecordedLoss(metrics["loss"], len(calls), reads)}
+
+        return step
+
+    monkeypatch.setattr(train, "make_train_step", recording)
+    argv = [*TINY, "--no-jit", "--steps", "10", "--log-every", "4", "--run-dir", str(tmp_path)]
+    assert run_s2(argv, monkeypatch) == 0
     assert calls == list(range(1, 11))
     assert reads == [4, 8, 10]
 
 
-def test_nan_loss_stops_the_run(cfg):
-    tc = TrainConfig(batch=2)
-    optimizer, state, make_batch = setup(cfg, tc, 2)
-    state["params"]["final_norm"] = state["params"]["final_norm"] * np.nan
-    step_fn = make_train_step(cfg, optimizer, jit=True)
-    with pytest.raises(TrainingDiverged, match="step 2"):
-        run_loop(step_fn, state, make_batch, steps=4, log_every=2)
+def test_a_log_line_is_in_the_file_before_its_step_is_saved(monkeypatch, tmp_path):
+    """A run killed right after a checkpoint resumes after that step, so the
+    metrics line of a checkpointed log step must already be written when
+    s2_train.py's loop saves it."""
+    metrics, seen = tmp_path / "metrics.jsonl", {}
+    real = checkpoint.SaveHook
+
+    class Watching(real):
+        def __call__(self, step, state):
+            seen[step + 1] = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+            return super().__call__(step, state)
+
+    monkeypatch.setattr(checkpoint, "SaveHook", Watching)
+    argv = [
+        *TINY,
+        "--steps",
+        "6",
+        "--log-every",
+        "2",
+        "--checkpoint-every",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+        "--metrics-out",
+        str(metrics),
+    ]
+    assert run_s2(argv, monkeypatch) == 0
+    assert seen == {1: [], 2: [2], 3: [2], 4: [2, 4], 5: [2, 4], 6: [2, 4, 6]}
+
+
+def test_a_nan_loss_stops_the_run_at_its_log_step():
+    meter = Meter(
+        start=0,
+        steps=4,
+        log_every=2,
+        tokens_per_step=1,
+        flops_per_step=1,
+        peak_flops=1,
+        n_devices=1,
+        log=lambda line: None,
+    )
+    meter.record(2, 1.0)
+    with pytest.raises(TrainingDiverged, match="step 4"):
+        meter.record(4, float("nan"))
 
 
 def test_tiny_preset_learns_well_below_the_unigram_baseline():
@@ -139,7 +198,11 @@ def test_tiny_preset_learns_well_below_the_unigram_baseline():
     # Python release (3.12's docs took step 10 below the baseline already).
     untrained = float(loss_fn(state["params"], make_batch(0), cfg))
     step_fn = make_train_step(cfg, optimizer, jit=True)
-    _, history, _ = run_loop(step_fn, state, make_batch, steps=tc.steps, log_every=10)
+    history = []
+    for step in range(tc.steps):
+        state, metrics = step_fn(state, jax.device_put(make_batch(step), DEVICE))
+        if (step + 1) % 10 == 0:
+            history.append({"loss": float(metrics["loss"])})
     unigram = data.unigram_entropy(data.split(data.default_corpus(), cfg.seq)[0])
     # Mean of the last two logged losses: one batch of a tiny preset is noisy.
     final = np.mean([r["loss"] for r in history[-2:]])
@@ -159,32 +222,15 @@ class Clock:
         return self.now
 
 
-def test_the_loop_s_numbers_by_hand(monkeypatch):
-    """Every step takes 0.5 s of fake time; saves (7 s) and validation (3 s)
-    must not count. Then, by hand: 1,024 tokens / 0.5 s = 2,048 tokens/s;
-    3e9 FLOPs / 0.5 s over 2 devices = 0.003 TFLOP/s per device; over a peak
-    of 1e10 per device, MFU 0.3."""
+def test_the_meter_s_numbers_by_hand(monkeypatch):
+    """Nine steps of 0.5 s of fake time, driven as s2_train.py's loop drives the
+    Meter; saves (7 s, handed to `pause`) and validation (3 s, between a log
+    step's record and the restart) must not count. Then, by hand: 1,024
+    tokens / 0.5 s = 2,048 tokens/s; 3e9 FLOPs / 0.5 s over 2 devices = 0.003
+    TFLOP/s per device; over a peak of 1e10 per device, MFU 0.3."""
     clock = Clock()
     monkeypatch.setattr(loop_module, "time", clock)
-
-    def step_fn(state, batch):
-        clock.now += 0.5
-        return state, {"loss": 2.0}
-
-    def save(step, state):
-        if step + 1 in (3, 4):  # a save between logs, and one right after a log
-            clock.now += 7.0
-            return 7.0
-        return 0.0
-
-    def evaluate(params):
-        clock.now += 3.0
-        return 1.5
-
-    _, history, seconds = train_loop(
-        step_fn,
-        {"params": None},
-        itertools.repeat(None),
+    meter = Meter(
         start=0,
         steps=9,
         log_every=4,
@@ -192,48 +238,30 @@ def test_the_loop_s_numbers_by_hand(monkeypatch):
         flops_per_step=3e9,
         peak_flops=1e10,
         n_devices=2,
-        evaluate=evaluate,
-        eval_every=4,
         log=lambda line: None,
-        on_step=save,
     )
-    assert [r["step"] for r in history] == [4, 8, 9]
-    for r in history:
+    for step in range(9):
+        clock.now += 0.5  # the step
+        done = step + 1
+        if meter.is_log_step(done):
+            record = meter.record(done, 2.0)
+            clock.now += 3.0  # validation
+            record["val_loss"] = 1.5
+            meter.write(record)
+        if done in (3, 4):  # a save between logs, and one right after a log
+            clock.now += 7.0
+            meter.pause(7.0)
+        if meter.is_log_step(done):
+            meter.restart(done)
+    assert [r["step"] for r in meter.history] == [4, 8, 9]
+    for r in meter.history:
         assert r["step_time_s"] == pytest.approx(0.5)
         assert r["tokens_per_sec"] == pytest.approx(2048)
         assert r["tflops_per_device"] == pytest.approx(0.003)
         assert r["mfu"] == pytest.approx(0.3)
-    assert seconds == pytest.approx(9 * 0.5)
-    line = format_record(history[0])
+    assert meter.train_seconds == pytest.approx(9 * 0.5)
+    line = format_record(meter.history[0])
     assert "2,048 tok/s" in line and "0.003 TFLOP/s/device" in line and "MFU  30.0%" in line
-
-
-def test_a_log_line_is_in_the_file_before_its_step_is_saved():
-    """A run killed right after a checkpoint resumes after that step, so the
-    metrics line of a checkpointed log step must already be written."""
-    metrics = io.StringIO()
-    seen = {}
-
-    def save(step, state):
-        seen[step + 1] = [json.loads(line)["step"] for line in metrics.getvalue().splitlines()]
-        return 0.0
-
-    train_loop(
-        lambda state, batch: (state, {"loss": 1.0}),
-        0,
-        itertools.repeat(None),
-        start=0,
-        steps=6,
-        log_every=2,
-        tokens_per_step=1,
-        flops_per_step=1,
-        peak_flops=1,
-        n_devices=1,
-        log=lambda line: None,
-        metrics_file=metrics,
-        on_step=save,
-    )
-    assert seen == {1: [], 2: [2], 3: [2], 4: [2, 4], 5: [2, 4], 6: [2, 4, 6]}
 
 
 def test_the_summary_by_hand():
