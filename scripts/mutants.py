@@ -39,7 +39,7 @@ class Mutant(NamedTuple):
 CHECKPOINT = "tests/test_checkpoint.py"
 INFERENCE = "tests/test_inference.py"
 DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_discord_at_the_boundary"
-LOOP_SAVE = "        if on_step is not None:\n            paused += on_step(step, state) or 0.0\n"
+WRITE = "                meter.write(record)\n"
 
 MUTANTS = [
     Mutant(
@@ -124,10 +124,13 @@ MUTANTS = [
     Mutant(
         "metrics-after-save",
         "a log step's metrics line written after its checkpoint (the flaky resume test's cause)",
-        "sessions/loop.py",
+        "sessions/s2_train.py",
         (
-            ("        done = step + 1\n", "        done = step + 1\n" + LOOP_SAVE),
-            (LOOP_SAVE + "        if logged:\n", "        if logged:\n"),
+            (WRITE, "                pending = record\n"),
+            (
+                "            if logged:  # after logging",
+                "            if logged:\n                meter.write(pending)\n            if logged:  # after",
+            ),
         ),
         (
             "tests/test_train.py::test_a_log_line_is_in_the_file_before_its_step_is_saved",
@@ -137,16 +140,16 @@ MUTANTS = [
     Mutant(
         "step-time",
         "a log interval's step time divided by one step too many",
-        "sessions/loop.py",
-        (("seconds / (done - last_step)", "seconds / (done - last_step + 1)"),),
-        ("tests/test_train.py::test_the_loop_s_numbers_by_hand",),
+        "sessions/meter.py",
+        (("seconds / (done - self.last_step)", "seconds / (done - self.last_step + 1)"),),
+        ("tests/test_train.py::test_the_meter_s_numbers_by_hand",),
     ),
     Mutant(
         "mfu-one-device",
         "MFU against one device's peak on several devices",
-        "sessions/loop.py",
+        "sessions/meter.py",
         (("/ (peak_flops * n_devices)", "/ peak_flops"),),
-        ("tests/test_train.py::test_the_loop_s_numbers_by_hand",),
+        ("tests/test_train.py::test_the_meter_s_numbers_by_hand",),
     ),
     Mutant(
         "summary-steps",

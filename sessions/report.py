@@ -9,7 +9,7 @@ import numpy as np
 from roofline.decode import compute_bound_batch, decode_step, flops_per_sequence
 from roofline.flops import model_line, napkin_train_flops
 from sessions import data
-from sessions.loop import impossible_mfu
+from sessions.meter import impossible_mfu
 
 
 def header_lines(run, flops, peak, corpus, train_tokens, val_tokens, unigram):

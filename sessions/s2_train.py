@@ -33,7 +33,7 @@ from roofline.profile import TraceWindow
 from sessions import checkpoint, data, multihost, sharding, target_train
 from sessions.accelerator import check_accelerator_visible
 from sessions.cli import PROMPT, resolve, run_main, train_flags
-from sessions.loop import Meter
+from sessions.meter import Meter
 from sessions.prefetch import Prefetcher, Synchronous
 from sessions.report import header_lines, plot_loss, summarize, summary_lines
 from sessions.sample import sample_text

@@ -9,7 +9,7 @@ from test_roofline import hand_flops, hand_params
 
 from roofline import calibrate
 from sessions.config import PRESETS
-from sessions.loop import format_record
+from sessions.meter import format_record
 from sessions.report import summary_lines
 
 REQUIRED = {"step", "loss", "tokens_per_sec", "tflops_per_device", "mfu"}

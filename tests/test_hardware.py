@@ -15,7 +15,7 @@ from sessions import accelerator
 from sessions.accelerator import Defaults, capability_defaults, check_accelerator_visible
 from sessions.cli import run_main
 from sessions.errors import UsageError
-from sessions.loop import format_record, make_record
+from sessions.meter import format_record, make_record
 from sessions.report import summarize, summary_lines
 
 T, G, GiB, MiB = 1e12, 1e9, 2**30, 2**20

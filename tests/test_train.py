@@ -15,10 +15,10 @@ import optax
 import pytest
 
 from sessions import checkpoint, data, train
-from sessions import loop as loop_module
+from sessions import meter as meter_module
 from sessions.config import PRESETS, TrainConfig
 from sessions.errors import TrainingDiverged
-from sessions.loop import Meter, format_record
+from sessions.meter import Meter, format_record
 from sessions.model import init_params
 from sessions.report import summarize, summary_lines
 from sessions.sharding import batch_sharding, make_mesh
@@ -229,7 +229,7 @@ def test_the_meter_s_numbers_by_hand(monkeypatch):
     tokens / 0.5 s = 2,048 tokens/s; 3e9 FLOPs / 0.5 s over 2 devices = 0.003
     TFLOP/s per device; over a peak of 1e10 per device, MFU 0.3."""
     clock = Clock()
-    monkeypatch.setattr(loop_module, "time", clock)
+    monkeypatch.setattr(meter_module, "time", clock)
     meter = Meter(
         start=0,
         steps=9,
