@@ -14,24 +14,23 @@ import re
 import jax
 import numpy as np
 import pytest
-from test_inference import s3
-from test_targets import need
+from helpers import infer_flags, infer_target_config, need, s3_in_process
 
 from roofline.decode import decode_step, decode_step_per_device, weight_bytes
 from roofline.flops import param_count
 from roofline.program import collectives
-from sessions import aot, inference, s3_infer, sharding
+from sessions import aot, inference, sharding
 from sessions.config import PRESETS
 from sessions.data import encode
 
 
 def plan(target_text, mesh, batches, preset="course", *flags):
     """(DecodePlanned, cfg) for s3_infer.py --target TARGET --mesh MESH --batches B [flags]."""
-    args = s3_infer.parse_args(
-        ["--target", target_text, "--preset", preset, "--batches", batches, *flags]
-    )
     target, devices = aot.devices_for(target_text)
-    cfg, _ = s3_infer.configure(args, platform=target.chip.platform)
+    args, cfg = infer_target_config(
+        ["--target", target_text, "--preset", preset, "--batches", batches, *flags],
+        platform=target.chip.platform,
+    )
     prompt_len = len(encode(args.prompt))
     planned = aot.plan_decode(
         mesh, cfg, args.batches, prompt_len, preset, target, devices, lambda *a: None
@@ -136,7 +135,7 @@ def test_xla_counts_one_decode_step_as_the_napkin_does(tpu_tp, tpu_data):
 def test_prefill_flops_match_the_napkin(tpu_tp):
     planned, cfg = tpu_tp
     s = planned.summary["prefill"]
-    B, P = 32, len(encode(s3_infer.PROMPT))
+    B, P = 32, len(encode(infer_flags([]).prompt))  # the default --prompt
     E, F, H, D, L, V = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.vocab
     # Every layer for every prompt token; the output projection for the last one only;
     # attention's two einsums over the whole P x P scores.
@@ -205,7 +204,7 @@ def test_a_loops_collectives_are_read_apart_from_the_rest():
 def test_cli_prints_each_batch_and_writes_the_summary(tmp_path, capsys):
     need("gpu")
     summary, hlo = tmp_path / "plan.json", tmp_path / "decode.hlo"
-    code, out, err = s3(
+    code, out, err = s3_in_process(
         [
             "--target",
             "h100:1",
@@ -300,7 +299,7 @@ def test_a_cache_that_fits_no_device_exits_2_on_one_line(
     target, platform, layers, batch, why, capsys
 ):
     need(platform)
-    code, out, err = s3(
+    code, out, err = s3_in_process(
         [
             "--target",
             target,
@@ -340,6 +339,6 @@ def test_a_cache_that_fits_no_device_exits_2_on_one_line(
 def test_bad_targets_are_one_line_and_exit_2(argv, message, capsys):
     if "tpu-v9" not in argv and "t4" not in argv:
         need("gpu")
-    code, _, err = s3(["--preset", "tiny", *argv], capsys)
+    code, _, err = s3_in_process(["--preset", "tiny", *argv], capsys)
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
