@@ -4,15 +4,16 @@ from what the session scripts really wrote."""
 
 import json
 
-from scripts import accelerator_check
+from helpers import run_script
 
 BENCH = "--preset tiny --mbu-preset tiny --batches 1,2 --cache-batches 1,2 --repeats 1"
 
 
 def test_without_an_accelerator_it_refuses_unless_asked(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
-    assert accelerator_check.main(["--run-dir", str(tmp_path)]) == 2
-    assert "JAX sees no GPU or TPU here" in capsys.readouterr().err
+    code, _, err = run_script("scripts/accelerator_check.py", ["--run-dir", str(tmp_path)], capsys)
+    assert code == 2
+    assert "JAX sees no GPU or TPU here" in err
 
 
 def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, capsys):
@@ -31,8 +32,8 @@ def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, caps
         "--steps",
         "6",
     ]
-    assert accelerator_check.main(argv) == 0, capsys.readouterr()
-    out = capsys.readouterr().out
+    code, out, err = run_script("scripts/accelerator_check.py", argv, capsys)
+    assert code == 0, (out, err)
     check = json.loads((tmp_path / "check.json").read_text())
     assert check["exit"] == {"s2": 0, "compare": 0, "s3": 0, "bench": 0}
     s2, compared, s3, bench = check["s2"], check["compare"], check["s3"], check["bench"]

@@ -14,10 +14,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import PYTHON, REPO, run_python, s2_in_process, subprocess_env
+from helpers import PYTHON, REPO, run_python, s2_in_process, subprocess_env
 
 from sessions import sharding
-from sessions.checkpoint import Checkpoints
+from sessions.checkpoint import Checkpoints, newest_meta
 from sessions.config import PRESETS
 from sessions.errors import UsageError
 from sessions.train import init_state, make_optimizer
@@ -239,7 +239,8 @@ def test_a_checkpoint_changed_on_disk_fails_its_fingerprint(tmp_path):
     with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
         checkpoints.maybe_save(10, first)
         checkpoints.maybe_save(20, second)
-        meta = checkpoints._read_meta(20)
+    meta = newest_meta(tmp_path)  # step 20's, as saved
+    assert meta["step"] == 20
     changed = jax.tree.map(lambda x: x, second)
     changed["params"]["final_norm"] = changed["params"]["final_norm"].at[0].add(1.0)
     shutil.rmtree(tmp_path / "20")

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 
-from conftest import REPO, subprocess_env
+from helpers import REPO, subprocess_env
 
 from sessions.checkpoint import checkpoint_path
 

@@ -2,10 +2,12 @@
 with exit status 2."""
 
 import json
+import sys
+import time
+import types
 
 import pytest
-from conftest import run_python, s2_in_process
-from test_roofline import hand_flops, hand_params
+from helpers import hand_flops, hand_params, run_python, run_script, s2_in_process
 
 from roofline import calibrate
 from sessions.config import PRESETS
@@ -15,26 +17,32 @@ from sessions.report import summary_lines
 REQUIRED = {"step", "loss", "tokens_per_sec", "tflops_per_device", "mfu"}
 
 
-class Ticks:
-    """A stand-in for a script's `time`: each reading is one second after the last."""
+class Ticks(types.ModuleType):
+    """A stand-in for a script's `time` module: each perf_counter reading is one
+    second after the last; the rest is the real module's."""
 
     def __init__(self):
+        super().__init__("time")
         self.now = 0.0
 
     def perf_counter(self):
         self.now += 1.0
         return self.now
 
+    def __getattr__(self, name):
+        return getattr(time, name)
+
 
 def test_s1_runs_end_to_end_and_counts_its_tokens(monkeypatch, capsys):
     """s1_train.py reads the clock once at the start and once per log line, so
     with one second between readings step k's line covers k seconds and
-    k · 16 · 64 tokens: 1,024 tokens/s on every line."""
-    from sessions import s1_train
-
-    monkeypatch.setattr(s1_train, "time", Ticks())
-    assert s1_train.main(["--preset", "tiny", "--steps", "3", "--log-every", "1"]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if "| loss " in line]
+    k · 16 · 64 tokens: 1,024 tokens/s on every line. The script's
+    `import time` finds the stand-in (modules imported before hold the real one)."""
+    monkeypatch.setitem(sys.modules, "time", Ticks())
+    argv = ["--preset", "tiny", "--steps", "3", "--log-every", "1"]
+    code, out, _ = run_script("sessions/s1_train.py", argv, capsys)
+    assert code == 0
+    lines = [line for line in out.splitlines() if "| loss " in line]
     assert len(lines) == 3
     assert all(line.endswith("| 1,024 tok/s") for line in lines), lines
 

@@ -14,26 +14,26 @@ import re
 import jax
 import numpy as np
 import pytest
-from test_inference import s3
-from test_targets import need
+from helpers import need, s3_in_process
 
 from roofline.decode import decode_step, decode_step_per_device, weight_bytes
 from roofline.flops import param_count
 from roofline.program import collectives
-from sessions import aot, inference, s3_infer, sharding
+from sessions import aot, inference, sharding
+from sessions.cli import PROMPT, infer_flags
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
+from sessions.serving import inference_config
+from sessions.target_infer import plan_decode
 
 
 def plan(target_text, mesh, batches, preset="course", *flags):
     """(DecodePlanned, cfg) for s3_infer.py --target TARGET --mesh MESH --batches B [flags]."""
-    args = s3_infer.parse_args(
-        ["--target", target_text, "--preset", preset, "--batches", batches, *flags]
-    )
     target, devices = aot.devices_for(target_text)
-    cfg, _ = s3_infer.configure(args, platform=target.chip.platform)
+    args = infer_flags(["--target", target_text, "--preset", preset, "--batches", batches, *flags])
+    cfg, _ = inference_config(args, platform=target.chip.platform)
     prompt_len = len(text_to_tokens(args.prompt))
-    planned = aot.plan_decode(
+    planned = plan_decode(
         mesh, cfg, args.batches, prompt_len, preset, target, devices, lambda *a: None
     )
     return planned, cfg
@@ -136,7 +136,7 @@ def test_xla_counts_one_decode_step_as_the_napkin_does(tpu_tp, tpu_data):
 def test_prefill_flops_match_the_napkin(tpu_tp):
     planned, cfg = tpu_tp
     s = planned.summary["prefill"]
-    B, P = 32, len(text_to_tokens(s3_infer.PROMPT))
+    B, P = 32, len(text_to_tokens(PROMPT))  # the default --prompt
     E, F, H, D, L, V = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.vocab
     # Every layer for every prompt token; the output projection for the last one only;
     # attention's two einsums over the whole P x P scores.
@@ -205,7 +205,7 @@ def test_a_loops_collectives_are_read_apart_from_the_rest():
 def test_cli_prints_each_batch_and_writes_the_summary(tmp_path, capsys):
     need("gpu")
     summary, hlo = tmp_path / "plan.json", tmp_path / "decode.hlo"
-    code, out, err = s3(
+    code, out, err = s3_in_process(
         [
             "--target",
             "h100:1",
@@ -300,7 +300,7 @@ def test_a_cache_that_fits_no_device_exits_2_on_one_line(
     target, platform, layers, batch, why, capsys
 ):
     need(platform)
-    code, out, err = s3(
+    code, out, err = s3_in_process(
         [
             "--target",
             target,
@@ -340,6 +340,6 @@ def test_a_cache_that_fits_no_device_exits_2_on_one_line(
 def test_bad_targets_are_one_line_and_exit_2(argv, message, capsys):
     if "tpu-v9" not in argv and "t4" not in argv:
         need("gpu")
-    code, _, err = s3(["--preset", "tiny", *argv], capsys)
+    code, _, err = s3_in_process(["--preset", "tiny", *argv], capsys)
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err

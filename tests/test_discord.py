@@ -14,10 +14,10 @@ import threading
 import time
 
 import pytest
+from helpers import REPO
 
 from scripts import discord, homework
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "s3cr3t-T0KEN_x"  # the part of the URL that must never be printed
 FAST = 0.05  # seconds: the retry_after the stand-in asks for
 TIMEOUT = 5  # seconds per request in these tests

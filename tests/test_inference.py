@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import s3_in_process
 
 from roofline.decode import kv_cache_bytes
 from scripts.bench_decode import uncached_generate
-from sessions import inference, s3_infer, sharding
+from sessions import inference, sharding
 from sessions.checkpoint import Checkpoints
-from sessions.cli import run_main
 from sessions.config import PRESETS, TrainConfig
 from sessions.errors import UsageError
 from sessions.model import forward, init_params
@@ -238,16 +238,6 @@ def checkpoint_dir(tmp_path_factory):
     return str(directory)
 
 
-def s3(argv, capsys):
-    """s3_infer in this process: (exit status, stdout, stderr)."""
-    try:
-        code = run_main(s3_infer.main, argv)
-    except SystemExit as e:  # argparse's own errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 TINY = ["--random-params", "--preset", "tiny"]
 
 
@@ -267,7 +257,7 @@ TINY = ["--random-params", "--preset", "tiny"]
 def test_s3_bad_input_is_one_line_and_exit_2(argv, why, capsys, checkpoint_dir):
     if argv[0] != "--checkpoint-dir" and "--random-params" not in argv:
         argv = ["--checkpoint-dir", checkpoint_dir, *argv]
-    code, _, err = s3(argv, capsys)
+    code, _, err = s3_in_process(argv, capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and why in err, err
 
@@ -275,7 +265,9 @@ def test_s3_bad_input_is_one_line_and_exit_2(argv, why, capsys, checkpoint_dir):
 def test_s3_summary_from_a_checkpoint(tmp_path, capsys, checkpoint_dir):
     summary = tmp_path / "s3.json"
     argv = ["--checkpoint-dir", checkpoint_dir, "--batches", "1,2", "--new-tokens", "4"]
-    code, out, err = s3([*argv, "--summary-out", str(summary), "--run-dir", str(tmp_path)], capsys)
+    code, out, err = s3_in_process(
+        [*argv, "--summary-out", str(summary), "--run-dir", str(tmp_path)], capsys
+    )
     assert code == 0, err
     assert "checkpoint at step 1" in out and "sample:\nThe import statement " in out
     s = json.loads(summary.read_text())

@@ -22,8 +22,8 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What each file must bring: jax[cuda12] pulls jax-cuda12-plugin (and its pjrt
 # half), versioned with jaxlib; jax[tpu] pulls libtpu (jax's own setup.py extras).
 PLUGINS = {"requirements-gpu.txt": "jax-cuda12-plugin", "requirements-tpu.txt": "libtpu"}

@@ -9,7 +9,7 @@ import math
 import jax
 import numpy as np
 import pytest
-from conftest import run_python
+from helpers import run_python
 from jax.sharding import NamedSharding
 
 from sessions import data, sharding

@@ -4,18 +4,17 @@ column is the step compiled for that mesh, and the trace holds every device."""
 import json
 import os
 
-from test_roofline import hand_flops
+from helpers import hand_flops, run_script
 
 from roofline.record import METADATA
-from scripts import profile_s2
 from sessions.config import PRESETS
 
 
 def test_profile_s2_traces_the_step_on_its_mesh(tmp_path, capsys):
     logdir = str(tmp_path / "prof")
     argv = ["--preset", "tiny", "--steps", "4", "--mesh", "fsdp=4,tp=2", "--logdir", logdir]
-    assert profile_s2.main(argv) == 0
-    out = capsys.readouterr().out
+    code, out, _ = run_script("scripts/profile_s2.py", argv, capsys)
+    assert code == 0
     assert "8 x cpu" in out
     assert "step time: the log" in out and "the trace" in out
     with open(os.path.join(logdir, METADATA)) as f:

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, subprocess_env, without_plugin_noise
+from helpers import PYTHON, REPO, hand_flops, hand_params, subprocess_env, without_plugin_noise
 
 import roofline.__main__ as cli
 from roofline import compare as compare_module
@@ -35,28 +35,6 @@ from roofline.trace import read_trace
 from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.model import init_params
 from sessions.train import init_state, make_optimizer, make_train_step
-
-
-def hand_params(cfg):
-    """P written out: the embedding [V, E] (tied to the output), the positional
-    table [S, E], the final norm [E], and per layer two norms [E], q, k, v
-    [E, H, D], o [H, D, E], and the MLP's [E, F] and [F, E]."""
-    V, E, F, H, D, L, S = cfg.vocab, cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.seq
-    return V * E + S * E + E + L * (E + E + 4 * E * H * D + 2 * E * F)
-
-
-def hand_flops(cfg, B):
-    """The training step written out, per the course: each matmul costs 2 FLOPs
-    per weight per token forward and twice that backward (6 in all); the matmuls
-    are, per layer, q, k, v, o (E·H·D weights each) and the MLP's two (E·F
-    each), and the tied output projection (V·E); the embedding lookup costs
-    nothing. Attention per layer, forward: q·k and probs·v, 2·B·S·S·H·D each,
-    and its backward twice that."""
-    V, E, F, H, D, L, S = cfg.vocab, cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.seq
-    tokens = B * S
-    matmuls = 6 * tokens * (L * (4 * E * H * D + 2 * E * F) + V * E)
-    attention = 3 * L * (2 * 2 * B * S * S * H * D)
-    return matmuls, attention
 
 
 @pytest.mark.parametrize("name", ["tiny", "course"])

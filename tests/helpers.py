@@ -1,0 +1,130 @@
+"""What the tests share: paths, child processes, scripts run in this process,
+hand counts, and the compile-only targets' skip.
+
+conftest.py sets the environment up before JAX starts and holds the fixtures;
+everything a test file imports comes from here, never from conftest or from
+another test file.
+"""
+
+import os
+import runpy
+import subprocess
+import sys
+from typing import NamedTuple
+
+import pytest
+
+from roofline.targets import EXTRAS, missing_extras
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+
+
+def subprocess_env(devices=1):
+    """Environment for a child process with `devices` simulated CPU devices."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+# With requirements-aot.txt installed, importing jax loads the CUDA plugin, whose
+# driver stub logs two lines on a machine with no GPU, before the program says a word:
+# absl's "WARNING: All log messages before absl::InitializeLog() ..." and an I-line
+# from cudart_stub.cc. Not ours, and nothing a flag turns off; checks of what our
+# programs print look past them.
+PLUGIN_NOISE = ("All log messages before absl::InitializeLog()", "cudart_stub.cc:")
+
+
+def without_plugin_noise(text):
+    return "".join(
+        line
+        for line in text.splitlines(keepends=True)
+        if not any(noise in line for noise in PLUGIN_NOISE)
+    )
+
+
+def run_python(*args, devices=1):
+    """`python ARGS` from the repo root in a fresh process; its output captured
+    (stderr without the CUDA plugin's start-up lines)."""
+    result = subprocess.run(
+        [PYTHON, *args],
+        cwd=REPO,
+        env=subprocess_env(devices),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    result.stderr = without_plugin_noise(result.stderr)
+    return result
+
+
+class Ran(NamedTuple):
+    code: object  # what the script passed to sys.exit
+    out: str
+    err: str
+
+
+def run_script(script, argv, capsys):
+    """`python SCRIPT ARGV` in this process (8 simulated devices, no process
+    start-up): the file run as __main__, as the command line runs it, never
+    imported as a library. Its exit status is what it passed to sys.exit
+    (argparse's own errors included); a script that ends without sys.exit
+    fails the test. What it printed comes from capsys."""
+    path = os.path.join(REPO, script)
+    saved = sys.argv
+    sys.argv = [path, *argv]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    else:
+        pytest.fail(f"{script} ended without sys.exit(...)")
+    finally:
+        sys.argv = saved
+    out, err = capsys.readouterr()
+    return Ran(code, out, err)
+
+
+def s2_in_process(argv, capsys):
+    """sessions/s2_train.py ARGV in this process: (exit status, what it wrote to stderr)."""
+    code, _, err = run_script("sessions/s2_train.py", argv, capsys)
+    return code, err
+
+
+def s3_in_process(argv, capsys):
+    """sessions/s3_infer.py ARGV in this process: (exit status, stdout, stderr)."""
+    return tuple(run_script("sessions/s3_infer.py", argv, capsys))
+
+
+def need(platform):
+    """Skip (or, in CI, fail) unless this machine can compile for platform."""
+    missing = missing_extras(platform)
+    if missing:
+        message = f"{missing} not installed: pip install -r {EXTRAS}"
+        if os.environ.get("HPLLM_REQUIRE_AOT"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def hand_params(cfg):
+    """P written out: the embedding [V, E] (tied to the output), the positional
+    table [S, E], the final norm [E], and per layer two norms [E], q, k, v
+    [E, H, D], o [H, D, E], and the MLP's [E, F] and [F, E]."""
+    V, E, F, H, D, L, S = cfg.vocab, cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.seq
+    return V * E + S * E + E + L * (E + E + 4 * E * H * D + 2 * E * F)
+
+
+def hand_flops(cfg, B):
+    """The training step written out, per the course: each matmul costs 2 FLOPs
+    per weight per token forward and twice that backward (6 in all); the matmuls
+    are, per layer, q, k, v, o (E·H·D weights each) and the MLP's two (E·F
+    each), and the tied output projection (V·E); the embedding lookup costs
+    nothing. Attention per layer, forward: q·k and probs·v, 2·B·S·S·H·D each,
+    and its backward twice that."""
+    V, E, F, H, D, L, S = cfg.vocab, cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.layers, cfg.seq
+    tokens = B * S
+    matmuls = 6 * tokens * (L * (4 * E * H * D + 2 * E * F) + V * E)
+    attention = 3 * L * (2 * 2 * B * S * S * H * D)
+    return matmuls, attention
