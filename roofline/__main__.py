@@ -15,14 +15,15 @@ import os
 import sys
 
 from roofline import calibrate
-from roofline.compare import compare, local_roofs, report_lines
-from roofline.flops import flash_kernel, ledger_lines, train_bytes
+from roofline.compare import compare
+from roofline.flops import flash_kernel, ledger_lines, model_line, train_bytes
 from roofline.hardware import CHIPS, find_chip, measured_chip
 from roofline.predict import predict_train_step
 from roofline.record import comparison_summary, load_metadata, roofs_for
+from roofline.table import report_lines
 from roofline.trace import read_trace
 from sessions.cli import ArgumentParser, positive_int
-from sessions.config import PRESETS, UsageError
+from sessions.config import PRESETS, ModelConfig, UsageError
 
 
 def parse_args(argv):
@@ -191,8 +192,7 @@ def predict_lines(args):
     kept = "with" if cfg.attention and not flash_kernel(cfg) else "without"
     return [
         f"predict: preset {args.preset} | {batch} x {cfg.seq} = {batch * cfg.seq:,} tokens per step"
-        + f" | L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim}"
-        + f" V={cfg.vocab} | {dtype}, {cfg.attention_impl} attention",
+        + f" | {model_line(cfg, length=None)} | {dtype}, {cfg.attention_impl} attention",
         f"chip: {args.chips} x {chip.name}: {chip.peak(dtype) / 1e12:,.1f} TFLOP/s {dtype}, "
         + f"{chip.hbm_bandwidth / 1e9:,.0f} GB/s memory ({chip.source})",
         "",
@@ -223,7 +223,7 @@ def compare_lines(args):
         trace = read_trace(args.logdir)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(str(e)) from None
-    saved = load_metadata(args.logdir)
+    saved = load_metadata(args.logdir, ModelConfig)
     if args.preset:  # the model given on the command line; XLA's count only if it is what ran
         cfg, tc = model_from_args(args)
         same = saved and saved.cfg == cfg and saved.batch == tc.batch
@@ -236,9 +236,7 @@ def compare_lines(args):
             "name the model: --preset NAME [--batch N ...]"
         )
     # The roofs of the chip the trace was captured on, wherever it is read.
-    roofs = roofs_for(
-        saved.chip if saved else None, cfg.dtype, devices, local_roofs, trace.platform
-    )
+    roofs = roofs_for(saved.chip if saved else None, cfg.dtype, devices, trace.platform)
     c = compare(
         cfg,
         batch,

@@ -368,6 +368,6 @@ def test_a_tpu_v3_trace_read_elsewhere_is_held_against_one_core():
         "host": "a-tpu-vm",
         "measured_peak": None,
     }
-    roofs = roofs_for(recorded, "bfloat16", 8, local_roofs=None)
+    roofs = roofs_for(recorded, "bfloat16", 8)
     assert roofs.datasheet.peak("bfloat16") == 123e12 / 2
     assert roofs.datasheet.hbm_bandwidth == 900e9 / 2
