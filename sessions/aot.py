@@ -18,19 +18,12 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from roofline import decode as roof
+from roofline import decode_cost
+from roofline.decode_plan import DecodePlan, decode_lines, decode_summary
 from roofline.flops import param_count
-from roofline.plan import (
-    DecodePlan,
-    comm_time,
-    decode_lines,
-    decode_summary,
-    plan,
-    plan_lines,
-    plan_summary,
-)
 from roofline.program import Collective, collectives, read_program
 from roofline.targets import TargetError, compile_only_devices
+from roofline.training_plan import comm_time, plan_lines, plan_summary, training_plan
 from sessions import inference, sharding
 from sessions.attention import KERNEL_PLATFORM
 from sessions.attention import choose as choose_attention
@@ -140,7 +133,7 @@ def compile_for(lowered, chip, say):
 class Planned(NamedTuple):
     """One step compiled for a target, and what was read off it."""
 
-    plan: object  # roofline.plan.Plan
+    plan: object  # roofline.training_plan.TrainingPlan
     summary: dict  # the plan as JSON (--summary-out); "error" if the step does not fit
     compiled: object  # jax.stages.Compiled, for the target: inspect it, never run it
     state_bytes_per_device: int  # params + optimizer state, by the sharding rules
@@ -206,7 +199,7 @@ def plan_target(mesh_text, cfg, tc, preset, target, devices, say, attention_note
             "before optimisation (lowered for this CPU, attention as einsums)"
         )
         kernel_attention = False  # that program has no kernel to hide FLOPs in
-    p = plan(
+    p = training_plan(
         cfg,
         tc.batch,
         target,
@@ -332,7 +325,7 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
         return (abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
 
     compiled, oom, seconds = compile_or_oom(inference.prefill, *args_for(mesh), mesh, chip, say)
-    napkin = roof.prefill_flops(cfg, batch, prompt_len) / n
+    napkin = decode_cost.prefill_flops(cfg, batch, prompt_len) / n
     summary = {
         "batch": batch,
         "prompt_tokens": prompt_len,
@@ -411,7 +404,7 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
         temp_bytes=memory.temp_size_in_bytes,
         memory_bytes=facts.memory_bytes,
         hbm_bytes=target.hbm_per_device,
-        step=roof.decode_step_per_device(
+        step=decode_cost.decode_step_per_device(
             cfg, batch, dict(mesh.shape), peak_flops=peak, bandwidth=bandwidth
         ),
         comm_s=comm_time(per_step, chip)[1],
@@ -427,7 +420,7 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
 
 
 class DecodePlanned(NamedTuple):
-    plans: list  # roofline.plan.DecodePlan, one per batch the compiler took
+    plans: list  # roofline.decode_plan.DecodePlan, one per batch the compiler took
     summary: dict  # --summary-out; "error" if no batch fits
     compiled: object  # the decode program of the largest batch compiled (--hlo-out), or None
 
@@ -495,7 +488,9 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
         say(line)
     for b, why in refused.items():
         say(f"  batch {b} does not fit: {why}")
-    best = roof.compute_bound_batch_per_device(cfg, sizes, peak_flops=peak, bandwidth=bandwidth)
+    best = decode_cost.compute_bound_batch_per_device(
+        cfg, sizes, peak_flops=peak, bandwidth=bandwidth
+    )
     say(
         f"decode turns compute-bound from batch {best:,.0f} on this mesh"
         if best

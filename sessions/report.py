@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from roofline.decode import decode_step, flops_per_sequence
+from roofline.decode_cost import decode_step, flops_per_sequence
 from sessions.loop import impossible_mfu
 
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from roofline import decode as roof
+from roofline import decode_cost
 from roofline.calibrate import read_bandwidth
 from roofline.hardware import datasheet_chip, local_peak_flops
 from roofline.timing import time_calls
@@ -200,8 +200,8 @@ def main(argv=None):
         rows = []  # (roofline DecodeStep, Achieved, prefill seconds) per batch
         for b in args.batches:
             prefill_s, step_s = time_batch(params, cfg, prompt, b, args.new_tokens, mesh)
-            step = roof.decode_step(cfg, b, peak_flops=peak, bandwidth=bandwidth)
-            got = roof.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
+            step = decode_cost.decode_step(cfg, b, peak_flops=peak, bandwidth=bandwidth)
+            got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
             rows.append((step, got, prefill_s))
         print_table(rows, cfg, args.batches[-1], len(prompt), peak, bandwidth)
         path = os.path.join(args.run_dir, "decode_roofline.png")
@@ -213,7 +213,9 @@ def main(argv=None):
 
     if args.summary_out:
         steps, measured, prefill = zip(*rows)
-        summary = roof.measured_summary(steps, measured, cfg, peak_flops=peak, bandwidth=bandwidth)
+        summary = decode_cost.measured_summary(
+            steps, measured, cfg, peak_flops=peak, bandwidth=bandwidth
+        )
         summary.update(
             prefill_seconds=prefill[-1],
             prefill_batch=args.batches[-1],
@@ -243,8 +245,8 @@ def print_table(rows, cfg, prefill_batch, prompt_len, peak, bandwidth):
             f"{s.memory_s * 1e3:>8.2f} {s.compute_s * 1e3:>8.3f} {s.tokens_per_s:>10,.0f} "
             f"{100 * g.mbu:>5.1f}% {100 * g.mfu:>5.1f}%"
         )
-    with_cache = roof.compute_bound_batch(cfg, peak_flops=peak, bandwidth=bandwidth)
-    napkin = roof.compute_bound_batch(cfg, peak_flops=peak, bandwidth=bandwidth, cache=False)
+    with_cache = decode_cost.compute_bound_batch(cfg, peak_flops=peak, bandwidth=bandwidth)
+    napkin = decode_cost.compute_bound_batch(cfg, peak_flops=peak, bandwidth=bandwidth, cache=False)
     where = f"from batch {with_cache:,.0f}" if with_cache else f"at no batch (T={cfg.seq})"
     print(
         f"decode turns compute-bound {where}; with the weights alone it would from batch "

@@ -17,7 +17,7 @@ import pytest
 from test_inference import s3
 from test_targets import need
 
-from roofline.decode import decode_step, decode_step_per_device, weight_bytes
+from roofline.decode_cost import decode_step, decode_step_per_device, weight_bytes
 from roofline.flops import param_count
 from roofline.program import collectives
 from sessions import aot, inference, s3_infer, sharding

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from roofline.decode import kv_cache_bytes
+from roofline.decode_cost import kv_cache_bytes
 from scripts.bench_decode import uncached_generate
 from sessions import inference, s3_infer, sharding
 from sessions.checkpoint import Checkpoints
