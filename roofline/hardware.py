@@ -10,7 +10,8 @@ import dataclasses
 
 import jax
 
-from roofline.chips import CHIPS, Chip
+from roofline.chip import Chip
+from roofline.chips import CHIPS
 
 __all__ = [
     "CHIPS",

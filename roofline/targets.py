@@ -21,7 +21,8 @@ import math
 import os
 import re
 
-from roofline.hardware import CHIPS, Chip
+from roofline.chip import Chip
+from roofline.hardware import CHIPS
 
 EXTRAS = "requirements-aot.txt"
 

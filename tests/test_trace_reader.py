@@ -44,7 +44,8 @@ from roofline.compare import profile_comparison
 from roofline.flops import train_flops
 from roofline.hardware import LocalRoofs
 from roofline.profile import TraceWindow, capture
-from roofline.trace import latest_run, load_ops, read_trace
+from roofline.trace import read_trace
+from roofline.trace_ops import latest_run, load_ops
 from sessions.config import ModelConfig
 
 # ---------------------------------------------------------------- a GPU's trace
