@@ -102,7 +102,7 @@ def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
     rows = []
     for b in batches:
         _, step_s = time_batch(params, cfg, prompt, b, n, mesh, repeats=args.repeats, best=True)
-        step = decode_cost.decode_step(cfg, b, peak_flops=peak, bandwidth=bandwidth)
+        step = decode_cost.decode_step_cost(cfg, b, peak_flops=peak, bandwidth=bandwidth)
         got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
         print(
             f"   {b:>5} {step_s * 1e3:>9.2f} {got.tokens_per_s:>10,.0f} "

@@ -404,7 +404,7 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
         temp_bytes=memory.temp_size_in_bytes,
         memory_bytes=facts.memory_bytes,
         hbm_bytes=target.hbm_per_device,
-        step=decode_cost.decode_step_per_device(
+        step=decode_cost.decode_step_cost_per_device(
             cfg, batch, dict(mesh.shape), peak_flops=peak, bandwidth=bandwidth
         ),
         comm_s=comm_time(per_step, chip)[1],

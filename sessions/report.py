@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from roofline.decode_cost import decode_step, flops_per_sequence
+from roofline.decode_cost import decode_step_cost, flops_per_sequence
 from sessions.loop import impossible_mfu
 
 
@@ -118,7 +118,8 @@ def plot_decode(measured, cfg, peak, bandwidth, path):
 
     batches = np.unique(np.geomspace(1, max(b for b, _ in measured) * 4, 60).round())
     memory = [
-        b / decode_step(cfg, int(b), peak_flops=peak, bandwidth=bandwidth).memory_s for b in batches
+        b / decode_step_cost(cfg, int(b), peak_flops=peak, bandwidth=bandwidth).memory_s
+        for b in batches
     ]
     compute = peak / flops_per_sequence(cfg)
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -200,7 +200,7 @@ def main(argv=None):
         rows = []  # (roofline DecodeStep, Achieved, prefill seconds) per batch
         for b in args.batches:
             prefill_s, step_s = time_batch(params, cfg, prompt, b, args.new_tokens, mesh)
-            step = decode_cost.decode_step(cfg, b, peak_flops=peak, bandwidth=bandwidth)
+            step = decode_cost.decode_step_cost(cfg, b, peak_flops=peak, bandwidth=bandwidth)
             got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
             rows.append((step, got, prefill_s))
         print_table(rows, cfg, args.batches[-1], len(prompt), peak, bandwidth)

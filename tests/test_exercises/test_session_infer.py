@@ -48,7 +48,7 @@ def test_decode_roofline_by_hand():
     assert decode_step_seconds(W, C, F, 64, peak, bw) == pytest.approx((W + 64 * C) / bw)
     # A compute-bound step: 1 GB of weights, no cache, 2 GFLOP a token, batch 1000.
     assert decode_step_seconds(1e9, 0, 2e9, 1000, 1e15, 1e12) == pytest.approx(2e-3)
-    step = decode_cost.decode_step(GPT2, 16, peak_flops=peak, bandwidth=bw, dtype="bfloat16")
+    step = decode_cost.decode_step_cost(GPT2, 16, peak_flops=peak, bandwidth=bw, dtype="bfloat16")
     assert decode_step_seconds(W, C, F, 16, peak, bw) == pytest.approx(step.step_s)
 
 
