@@ -64,18 +64,15 @@ def find_chip(name):
 
 
 def measured_chip(dtype="float32"):
-    """The first local device as a Chip whose figures are measured, not read off a
-    datasheet: the matmul FLOP/s and copy bandwidth of roofline/calibrate.py
-    (measured once per machine and cached). These are the ceilings this
-    machine actually reaches."""
-    from roofline.calibrate import measured
-
+    """The first local device, whole, as a Chip whose figures are measured, not
+    read off a datasheet (local_roofs(measured=True)): the ceilings this machine
+    actually reaches, for predictions that take a Chip."""
+    roofs = local_roofs(dtype, measured=True, devices=1)
     device = jax.local_devices()[0]
-    m = measured(dtype)
     return Chip(
         f"{device.platform} ({device.device_kind}, measured)",
-        {dtype: m["matmul_flops"]},
-        m["copy_bandwidth"],
+        {dtype: roofs.peak_flops},
+        roofs.bandwidth,
         0,
         None,
         f"measured on this machine by roofline/calibrate.py ({dtype} matmul, copy)",
