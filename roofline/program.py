@@ -101,7 +101,8 @@ def collectives(hlo_text, devices, in_loops=None):
         if kind is None or (in_loops is not None and (computation.name in times) != in_loops):
             continue
         if phase == "-done":
-            done_types[op.operands[0]] = op.type_text
+            if op.operands:  # the start it completes
+                done_types[op.operands[0]] = op.type_text
             continue
         repeat = times.get(computation.name, 1)
         channel = op.attributes.get("channel_id")
