@@ -9,20 +9,21 @@ Bad input (an unknown chip or preset, a number that is not positive, a
 directory with no trace) is one line on stderr and exit status 2.
 """
 
-import dataclasses
 import json
 import os
 import sys
 
 from roofline import calibrate
-from roofline.compare import compare, local_roofs, report_lines
-from roofline.flops import flash_kernel, ledger_lines, train_bytes
+from roofline.compare import compare
+from roofline.flops import flash_kernel, ledger_lines, model_line, train_bytes
 from roofline.hardware import CHIPS, find_chip, measured_chip
 from roofline.predict import predict_train_step
 from roofline.record import comparison_summary, load_metadata, roofs_for
+from roofline.table import report_lines
 from roofline.trace import read_trace
-from sessions.cli import ArgumentParser, positive_int
-from sessions.config import PRESETS
+from sessions.attention import IMPLEMENTATIONS
+from sessions.cli import ArgumentParser, positive_int, resolve
+from sessions.config import PRESETS, ModelConfig
 from sessions.errors import UsageError
 
 
@@ -72,29 +73,18 @@ def add_model_flags(parser, preset_default="cpu"):
         parser.add_argument(f"--{flag}", type=positive_int)
     parser.add_argument(
         "--attention-impl",
-        choices=["einsum", "fused", "cudnn", "splash"],
+        choices=sorted(IMPLEMENTATIONS),
         help="einsum and fused (XLA's) keep the [B, H, S, S] probabilities for "
         "backward; the flash kernels (cudnn, splash) do not",
     )
 
 
 def model_from_args(args, **overrides):
-    """(ModelConfig, TrainConfig) of the preset, with the shape flags applied."""
-    preset = PRESETS[args.preset]
-    shape = {
-        "seq": args.seq,
-        "embed": args.embed,
-        "ff": args.ff,
-        "heads": args.heads,
-        "head_dim": args.head_dim,
-        "layers": args.layers,
-        "vocab": args.vocab,
-        "attention_impl": args.attention_impl,
-        **overrides,
-    }
-    cfg = dataclasses.replace(preset.model, **{k: v for k, v in shape.items() if v is not None})
-    tc = dataclasses.replace(preset.train, batch=args.batch or preset.train.batch)
-    return cfg, tc
+    """(ModelConfig, TrainConfig) of the preset with the shape flags applied, by the
+    session scripts' own resolve; attention as --attention-impl says (einsum if not)."""
+    impl = args.attention_impl or "einsum"
+    run = resolve(args, platform="cpu", attention_impl=impl, **overrides)
+    return run.model, run.train
 
 
 def chips_lines():
@@ -192,8 +182,7 @@ def predict_lines(args):
     kept = "with" if cfg.attention and not flash_kernel(cfg) else "without"
     return [
         f"predict: preset {args.preset} | {batch} x {cfg.seq} = {batch * cfg.seq:,} tokens per step"
-        + f" | L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim}"
-        + f" V={cfg.vocab} | {dtype}, {cfg.attention_impl} attention",
+        + f" | {model_line(cfg, length=None)} | {dtype}, {cfg.attention_impl} attention",
         f"chip: {args.chips} x {chip.name}: {chip.peak(dtype) / 1e12:,.1f} TFLOP/s {dtype}, "
         + f"{chip.hbm_bandwidth / 1e9:,.0f} GB/s memory ({chip.source})",
         "",
@@ -224,7 +213,7 @@ def compare_lines(args):
         trace = read_trace(args.logdir)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(str(e)) from None
-    saved = load_metadata(args.logdir)
+    saved = load_metadata(args.logdir, ModelConfig)
     if args.preset:  # the model given on the command line; XLA's count only if it is what ran
         cfg, tc = model_from_args(args)
         same = saved and saved.cfg == cfg and saved.batch == tc.batch
@@ -237,9 +226,7 @@ def compare_lines(args):
             "name the model: --preset NAME [--batch N ...]"
         )
     # The roofs of the chip the trace was captured on, wherever it is read.
-    roofs = roofs_for(
-        saved.chip if saved else None, cfg.dtype, devices, local_roofs, trace.platform
-    )
+    roofs = roofs_for(saved.chip if saved else None, cfg.dtype, devices, trace.platform)
     c = compare(
         cfg,
         batch,

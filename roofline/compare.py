@@ -11,39 +11,38 @@
 The napkin column gives lower bounds on the step time (the roofline:
 roofline/predict.py); XLA's column an estimate, as if no byte it counts
 stayed in a cache; the measured column says how far above them the step
-really ran, and why. `roofline_chart` draws the same on the roofline plot.
+really ran, and why. The table is written by roofline/table.py, the chart
+drawn by roofline/chart.py.
 """
 
 import dataclasses
-import os
 
 import jax
 
 from roofline.flops import ledger, train_bytes
-from roofline.hardware import datasheet_chip, measured_chip
-from roofline.kinds import KIND_NOTES, KINDS
+from roofline.hardware import local_roofs
 from roofline.predict import predict, utilisation
-from roofline.profile import open_command
-from roofline.record import METADATA, chip_record, save_metadata  # noqa: F401 (METADATA: scripts)
+from roofline.program import cost_analysis
+from roofline.record import chip_record, save_metadata
+from roofline.table import report_lines
 from roofline.trace import read_trace
 
 
 def xla_cost(compiled_or_cost, devices=None):
-    """(FLOPs, bytes accessed) of a whole step from XLA's cost analysis.
+    """(FLOPs, bytes accessed) of a whole step from XLA's cost analysis, or None
+    where there is none.
 
-    Takes a `jax.stages.Compiled` or what its `cost_analysis()` returned: a dict,
-    or in some jax versions a list with one dict per program. A program
-    partitioned over several devices (SPMD) reports the work of one device,
-    so it is multiplied by the device count (read from the compiled program's
-    input shardings, or given as `devices`)."""
-    cost = compiled_or_cost
-    if hasattr(compiled_or_cost, "cost_analysis"):
-        cost = compiled_or_cost.cost_analysis()
-        if devices is None:
-            shardings = jax.tree.leaves(compiled_or_cost.input_shardings)
-            devices = max((len(s.device_set) for s in shardings), default=1)
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0]
+    Takes a `jax.stages.Compiled` or what its `cost_analysis()` returned
+    (roofline.program.cost_analysis unwraps either). A program partitioned over
+    several devices (SPMD) reports the work of one device, so it is multiplied
+    by the device count (read from the compiled program's input shardings, or
+    given as `devices`)."""
+    if devices is None and hasattr(compiled_or_cost, "input_shardings"):
+        shardings = jax.tree.leaves(compiled_or_cost.input_shardings)
+        devices = max((len(s.device_set) for s in shardings), default=1)
+    cost = cost_analysis(compiled_or_cost)
+    if cost is None:
+        return None
     devices = devices or 1
     return devices * float(cost["flops"]), devices * float(cost.get("bytes accessed", 0.0))
 
@@ -72,16 +71,6 @@ class Comparison:
     measured_bandwidth: float | None = None
     log_peak: tuple | None = None  # (FLOP/s per device, source) the training log used
     measured_name: str = "measured on this machine"  # whose the measured roof is
-
-
-def local_roofs(dtype, devices):
-    """(datasheet Chip or None, measured FLOP/s per device, measured bytes/s per device).
-
-    Simulated CPU devices share one host, so each gets its share of the host's
-    measured figures."""
-    chip = measured_chip(dtype)
-    share = devices if jax.local_devices()[0].platform == "cpu" else 1
-    return datasheet_chip(), chip.peak(dtype) / share, chip.hbm_bandwidth / share
 
 
 def compare(
@@ -149,175 +138,6 @@ def compare(
     )
 
 
-def _g(flops):
-    return f"{flops / 1e9:,.2f} GFLOP"
-
-
-def _seconds(s):
-    return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.3f} s"
-
-
-def _pct(x):
-    return f"{100 * x:.1f}%"
-
-
-def table_lines(c):
-    """The comparison as text, one row per quantity, one column per source.
-
-    The napkin's bytes are a lower bound, so its times are bounds (">="); XLA
-    counts every operand of every op as if nothing stayed in cache, so its
-    times are estimates ("~"), which a cache-friendly step can beat. FLOP/s
-    and MFU always count model FLOPs, the exact count with attention."""
-    cfg, g, n, x, t, u = c.cfg, c.ledger, c.napkin, c.xla, c.trace, c.use
-
-    def row(label, napkin="-", xla="-", measured="-"):
-        return f"{label:<26}{napkin:<24}{xla:<24}{measured}".rstrip()
-
-    def model_flops_per_s(prediction):  # per device, if the step took the predicted time
-        return g.exact / prediction.step_s / c.devices
-
-    lines = [
-        f"roofline: one training step, {c.batch} x {cfg.seq} = {g.tokens:,} tokens | "
-        + f"L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} V={cfg.vocab} | "
-        + f"{cfg.dtype} | {c.devices} device{'s' if c.devices > 1 else ''}",
-        f"roof: {c.roof_name}: {c.peak / 1e12:.3f} TFLOP/s and {c.bandwidth / 1e9:,.1f} GB/s "
-        + f"per device, ridge {n.ridge:,.1f} FLOP/byte",
-        "",
-        row("", "napkin", "XLA's count", "measured (trace)"),
-        row("FLOPs per step", f"{_g(g.napkin)} 6·B·P", _g(c.xla_flops) if c.xla_flops else "-"),
-        row(
-            "  with attention",
-            f"{_g(g.exact)} exact",
-            f"{100 * (c.xla_flops / g.exact - 1):+.1f}% vs exact" if c.xla_flops else "",
-            "",
-        ),
-    ]
-    if x:
-        lines += [
-            row(
-                "bytes per step",
-                f">= {c.bytes_bound / 1e9:,.3f} GB",
-                f"{c.xla_bytes / 1e9:,.3f} GB",
-            ),
-            row("FLOPs per byte", f"{n.intensity:,.1f}", f"{x.intensity:,.1f}"),
-            row("bound by", n.bound, x.bound),
-        ]
-    else:
-        lines += [
-            row("bytes per step", f">= {c.bytes_bound / 1e9:,.3f} GB"),
-            row("FLOPs per byte", f"{n.intensity:,.1f}"),
-            row("bound by", n.bound),
-        ]
-    step = [f">= {_seconds(n.step_s)}", f"~ {_seconds(x.step_s)}" if x else "-"]
-    tokens = [f"<= {n.tokens_per_s:,.0f}", f"~ {x.tokens_per_s:,.0f}" if x else "-"]
-    flops = [
-        f"<= {model_flops_per_s(n) / 1e12:.3f}",
-        f"~ {model_flops_per_s(x) / 1e12:.3f}" if x else "-",
-    ]
-    if t:
-        step.append(f"{_seconds(t.step_s)} median of {len(t.steps)}")
-        tokens.append(f"{g.tokens / t.step_s:,.0f}")
-        flops.append(f"{u.flops_per_s / 1e12:.3f}")
-    lines += [row("step time", *step), row("tokens/s", *tokens), row("TFLOP/s per device", *flops)]
-
-    peaks = []
-    if c.measured_peak:
-        peaks.append(("MFU vs measured ceiling", c.measured_peak, u.mfu_measured if u else None))
-    if c.datasheet_name:
-        peaks.append((f"MFU vs {c.datasheet_name}", c.peak, u.mfu_datasheet if u else None))
-    for label, peak, measured in peaks:
-        cells = [
-            f"<= {_pct(model_flops_per_s(n) / peak)}",
-            f"~ {_pct(model_flops_per_s(x) / peak)}" if x else "-",
-        ]
-        lines.append(row(label, *cells, _pct(measured) if measured is not None else "-"))
-    if not c.datasheet_name:
-        lines.append(row("MFU vs datasheet", "n/a: no datasheet peak (a CPU has none)", "", ""))
-    if c.log_peak and u and all(abs(c.log_peak[0] / p - 1) > 1e-3 for _, p, _ in peaks):
-        log_flops, source = c.log_peak
-        lines.append(
-            f"  (the training log's MFU is against {log_flops / 1e12:.3f} TFLOP/s, "
-            f"{source}: {_pct(u.flops_per_s / log_flops)})"
-        )
-
-    if t:
-        lines += [
-            "",
-            f"where the time went (mean step, {t.devices} device(s); ops of "
-            + f"{t.module} classified by {t.classified_by}):",
-        ]
-        seconds, fractions = t.kind_seconds(), t.kind_fractions()
-        for kind in sorted(KINDS, key=lambda k: -seconds[k]):
-            lines.append(
-                f"  {kind:<16}{_pct(fractions[kind]):>7}  {_seconds(seconds[kind]):>10}"
-                f"   {KIND_NOTES[kind]}"
-            )
-        lines.append(
-            "  steps traced: " + ", ".join(f"{s.step}: {_seconds(s.wall_s)}" for s in t.steps)
-        )
-    lines += [
-        "",
-        ">= and <=: bounds from the napkin (perfect overlap, each byte moved once); "
-        + "~: estimates from XLA's count (no byte stays in cache)",
-        "FLOP/s and MFU count model FLOPs, the exact count with attention, in every column",
-    ]
-    return lines
-
-
-def roofline_chart(c, path):
-    """A PNG of the roofline: FLOP/s per device against FLOPs per byte, the roof(s),
-    the napkin's best case and the measured step. Returns path."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
-
-    points = [c.napkin.intensity] + ([c.xla.intensity] if c.xla else [])
-    lo, hi = min(*points, c.napkin.ridge) / 10, max(*points, c.napkin.ridge) * 10
-    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    roofs = [(c.roof_name, c.peak, c.bandwidth, "-")]
-    if c.datasheet_name and c.measured_peak:
-        roofs.append((c.measured_name, c.measured_peak, c.measured_bandwidth, "--"))
-    for name, peak, bandwidth, style in roofs:
-        ax.plot(
-            xs, [min(peak, bandwidth * i) for i in xs], style, color="black", label=f"roof: {name}"
-        )
-    ax.plot(
-        c.napkin.intensity,
-        c.ledger.exact / c.napkin.step_s / c.devices,
-        "o",
-        label="napkin: best case (exact FLOPs, bytes lower bound)",
-    )
-    if c.xla:
-        ax.plot(
-            c.xla.intensity,
-            c.ledger.exact / c.xla.step_s / c.devices,
-            "s",
-            label="XLA's count: estimate (no byte stays in cache)",
-        )
-    if c.use:
-        intensity = c.xla.intensity if c.xla else c.napkin.intensity
-        ax.plot(
-            intensity,
-            c.use.flops_per_s,
-            "*",
-            markersize=14,
-            label=f"measured step ({c.trace.step_s * 1e3:,.1f} ms)",
-        )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
-    ax.set_ylabel("FLOP/s per device")
-    ax.set_title(f"roofline: {c.batch} x {c.cfg.seq} tokens, {c.cfg.dtype}")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower right")
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
 def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=None):
     """The Comparison for a training run traced into logdir.
 
@@ -332,18 +152,16 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
     devices = devices or jax.device_count()
     if compiled is None or isinstance(compiled, tuple):
         cost = compiled
-    elif isinstance(compiled, (dict, list)):
-        cost = xla_cost(compiled, devices)
-    else:
-        cost = xla_cost(compiled)
-    datasheet, measured_peak, measured_bandwidth = local_roofs(cfg.dtype, devices)
+    else:  # a compiled step knows its device count; its cost analysis alone does not
+        cost = xla_cost(compiled, None if hasattr(compiled, "input_shardings") else devices)
+    roofs = local_roofs(cfg.dtype, measured=True, devices=devices)
     save_metadata(
         logdir,
         cfg,
         batch,
         cost,
         devices,
-        chip_record(cfg.dtype, devices, measured_peak, measured_bandwidth),
+        chip_record(cfg.dtype, devices, roofs.peak_flops, roofs.bandwidth),
     )
     hlo_text = compiled.as_text() if hasattr(compiled, "as_text") else None
     trace = read_trace(logdir, hlo_text=hlo_text)
@@ -353,20 +171,11 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
         cost=cost,
         trace=trace,
         devices=devices,
-        datasheet=datasheet,
-        measured_peak=measured_peak,
-        measured_bandwidth=measured_bandwidth,
+        datasheet=roofs.datasheet,
+        measured_peak=roofs.peak_flops,
+        measured_bandwidth=roofs.bandwidth,
         log_peak=peak,
     )
-
-
-def report_lines(c, logdir, chart=True):
-    """The table, then where the chart went and how to open the trace."""
-    lines = table_lines(c)
-    if chart:
-        lines.append(f"roofline chart: {roofline_chart(c, os.path.join(logdir, 'roofline.png'))}")
-    lines.append(f"open the trace: {open_command(logdir)}")
-    return lines
 
 
 def profile_table(logdir, cfg, batch, compiled=None, peak=None, *, devices=None, chart=True):

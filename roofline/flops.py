@@ -42,13 +42,24 @@ def param_count(cfg):
     return cfg.vocab * E + positions + cfg.layers * per_layer + E
 
 
-def model_line(cfg, seq_letter="S"):
-    """The model's shapes on one line, as every report prints them:
-    'L=4 E=128 F=512 H=2 D=64 S=128 V=256 | 0.84M params' (T for a cache's length)."""
-    return (
-        f"L={cfg.layers} E={cfg.embed} F={cfg.ff} H={cfg.heads} D={cfg.head_dim} "
-        f"{seq_letter}={cfg.seq} V={cfg.vocab} | {param_count(cfg) / 1e6:.2f}M params"
-    )
+def model_line(cfg, *, length="S", vocab=True):
+    """A model's shapes in one line, as every report prints them:
+    'L=4 E=128 F=512 H=2 D=64 S=128 V=256' (layers, embedding, feed-forward,
+    heads, head dimension, sequence, vocabulary). length: the letter for
+    cfg.seq ("S" a training sequence, "T" decode's cache positions), or None
+    to leave it out; vocab=False leaves V out."""
+    parts = [
+        f"L={cfg.layers}",
+        f"E={cfg.embed}",
+        f"F={cfg.ff}",
+        f"H={cfg.heads}",
+        f"D={cfg.head_dim}",
+    ]
+    if length:
+        parts.append(f"{length}={cfg.seq}")
+    if vocab:
+        parts.append(f"V={cfg.vocab}")
+    return " ".join(parts)
 
 
 def flash_kernel(cfg):

@@ -6,17 +6,22 @@ frequency drops, shared cores), so its figures are always measured
 (roofline/calibrate.py); so are those of an accelerator the table lacks.
 """
 
+import dataclasses
+
 import jax
 
-from roofline.chips import CHIPS, Chip
+from roofline.chip import Chip
+from roofline.chips import CHIPS
 
 __all__ = [
     "CHIPS",
     "Chip",
+    "LocalRoofs",
     "chip_for_kind",
     "datasheet_chip",
     "find_chip",
     "local_peak_flops",
+    "local_roofs",
     "measured_chip",
     "product_name",
 ]
@@ -59,18 +64,15 @@ def find_chip(name):
 
 
 def measured_chip(dtype="float32"):
-    """The first local device as a Chip whose figures are measured, not read off a
-    datasheet: the matmul FLOP/s and copy bandwidth of roofline/calibrate.py
-    (measured once per machine and cached). These are the ceilings this
-    machine actually reaches."""
-    from roofline.calibrate import measured
-
+    """The first local device, whole, as a Chip whose figures are measured, not
+    read off a datasheet (local_roofs(measured=True)): the ceilings this machine
+    actually reaches, for predictions that take a Chip."""
+    roofs = local_roofs(dtype, measured=True, devices=1)
     device = jax.local_devices()[0]
-    m = measured(dtype)
     return Chip(
         f"{device.platform} ({device.device_kind}, measured)",
-        {dtype: m["matmul_flops"]},
-        m["copy_bandwidth"],
+        {dtype: roofs.peak_flops},
+        roofs.bandwidth,
         0,
         None,
         f"measured on this machine by roofline/calibrate.py ({dtype} matmul, copy)",
@@ -86,27 +88,93 @@ def datasheet_chip(device=None):
     return chip.per_device() if chip else None
 
 
-def local_peak_flops(dtype="float32", device=None):
-    """(peak FLOP/s of one local device for matmuls in dtype, where the figure comes from).
+@dataclasses.dataclass(frozen=True)
+class LocalRoofs:
+    """The roofs of one jax device of this machine, each figure with its source."""
+
+    peak_flops: float  # FLOP/s of matmuls in the dtype asked for
+    peak_source: str
+    bandwidth: float  # bytes/s of memory
+    bandwidth_source: str
+    datasheet: Chip | None  # the chip table's entry, one device's share; None on a CPU
+    share: int = 1  # simulated CPU devices sharing one host's measured figures
+
+
+def local_roofs(
+    dtype="float32", *, stream="copy", measured=False, devices=None, fresh=False, device=None
+):
+    """This machine's roofs per jax device: peak FLOP/s of matmuls in dtype and
+    memory bandwidth, each with where it comes from (LocalRoofs).
+
+    A device the chip table knows: its datasheet (a TPU v3's TensorCore gets half
+    the chip). A CPU, or an accelerator the table lacks: measured on the first
+    device (roofline/calibrate.py, cached once per machine; fresh=True measures
+    now, under the caller's own load). measured=True measures even where there is
+    a datasheet: the ceiling the device really reaches, beside the datasheet's.
+
+    stream says which bandwidth is measured: "copy", a read and a write of every
+    byte (a training step's bound: it writes what it reads), or "read", a
+    read-only stream (decode's: it reads weights and cache, writes hardly
+    anything). A datasheet has one figure for both.
+
+    Simulated CPU devices (--xla_force_host_platform_device_count) share one
+    host, so each gets 1/devices of the measured figures (devices: default, the
+    local device count; `share` says by how many).
+
+    Callers: training's MFU and the roofline table (local_roofs(cfg.dtype));
+    decode's roofline (local_roofs(cfg.dtype, stream="read"), times the mesh's
+    device count for the whole mesh); a decode benchmark timing one device
+    (local_roofs("float32", stream="read", devices=1, fresh=True))."""
+    from roofline import calibrate
+
+    if stream not in ("copy", "read"):
+        raise ValueError(f"stream is 'copy' or 'read', not {stream!r}")
+    device = device or jax.local_devices()[0]
+    chip = datasheet_chip(device)
+    share = (devices or jax.local_device_count()) if device.platform == "cpu" else 1
+    peak, peak_source = local_peak_flops(
+        dtype, device, devices=devices, measured=measured, fresh=fresh
+    )
+    if chip is not None and not measured:
+        bandwidth, source = (
+            chip.hbm_bandwidth,
+            f"{chip_for_kind(device.device_kind).name} datasheet",
+        )
+    elif stream == "copy":
+        figures = calibrate.measure(dtype) if fresh else calibrate.measured(dtype)
+        bandwidth, source = figures["copy_bandwidth"] / share, "copy (read + write)"
+    else:
+        read = calibrate.measure_read_bandwidth if fresh else calibrate.read_bandwidth
+        bandwidth, source = read() / share, "read-only stream"
+    if chip is None or measured:
+        shared = f", shared by {share} simulated devices" if share > 1 else ""
+        source = f"measured {source} on this {device.platform}{shared}"
+    return LocalRoofs(peak, peak_source, bandwidth, source, chip, share)
+
+
+def local_peak_flops(dtype="float32", device=None, *, devices=None, measured=False, fresh=False):
+    """(peak FLOP/s of one local device for matmuls in dtype, where the figure comes from):
+    the peak of `local_roofs` (arguments as there), what a training log divides by for MFU.
 
     An accelerator with a table entry: the datasheet. A CPU, or an accelerator the
     table lacks (the source then says so, for the run's header): measured with a
-    matmul, once, and cached (roofline/calibrate.py). Simulated CPU devices share
-    the host's cores, so each gets its share."""
+    matmul (roofline/calibrate.py)."""
+    from roofline import calibrate
+
     device = device or jax.local_devices()[0]
     chip = chip_for_kind(device.device_kind) if device.platform != "cpu" else None
-    if chip is not None:
+    if chip is not None and not measured:
         n = chip.devices_per_chip
         share = f", one of its {n} TensorCores" if n > 1 else ""
         return chip.peak(dtype) / n, f"{chip.name} datasheet{share}"
-    from roofline.calibrate import measured
-
-    flops = measured(dtype)["matmul_flops"]
+    flops = (calibrate.measure if fresh else calibrate.measured)(dtype)["matmul_flops"]
     if device.platform != "cpu":
+        if chip is not None:
+            return flops, f"measured {dtype} matmul on this {device.platform}"
         return flops, (
             f"unknown chip '{device.device_kind}': not in the table (python -m "
             f"roofline chips), so measured: {dtype} matmul on this {device.platform}"
         )
-    n = jax.local_device_count()
+    n = devices or jax.local_device_count()
     share = f", shared by {n} simulated devices" if n > 1 else ""
     return flops / n, f"measured {dtype} matmul on this cpu{share}"

@@ -27,36 +27,15 @@ import re
 
 # Bytes per element of each HLO dtype.
 BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "f8e4m3fn": 1,
-    "f8e5m2": 1,
-    "bf16": 2,
-    "f16": 2,
-    "s16": 2,
-    "u16": 2,
-    "f32": 4,
-    "s32": 4,
-    "u32": 4,
-    "f64": 8,
-    "s64": 8,
-    "u64": 8,
+    **dict.fromkeys(("pred", "s8", "u8", "f8e4m3fn", "f8e5m2"), 1),
+    **dict.fromkeys(("bf16", "f16", "s16", "u16"), 2),
+    **dict.fromkeys(("f32", "s32", "u32"), 4),
+    **dict.fromkeys(("f64", "s64", "u64"), 8),
 }
 
 # Attributes whose values name computations: the ones an instruction calls.
-CALL_ATTRIBUTES = (
-    "calls",
-    "to_apply",
-    "body",
-    "condition",
-    "branch_computations",
-    "true_computation",
-    "false_computation",
-    "called_computations",
-    "select",
-    "scatter",
-)
+CALL_ATTRIBUTES = {"calls", "to_apply", "body", "condition", "branch_computations"}
+CALL_ATTRIBUTES |= {"true_computation", "false_computation", "called_computations"}
 
 _NAME = r"%?([\w.\-]+)"
 _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([^\]]*)\]")
@@ -121,14 +100,12 @@ class Instruction:
     @property
     def dtype(self):
         """Its result's dtype (a tuple's first element's), or None."""
-        found = self.arrays
-        return found[0].dtype if found else None
+        return next((a.dtype for a in self.arrays), None)
 
     @property
     def shape(self):
         """Its result's shape (a tuple's first element's), or None."""
-        found = self.arrays
-        return found[0].shape if found else None
+        return next((a.shape for a in self.arrays), None)
 
     @property
     def called(self):
@@ -262,13 +239,10 @@ def _closing(text, start):
 
 def _balance(text):
     """Open brackets minus closed ones, outside quotes: > 0 while a line continues."""
+    if '"' not in text:  # most lines: no need to look at each character
+        return sum(map(text.count, _OPENS)) - sum(map(text.count, _CLOSES))
     depths = [depth for _, _, depth in _scan(text)]
     return depths[-1] if depths else 0
-
-
-def _names(value):
-    """Computation names in an attribute value: '%body' or '{%a, %b}'."""
-    return tuple(re.findall(_NAME, value.strip("{}"))) if value else ()
 
 
 def parse_instruction(text):
@@ -295,21 +269,15 @@ def parse_instruction(text):
         literal = inside.strip()
     else:  # each operand may be printed with its type in front: 'f32[8]{0} %a'
         operands = tuple(part.split()[-1].lstrip("%") for part in _split(_COMMENT.sub("", inside)))
-    attributes = {}
-    for part in _split(attribute_text):
-        key, _, value = part.partition("=")
-        attributes[key.strip()] = value.strip()
-    calls = {k: _names(attributes[k]) for k in CALL_ATTRIBUTES if k in attributes}
+    attributes = {
+        key.strip(): value.strip()
+        for key, _, value in (part.partition("=") for part in _split(attribute_text))
+    }
+    # '%body', or several: '{%a, %b}'
+    calls = {k: tuple(re.findall(_NAME, v)) for k, v in attributes.items() if k in CALL_ATTRIBUTES}
+    name, root = head.group(2), bool(head.group(1))
     return Instruction(
-        name=head.group(2),
-        type_text=type_text,
-        opcode=opcode.group(1),
-        operands=operands,
-        literal=literal,
-        attributes=attributes,
-        attribute_text=attribute_text,
-        calls=calls,
-        root=bool(head.group(1)),
+        name, type_text, opcode.group(1), operands, literal, attributes, attribute_text, calls, root
     )
 
 

@@ -26,7 +26,7 @@ import time
 
 import jax
 
-from roofline.trace import run_dirs
+from roofline.trace_ops import run_dirs
 
 
 def open_command(logdir):

@@ -101,7 +101,8 @@ def collectives(hlo_text, devices, in_loops=None):
         if kind is None or (in_loops is not None and (computation.name in times) != in_loops):
             continue
         if phase == "-done":
-            done_types[op.operands[0]] = op.type_text
+            if op.operands:  # the start it completes
+                done_types[op.operands[0]] = op.type_text
             continue
         repeat = times.get(computation.name, 1)
         channel = op.attributes.get("channel_id")
@@ -193,17 +194,15 @@ def cost_analysis(stage):
     the backend gives none (NVIDIA's deviceless compiler) or raises.
 
     `stage.cost_analysis()` returns a dict, or in some jax versions a list with
-    one dict per program (the first is the step's), or None; this is the one
-    place that unwraps it."""
-    try:
-        cost = stage.cost_analysis()
-    except Exception:  # some backends raise instead of returning nothing
-        return None
-    return unwrap_cost(cost)
-
-
-def unwrap_cost(cost):
-    """What `cost_analysis()` returned (a dict, a list of them, or None) as one dict or None."""
+    one dict per program (the first is the step's), or None: this is the one
+    place that unwraps it. What a `cost_analysis()` call already returned is
+    unwrapped the same way."""
+    cost = stage
+    if hasattr(stage, "cost_analysis"):
+        try:
+            cost = stage.cost_analysis()
+        except Exception:  # some backends raise instead of returning nothing
+            return None
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else None
     return dict(cost) if cost else None

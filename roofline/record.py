@@ -22,11 +22,11 @@ import dataclasses
 import json
 import os
 import socket
+import types
 
 import jax
 
-from roofline.hardware import chip_for_kind, datasheet_chip, find_chip
-from sessions.config import ModelConfig
+from roofline.hardware import chip_for_kind, datasheet_chip, find_chip, local_roofs
 
 METADATA = "roofline.json"
 
@@ -53,7 +53,7 @@ def chip_record(dtype, devices, measured_peak, measured_bandwidth):
 class Saved:
     """A roofline.json, read back."""
 
-    cfg: object  # the ModelConfig
+    cfg: object  # the model's config, built by load_metadata's `model`
     batch: int
     cost: tuple | None  # (FLOPs, bytes) of the whole step from XLA's count, or None
     devices: int
@@ -75,8 +75,12 @@ def save_metadata(logdir, cfg, batch, cost, devices, chip=None):
         json.dump(record, f, indent=1)
 
 
-def load_metadata(logdir):
-    """The Saved record `save_metadata` wrote, or None if the directory has none."""
+def load_metadata(logdir, model=types.SimpleNamespace):
+    """The Saved record `save_metadata` wrote, or None if the directory has none.
+
+    model(**fields) builds the model's config from the recorded fields: the
+    entry point passes sessions' ModelConfig; by default a namespace, whose
+    fields read as attributes (cfg.seq) all the same."""
     path = os.path.join(logdir, METADATA)
     if not os.path.exists(path):
         return None
@@ -84,7 +88,7 @@ def load_metadata(logdir):
         record = json.load(f)
     cost = (record["xla_flops"], record["xla_bytes"]) if record.get("xla_flops") else None
     return Saved(
-        ModelConfig(**record["model"]),
+        model(**record["model"]),
         record["batch"],
         cost,
         record.get("devices", 1),
@@ -102,13 +106,14 @@ class Roofs:
     measured_name: str  # whose measurement it is
 
 
-def roofs_for(chip, dtype, devices, local_roofs, trace_platform=None):
+def roofs_for(chip, dtype, devices, trace_platform=None):
     """The Roofs for a trace captured on `chip` (a chip_record, or None).
 
-    local_roofs(dtype, devices) -> (datasheet, FLOP/s, bytes/s): this machine's,
-    used only where the record has no measured figures of its own."""
+    This machine's measured roofs (roofline.hardware.local_roofs) stand in only
+    where the record has no measured figures of its own."""
     if chip is None:
-        _, peak, bandwidth = local_roofs(dtype, devices)
+        here = local_roofs(dtype, measured=True, devices=devices)
+        peak, bandwidth = here.peak_flops, here.bandwidth
         ran_on = (
             f"; the trace ran on a {trace_platform}" if trace_platform not in (None, "cpu") else ""
         )
@@ -136,11 +141,11 @@ def roofs_for(chip, dtype, devices, local_roofs, trace_platform=None):
         return Roofs(datasheet, chip["measured_peak"], chip.get("measured_bandwidth"), name)
     if datasheet is not None:
         return Roofs(datasheet, None, None, "")
-    _, peak, bandwidth = local_roofs(dtype, devices)
+    here = local_roofs(dtype, measured=True, devices=devices)
     return Roofs(
         None,
-        peak,
-        bandwidth,
+        here.peak_flops,
+        here.bandwidth,
         f"measured on this machine, not on the {chip['platform']} "
         f"({chip['device_kind']}) that captured the trace",
     )

@@ -21,7 +21,8 @@ import math
 import os
 import re
 
-from roofline.hardware import CHIPS, Chip
+from roofline.chip import Chip
+from roofline.hardware import CHIPS
 
 EXTRAS = "requirements-aot.txt"
 
@@ -127,16 +128,14 @@ def parse_target(text):
         if c.platform == "tpu" or (c.platform == "gpu" and c.name in GPU_SPECS)
     )
     if chip is not None and name.lower() not in targets:
-        raise TargetError(
-            f"--target: no compile-only target for {name} here; one of {', '.join(targets)}"
-        )
+        raise TargetError(f"no compile-only target for {name} here; one of {', '.join(targets)}")
     if name.lower() not in targets:
-        raise TargetError(f"--target: unknown chip '{name}' (one of {', '.join(targets)})")
+        raise TargetError(f"unknown chip '{name}' (one of {', '.join(targets)})")
     shape = shape or chip.host_shape
     if chip.platform == "gpu" and not (shape.isdigit() and int(shape) >= 1):
-        raise TargetError(f"--target {text}: a GPU target takes a GPU count, e.g. {name}:8")
+        raise TargetError(f"{text}: a GPU target takes a GPU count, e.g. {name}:8")
     if chip.platform == "tpu" and not re.fullmatch(r"\d+(x\d+){1,2}", shape):
-        raise TargetError(f"--target {text}: a TPU target takes a slice topology, e.g. {name}:2x4")
+        raise TargetError(f"{text}: a TPU target takes a slice topology, e.g. {name}:2x4")
     return chip, shape
 
 
@@ -210,8 +209,7 @@ def compile_only_devices(text):
     missing = missing_extras(chip.platform)
     if missing:
         raise TargetError(
-            f"--target {chip.name}: {missing} is not installed; "
-            f"pip install -r {EXTRAS} (Linux x86-64)"
+            f"{chip.name}: {missing} is not installed; pip install -r {EXTRAS} (Linux x86-64)"
         )
     from jax.experimental import topologies
 
@@ -231,6 +229,6 @@ def compile_only_devices(text):
             chips = int(shape)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TargetError(f"--target {text}: {first}") from None
+        raise TargetError(f"{text}: {first}") from None
     devices = list(topology.devices)
     return Target(chip, shape, len(devices), chips), devices

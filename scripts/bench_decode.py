@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from roofline import decode as roof
+from roofline import decode_cost
 from roofline.calibrate import measure, measure_read_bandwidth
 from roofline.hardware import datasheet_chip
 from roofline.timing import time_calls
@@ -102,8 +102,8 @@ def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
     rows = []
     for b in batches:
         _, step_s = time_decode(params, cfg, prompt, b, n, mesh, repeats=args.repeats, best=True)
-        step = roof.decode_step(cfg, b, peak_flops=peak, bandwidth=bandwidth)
-        got = roof.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
+        step = decode_cost.decode_step_cost(cfg, b, peak_flops=peak, bandwidth=bandwidth)
+        got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
         print(
             f"   {b:>5} {step_s * 1e3:>9.2f} {got.tokens_per_s:>10,.0f} "
             f"{step.tokens_per_s:>10,.0f} "

@@ -129,7 +129,8 @@ MUTANTS = [
             (WRITE, "                pending = record\n"),
             (
                 "            if logged:  # after logging",
-                "            if logged:\n                meter.write(pending)\n            if logged:  # after",
+                "            if logged:\n                meter.write(pending)\n"
+                "            if logged:  # after",
             ),
         ),
         (

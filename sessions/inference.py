@@ -9,7 +9,7 @@ and each step computes only the new token's:
     decode   one token per row per step, [B, 1] through the model: it writes its
              own K and V at its position and attends to the cache up to there.
              Each step reads every weight and the cache for B tokens:
-             memory-bound until B is large (roofline/decode.py).
+             memory-bound until B is large (roofline/decode_cost.py).
 
 The cache: a key and a value of [H, D] per layer, row and position, T =
 cfg.seq positions, in the compute dtype: 2·L·B·T·H·D·bytes. It is held as

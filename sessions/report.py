@@ -6,8 +6,8 @@ import os
 import jax
 import numpy as np
 
-from roofline.decode import compute_bound_batch, decode_step, flops_per_sequence
-from roofline.flops import model_line, napkin_train_flops
+from roofline.decode_cost import compute_bound_batch, decode_step_cost, flops_per_sequence
+from roofline.flops import model_line, napkin_train_flops, param_count
 from sessions import data
 from sessions.meter import impossible_mfu
 
@@ -21,7 +21,8 @@ def header_lines(run, flops, peak, corpus, train_tokens, val_tokens, unigram):
     return [
         f"session 2 | preset {run.preset} | {len(devices)} x {devices[0].device_kind} "
         f"({processes} process{'es' if processes > 1 else ''})",
-        f"model: {model_line(cfg)} | {cfg.dtype} matmuls | attention {on[cfg.attention]}, "
+        f"model: {model_line(cfg)} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype} "
+        f"matmuls | attention {on[cfg.attention]}, "
         f"positions {on[cfg.positions]}",
         f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens | 6·B·P = "
         f"{napkin_train_flops(cfg, tc.batch) / 1e9:.2f} GFLOP | exact with attention = "
@@ -141,7 +142,8 @@ def plot_decode(measured, cfg, peak, bandwidth, path):
 
     batches = np.unique(np.geomspace(1, max(b for b, _ in measured) * 4, 60).round())
     memory = [
-        b / decode_step(cfg, int(b), peak_flops=peak, bandwidth=bandwidth).memory_s for b in batches
+        b / decode_step_cost(cfg, int(b), peak_flops=peak, bandwidth=bandwidth).memory_s
+        for b in batches
     ]
     compute = peak / flops_per_sequence(cfg)
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -20,7 +20,7 @@ import sys
 
 import jax
 
-from roofline import decode as roof
+from roofline import decode_cost
 from roofline.calibrate import read_bandwidth
 from roofline.flops import model_line
 from roofline.hardware import datasheet_chip, local_peak_flops
@@ -54,7 +54,7 @@ def main(argv=None):
         params, source = load_params(args.checkpoint_dir, args.seed, cfg, meta, mesh)
         print(f"session 3 | {len(devices)} x {devices[0].device_kind} | {source}")
         print(
-            f"model: {model_line(cfg, seq_letter='T')} | {cfg.dtype} | prompt {len(prompt)} "
+            f"model: {model_line(cfg, length='T')} | {cfg.dtype} | prompt {len(prompt)} "
             f"bytes, {args.new_tokens} decode steps"
         )
         # The roofs of the whole mesh. A CPU's are measured; its simulated devices share them.
@@ -69,8 +69,8 @@ def main(argv=None):
         rows = []  # (roofline DecodeStep, Achieved, prefill seconds) per batch
         for b in args.batches:
             prefill_s, step_s = time_decode(params, cfg, prompt, b, args.new_tokens, mesh)
-            step = roof.decode_step(cfg, b, peak_flops=peak, bandwidth=bandwidth)
-            got = roof.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
+            step = decode_cost.decode_step_cost(cfg, b, peak_flops=peak, bandwidth=bandwidth)
+            got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
             rows.append((step, got, prefill_s))
         for line in decode_table_lines(rows, cfg, args.batches[-1], len(prompt), peak, bandwidth):
             print(line)
@@ -85,7 +85,9 @@ def main(argv=None):
 
     if args.summary_out:
         steps, measured, prefill = zip(*rows)
-        summary = roof.measured_summary(steps, measured, cfg, peak_flops=peak, bandwidth=bandwidth)
+        summary = decode_cost.measured_summary(
+            steps, measured, cfg, peak_flops=peak, bandwidth=bandwidth
+        )
         summary.update(
             prefill_seconds=prefill[-1],
             prefill_batch=args.batches[-1],

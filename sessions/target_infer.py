@@ -11,10 +11,11 @@ from typing import NamedTuple
 
 from jax import ShapeDtypeStruct
 
-from roofline import decode as roof
-from roofline.flops import model_line
-from roofline.plan import DecodePlan, comm_time, decode_lines, decode_summary
+from roofline import decode_cost
+from roofline.decode_plan import DecodePlan, decode_lines, decode_summary
+from roofline.flops import model_line, param_count
 from roofline.program import Collective, collectives, read_program
+from roofline.training_plan import comm_time
 from sessions import aot, inference, sharding
 from sessions.attention import KERNEL_PLATFORM
 from sessions.attention import choose as choose_attention
@@ -58,7 +59,7 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
         return (aot.abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
 
     compiled, oom, seconds = aot.compile_or_oom(inference.prefill, *args_for(mesh), mesh, chip, say)
-    napkin = roof.prefill_flops(cfg, batch, prompt_len) / n
+    napkin = decode_cost.prefill_flops(cfg, batch, prompt_len) / n
     summary = {
         "batch": batch,
         "prompt_tokens": prompt_len,
@@ -139,7 +140,7 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
         temp_bytes=memory.temp_size_in_bytes,
         memory_bytes=facts.memory_bytes,
         hbm_bytes=target.hbm_per_device,
-        step=roof.decode_step_per_device(
+        step=decode_cost.decode_step_cost_per_device(
             cfg, batch, dict(mesh.shape), peak_flops=peak, bandwidth=bandwidth
         ),
         comm_s=comm_time(per_step, chip)[1],
@@ -155,7 +156,7 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
 
 
 class DecodePlanned(NamedTuple):
-    plans: list  # roofline.plan.DecodePlan, one per batch the compiler took
+    plans: list  # roofline.decode_plan.DecodePlan, one per batch the compiler took
     summary: dict  # --summary-out; "error" if no batch fits
     compiled: object  # the decode program of the largest batch compiled (--hlo-out), or None
 
@@ -179,7 +180,9 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
         f"target: {target.name}, {n} x {devices[0].device_kind} (compile-only: nothing runs) "
         f"| preset {preset}"
     )
-    say(f"model: {model_line(cfg, seq_letter='T')} | {cfg.dtype}")
+    say(
+        f"model: {model_line(cfg, length='T')} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype}"
+    )
     say(
         f"mesh: {', '.join(f'{a}={k}' for a, k in sizes.items())} | per device "
         f"{peak / 1e12:,.1f} TFLOP/s ({cfg.dtype}), {bandwidth / 1e9:,.0f} GB/s HBM{link}"
@@ -216,7 +219,9 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
         say(line)
     for b, why in refused.items():
         say(f"  batch {b} does not fit: {why}")
-    best = roof.compute_bound_batch_per_device(cfg, sizes, peak_flops=peak, bandwidth=bandwidth)
+    best = decode_cost.compute_bound_batch_per_device(
+        cfg, sizes, peak_flops=peak, bandwidth=bandwidth
+    )
     say(
         f"decode turns compute-bound from batch {best:,.0f} on this mesh"
         if best

@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 import jax
 
-from roofline.flops import model_line
-from roofline.plan import plan, plan_lines, plan_summary
+from roofline.flops import model_line, param_count
 from roofline.program import read_program
+from roofline.training_plan import plan_lines, plan_summary, training_plan
 from sessions import aot, sharding
 from sessions.attention import KERNEL_PLATFORM
 from sessions.cli import resolve
@@ -54,7 +54,7 @@ def too_big(error, target, tc, sizes):
 class Planned(NamedTuple):
     """One step compiled for a target, and what was read off it."""
 
-    plan: object  # roofline.plan.Plan
+    plan: object  # roofline.training_plan.TrainingPlan
     summary: dict  # the plan as JSON (--summary-out); "error" if the step does not fit
     compiled: object  # jax.stages.Compiled, for the target: inspect it, never run it
     state_bytes_per_device: int  # params + optimizer state, by the sharding rules
@@ -73,7 +73,9 @@ def plan_target(mesh_text, run, target, devices, say=print):
         f"target: {target.name}, {target.devices} x {devices[0].device_kind} "
         f"(compile-only: nothing runs) | preset {run.preset}"
     )
-    say(f"model: {model_line(cfg)} | {cfg.dtype} matmuls | attention: {cfg.attention_impl}")
+    say(
+        f"model: {model_line(cfg)} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype} matmuls | attention: {cfg.attention_impl}"
+    )
     if run.attention_note:
         say(f"attention: {run.attention_note}")
     say(f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens")
@@ -110,7 +112,7 @@ def plan_target(mesh_text, run, target, devices, say=print):
             "before optimisation (lowered for this CPU, attention as einsums)"
         )
         kernel_attention = False  # that program has no kernel to hide FLOPs in
-    p = plan(
+    p = training_plan(
         cfg,
         tc.batch,
         target,

@@ -9,7 +9,7 @@ each sequence's token costs f FLOPs:
 
     bytes per step = W + B·C            seconds >= max(bytes / bandwidth, B·f / peak)
 
-(sessions/inference.py is the decoder, roofline/decode.py the roofline.)
+(sessions/inference.py is the decoder, roofline/decode_cost.py the roofline.)
 """
 
 import jax

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import need, s3_in_process
 
-from roofline.decode import decode_step, decode_step_per_device, weight_bytes
+from roofline.decode_cost import decode_step_cost, decode_step_cost_per_device, weight_bytes
 from roofline.flops import param_count
 from roofline.program import collectives
 from sessions import aot, inference, sharding
@@ -151,12 +151,12 @@ def test_decode_roofline_reads_every_weight_tp_does_not_split():
     B, roofs = 64, {"peak_flops": 197e12, "bandwidth": 819e9}
     W, C = weight_bytes(cfg), 2 * cfg.layers * B * cfg.seq * cfg.heads * cfg.head_dim * 4
     # Data parallel: each device reads all the weights and its quarter of the cache.
-    data = decode_step_per_device(cfg, B, {"data": 4, "fsdp": 1, "tp": 1}, **roofs)
+    data = decode_step_cost_per_device(cfg, B, {"data": 4, "fsdp": 1, "tp": 1}, **roofs)
     assert data.bytes == W + C / 4
     assert data.memory_s == pytest.approx((W + C / 4) / 819e9)
     # Tensor parallel splits both: one chip's roofline with four chips' roofs.
-    tp = decode_step_per_device(cfg, B, {"data": 1, "fsdp": 1, "tp": 4}, **roofs)
-    whole = decode_step(cfg, B, peak_flops=4 * 197e12, bandwidth=4 * 819e9)
+    tp = decode_step_cost_per_device(cfg, B, {"data": 1, "fsdp": 1, "tp": 4}, **roofs)
+    whole = decode_step_cost(cfg, B, peak_flops=4 * 197e12, bandwidth=4 * 819e9)
     assert tp.memory_s == pytest.approx(whole.memory_s)
     assert tp.compute_s == pytest.approx(whole.compute_s) == data.compute_s
 

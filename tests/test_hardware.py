@@ -10,7 +10,13 @@ import pytest
 from hardware_fakes import FakeCompiled, FakeDevice, fake_root
 
 from roofline import calibrate, memory
-from roofline.hardware import CHIPS, chip_for_kind, datasheet_chip, local_peak_flops
+from roofline.hardware import (
+    CHIPS,
+    chip_for_kind,
+    datasheet_chip,
+    local_peak_flops,
+    local_roofs,
+)
 from sessions import accelerator
 from sessions.accelerator import Defaults, capability_defaults, check_accelerator_visible
 from sessions.cli import run_main
@@ -153,6 +159,36 @@ def test_an_unknown_accelerator_is_measured_and_says_so(monkeypatch):
         8.1 * T,
         "t4 datasheet",
     )
+
+
+def test_this_machine_s_roofs_per_device(monkeypatch):
+    """local_roofs: a table chip's datasheet (one TensorCore's share of a TPU v3),
+    whichever stream is asked for; a CPU's measured figures, the copy or the
+    read-only stream, shared by simulated devices; measured=True measures a table
+    chip too."""
+    figures = {"matmul_flops": 8 * T, "copy_bandwidth": 40 * G}
+    monkeypatch.setattr(calibrate, "measured", lambda dtype: figures)
+    monkeypatch.setattr(calibrate, "read_bandwidth", lambda: 80 * G)
+    v3 = FakeDevice("tpu", "TPU v3")
+    for stream in ("copy", "read"):
+        roofs = local_roofs("bfloat16", stream=stream, device=v3)
+        assert (roofs.peak_flops, roofs.bandwidth) == (61.5 * T, 450 * G)
+        assert roofs.bandwidth_source == "tpu-v3 datasheet" and roofs.datasheet.name == "tpu-v3/2"
+    measured = local_roofs("bfloat16", measured=True, device=v3)
+    assert (measured.peak_flops, measured.bandwidth) == (8 * T, 40 * G)
+    assert measured.datasheet.name == "tpu-v3/2"  # still named, beside the measurement
+    cpu = FakeDevice("cpu", "cpu")
+    copy = local_roofs("float32", devices=4, device=cpu)
+    assert (copy.peak_flops, copy.bandwidth, copy.share) == (2 * T, 10 * G, 4)
+    assert copy.datasheet is None and copy.bandwidth_source.startswith("measured copy")
+    read = local_roofs("float32", stream="read", devices=1, device=cpu)
+    assert (read.bandwidth, read.bandwidth_source) == (
+        80 * G,
+        "measured read-only stream on this cpu",
+    )
+    assert local_peak_flops("float32", cpu, devices=4) == (2 * T, copy.peak_source)
+    with pytest.raises(ValueError, match="stream"):
+        local_roofs(stream="write")
 
 
 PRE_AMPERE = "cuDNN flash attention and bf16 matmuls need 8.0+"
@@ -368,6 +404,6 @@ def test_a_tpu_v3_trace_read_elsewhere_is_held_against_one_core():
         "host": "a-tpu-vm",
         "measured_peak": None,
     }
-    roofs = roofs_for(recorded, "bfloat16", 8, local_roofs=None)
+    roofs = roofs_for(recorded, "bfloat16", 8)
     assert roofs.datasheet.peak("bfloat16") == 123e12 / 2
     assert roofs.datasheet.hbm_bandwidth == 900e9 / 2

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import s3_in_process
 
-from roofline.decode import kv_cache_bytes
+from roofline.decode_cost import kv_cache_bytes
 from scripts.bench_decode import uncached_generate
 from sessions import inference, sharding
 from sessions.checkpoint import Checkpoints

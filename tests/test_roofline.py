@@ -16,7 +16,9 @@ from helpers import PYTHON, REPO, hand_flops, hand_params, subprocess_env, witho
 
 import roofline.__main__ as cli
 from roofline import compare as compare_module
-from roofline.compare import compare, profile_table, roofline_chart, table_lines, xla_cost
+from roofline import record
+from roofline.chart import roofline_chart
+from roofline.compare import compare, profile_table, xla_cost
 from roofline.flops import (
     count_params,
     ledger,
@@ -26,11 +28,12 @@ from roofline.flops import (
     train_bytes,
     train_flops,
 )
-from roofline.hardware import CHIPS, chip_for_kind, find_chip
+from roofline.hardware import CHIPS, LocalRoofs, chip_for_kind, find_chip
 from roofline.kinds import KINDS, classify_hlo
 from roofline.memory import step_memory
 from roofline.predict import predict, predict_train_step, utilisation
 from roofline.profile import capture
+from roofline.table import table_lines
 from roofline.trace import read_trace
 from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.model import init_params
@@ -291,9 +294,9 @@ def test_predictions_never_beat_either_bound(preset):
 @pytest.fixture()
 def fixed_roofs(monkeypatch):
     """This machine's roofs, fixed: no calibration runs inside a test."""
-    roofs = (None, 1e11, 1e10)  # no datasheet, 100 GFLOP/s, 10 GB/s
-    monkeypatch.setattr(compare_module, "local_roofs", lambda dtype, devices: roofs)
-    monkeypatch.setattr(cli, "local_roofs", lambda dtype, devices: roofs)
+    roofs = LocalRoofs(1e11, "fixed", 1e10, "fixed", None)  # no datasheet, 100 GFLOP/s, 10 GB/s
+    monkeypatch.setattr(compare_module, "local_roofs", lambda dtype, **_: roofs)
+    monkeypatch.setattr(record, "local_roofs", lambda dtype, **_: roofs)
     return roofs
 
 

@@ -42,8 +42,10 @@ from roofline import compare as compare_module
 from roofline import record
 from roofline.compare import profile_comparison
 from roofline.flops import train_flops
+from roofline.hardware import LocalRoofs
 from roofline.profile import TraceWindow, capture
-from roofline.trace import latest_run, load_ops, read_trace
+from roofline.trace import read_trace
+from roofline.trace_ops import latest_run, load_ops
 from sessions.config import ModelConfig
 
 # ---------------------------------------------------------------- a GPU's trace
@@ -386,11 +388,11 @@ COMPARED = ModelConfig(
 def roofs_here(monkeypatch, peak, bandwidth):
     """This machine's measured roofs, fixed (no calibration runs in a test)."""
 
-    def local_roofs(dtype, devices):
-        return None, peak, bandwidth
+    def local_roofs(dtype, **_):
+        return LocalRoofs(peak, "fixed", bandwidth, "fixed", None)
 
     monkeypatch.setattr(compare_module, "local_roofs", local_roofs)
-    monkeypatch.setattr(cli, "local_roofs", local_roofs)
+    monkeypatch.setattr(record, "local_roofs", local_roofs)
 
 
 def row(out, label):

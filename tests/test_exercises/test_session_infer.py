@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from adapters import exercise
 
-from roofline import decode as roof
+from roofline import decode_cost
 from roofline.hardware import CHIPS
 from sessions.attention import attention
 from sessions.config import PRESETS
@@ -19,7 +19,7 @@ decode_attention = exercise("kv_cache.decode_attention")
 
 GPT2 = PRESETS["gpt2"].model  # L=12, E=768, F=3072, H=12, D=64, T=1024, V=256
 H100 = CHIPS["h100-sxm"]  # 989 TFLOP/s bf16, 3.35 TB/s
-# The gpt2 preset in bf16, by hand (roofline/decode.py checks the same numbers):
+# The gpt2 preset in bf16, by hand (roofline/decode_cost.py checks the same numbers):
 W = 85_151_232 * 2  # 12·(2·768·3072 + 4·768·768) + 256·768 matmul weights, 19,968 others
 C = 2 * 12 * 1024 * 12 * 64 * 2  # one sequence's cache: 37,748,736 bytes
 F = 2 * 85_131_264 + 4 * 12 * 1024 * 12 * 64  # FLOPs per token: matmuls, then q·k and p·v
@@ -28,14 +28,19 @@ F = 2 * 85_131_264 + 4 * 12 * 1024 * 12 * 64  # FLOPs per token: matmuls, then q
 @pytest.mark.exercise("kv_cache.cache_bytes")
 def test_cache_bytes_by_hand():
     assert cache_bytes(12, 8, 1024, 12, 64, 2) == 301_989_888  # gpt2, 8 sequences, bf16
-    assert cache_bytes(12, 1, 1024, 12, 64, 2) == C == roof.kv_cache_bytes(GPT2, 1, "bfloat16")
+    assert (
+        cache_bytes(12, 1, 1024, 12, 64, 2) == C == decode_cost.kv_cache_bytes(GPT2, 1, "bfloat16")
+    )
     # Sizes that differ pairwise: each factor counts once.
     assert cache_bytes(2, 3, 5, 7, 11, 4) == 2 * 2 * 3 * 5 * 7 * 11 * 4
 
 
 @pytest.mark.exercise("kv_cache.decode_step_seconds")
 def test_decode_roofline_by_hand():
-    assert roof.weight_bytes(GPT2, "bfloat16") == W and roof.flops_per_sequence(GPT2) == F
+    assert (
+        decode_cost.weight_bytes(GPT2, "bfloat16") == W
+        and decode_cost.flops_per_sequence(GPT2) == F
+    )
     peak, bw = H100.peak("bfloat16"), H100.hbm_bandwidth
     # Batch 1: 208 MB to read at 3.35 TB/s, 62 µs; the FLOPs would take 0.2 µs.
     assert decode_step_seconds(W, C, F, 1, peak, bw) == pytest.approx((W + C) / bw)
@@ -43,7 +48,7 @@ def test_decode_roofline_by_hand():
     assert decode_step_seconds(W, C, F, 64, peak, bw) == pytest.approx((W + 64 * C) / bw)
     # A compute-bound step: 1 GB of weights, no cache, 2 GFLOP a token, batch 1000.
     assert decode_step_seconds(1e9, 0, 2e9, 1000, 1e15, 1e12) == pytest.approx(2e-3)
-    step = roof.decode_step(GPT2, 16, peak_flops=peak, bandwidth=bw, dtype="bfloat16")
+    step = decode_cost.decode_step_cost(GPT2, 16, peak_flops=peak, bandwidth=bw, dtype="bfloat16")
     assert decode_step_seconds(W, C, F, 16, peak, bw) == pytest.approx(step.step_s)
 
 

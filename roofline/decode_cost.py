@@ -89,7 +89,7 @@ class DecodeStep(NamedTuple):
     tokens_per_s: float  # batch / step_s, the best case
 
 
-def decode_step(cfg, batch, *, peak_flops, bandwidth, dtype=None):
+def decode_step_cost(cfg, batch, *, peak_flops, bandwidth, dtype=None):
     """Both lower bounds on one decode step's time, and the one that applies."""
     w, c = weight_bytes(cfg, dtype), kv_cache_bytes(cfg, batch, dtype)
     flops = batch * flops_per_sequence(cfg)
@@ -119,14 +119,14 @@ def compute_bound_batch(cfg, *, peak_flops, bandwidth, dtype=None, cache=True):
     return weight_bytes(cfg, dtype) / bandwidth / margin
 
 
-def decode_step_per_device(cfg, batch, mesh, *, peak_flops, bandwidth, dtype=None):
-    """decode_step for one device of a mesh ({"data": .., "fsdp": .., "tp": ..}),
+def decode_step_cost_per_device(cfg, batch, mesh, *, peak_flops, bandwidth, dtype=None):
+    """decode_step_cost for one device of a mesh ({"data": .., "fsdp": .., "tp": ..}),
     with that device's peak and bandwidth. Rows are split over data x fsdp and
     heads, F and V over tp, so each device does B·f / n FLOPs and reads B·C / n
     of the cache; but it multiplies its rows by every weight that tp does not
     split, so it reads W / tp: under data the weights are replicated, under fsdp
     gathered whole before use (that gather's traffic is on the links, not in
-    HBM). With tp alone this is decode_step against n devices' roofs."""
+    HBM). With tp alone this is decode_step_cost against n devices' roofs."""
     n, tp = math.prod(mesh.values()), mesh["tp"]
     w, c = weight_bytes(cfg, dtype) / tp, kv_cache_bytes(cfg, batch, dtype) / n
     flops = batch * flops_per_sequence(cfg) / n
@@ -137,7 +137,7 @@ def decode_step_per_device(cfg, batch, mesh, *, peak_flops, bandwidth, dtype=Non
 
 
 def compute_bound_batch_per_device(cfg, mesh, *, peak_flops, bandwidth, dtype=None):
-    """B* for decode_step_per_device: data x fsdp (= n / tp) times one device's
+    """B* for decode_step_cost_per_device: data x fsdp (= n / tp) times one device's
     B*, since each of those groups of devices must reach B* rows of its own."""
     one = compute_bound_batch(cfg, peak_flops=peak_flops, bandwidth=bandwidth, dtype=dtype)
     return None if one is None else one * math.prod(mesh.values()) / mesh["tp"]
