@@ -74,7 +74,8 @@ def plan_target(mesh_text, run, target, devices, say=print):
         f"(compile-only: nothing runs) | preset {run.preset}"
     )
     say(
-        f"model: {model_line(cfg)} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype} matmuls | attention: {cfg.attention_impl}"
+        f"model: {model_line(cfg)} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype} "
+        f"matmuls | attention: {cfg.attention_impl}"
     )
     if run.attention_note:
         say(f"attention: {run.attention_note}")
