@@ -18,24 +18,22 @@ python scripts/bench_decode.py --preset tiny --mbu-preset tiny --batches 1,2 \\
 """
 
 import dataclasses
-import functools
 import itertools
 import json
 import sys
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from roofline import decode_cost
 from roofline.calibrate import measure, measure_read_bandwidth
 from roofline.hardware import datasheet_chip
 from roofline.timing import time_calls
+from scripts.naive_step import uncached_generate
 from sessions import inference, sharding
 from sessions.cli import PROMPT, ArgumentParser, positive_int, run_main
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
-from sessions.model import forward, init_params
+from sessions.model import init_params
 from sessions.serving import time_decode
 
 
@@ -49,24 +47,6 @@ def parse_args(argv):
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--summary-out", help="write the goals' figures here, as JSON")
     return parser.parse_args(argv)
-
-
-@functools.partial(jax.jit, static_argnames="cfg")
-def _next_token(params, window, length, cfg):
-    """The old generator's step: window int [1, S], the first `length` slots filled."""
-    return jnp.argmax(forward(params, window, cfg)[0, length - 1])
-
-
-def uncached_generate(params, cfg, prompt, n_new):
-    """The generator before session 3 (greedy here): one forward pass over the
-    whole window per new token, and a host round trip (int(token)) after each."""
-    tokens = list(prompt)
-    for _ in range(n_new):
-        context = tokens[-cfg.seq :]
-        window = np.zeros((1, cfg.seq), np.int32)
-        window[0, : len(context)] = context
-        tokens.append(int(_next_token(params, window, len(context), cfg)))
-    return tokens
 
 
 def model(preset):

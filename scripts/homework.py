@@ -17,197 +17,9 @@ posting fails or is refused.
 
 import argparse
 import os
-import platform
-import subprocess
 import sys
-import tempfile
-import xml.etree.ElementTree as ET
 
-from scripts import discord
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join("tests", "test_exercises")
-
-# Session -> (its test file, its title). exercises/README.md lists the same.
-SESSIONS = {
-    "1": ("test_session_1.py", "session 1: a model without attention"),
-    "2": ("test_session_2.py", "session 2: attention, positions, jit, loading, multichip, FLOPs"),
-    "3": ("test_session_3.py", "rooflines: intensity, MFU vs bandwidth, FSDP"),
-    "4": ("test_session_4.py", "inference rooflines"),
-    "5": ("test_session_5.py", "numerics and Pallas"),
-    "infer": ("test_session_infer.py", "session 3 (s3_infer): the KV cache, the decode roofline"),
-    "bugs": ("test_session_bugs.py", "find the bug"),
-}
-DISCORD_LIMIT = 2000  # characters per message
-LINE_LIMIT = 300  # one exercise's line, at most
-SEPARATOR = "----- 8< -----"  # between parts; not part of any message
-MARK = {"pass": "✅", "fail": "❌", "not started": "⬜"}
-
-
-def session_names(text):
-    """'2', 's2', 'session2', 'bugs' or 'all' -> list of session keys; None if unknown."""
-    text = text.lower()
-    if text == "all":
-        return list(SESSIONS)
-    key = text.removeprefix("session").removeprefix("s") if text[-1:].isdigit() else text
-    return [key] if key in SESSIONS else None
-
-
-def run_tests(sessions, solutions, timeout, verbose):
-    """Run the sessions' tests in a fresh pytest; returns (junit XML root or None, output)."""
-    files = [os.path.join(TESTS, SESSIONS[s][0]) for s in sessions]
-    env = dict(os.environ, HPLLM_EXERCISES="0" if solutions else "1")
-    with tempfile.TemporaryDirectory() as tmp:
-        xml_path = os.path.join(tmp, "report.xml")
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            *files,
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            f"--junitxml={xml_path}",
-            "-o",
-            "junit_family=xunit1",
-            "-W",
-            "ignore",
-        ]
-        try:
-            done = subprocess.run(
-                command,
-                check=False,  # failing tests are the report, not an error
-                cwd=REPO,
-                env=env,
-                timeout=timeout,
-                stdout=None if verbose else subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        except subprocess.TimeoutExpired:
-            return (
-                None,
-                f"the tests ran past --timeout {timeout} s (an exercise that never returns?)",
-            )
-        output = done.stdout or ""
-        if not os.path.exists(xml_path):
-            return None, output
-        return ET.parse(xml_path).getroot(), output
-
-
-def first_line(text):
-    """The first line of a failure message, completed where it says too little."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    if not lines:
-        return "failed"
-    line = lines[0].removeprefix("Failed: ")
-    if line.endswith(":") and len(lines) > 1:  # "AssertionError:", the message below it
-        line += " " + lines[1]
-        # numpy's "Not equal to tolerance ..." is followed by the test's err_msg, if any.
-        numpy = lines[1].startswith(("Not equal", "Arrays are not"))
-        if numpy and len(lines) > 2 and not lines[2].startswith(("Mismatch", "(shapes", "x:")):
-            line += f" ({lines[2]})"
-    return line
-
-
-def results(root):
-    """(machine, {exercise: {"status", "why", "measured", "session_file"}}), in test order.
-
-    A test that grades no exercise (a file that failed to import, say) is
-    listed under its own name, so nothing that failed goes unreported."""
-    machine, failures, exercises = {}, {}, {}
-    for suite in root.iter("testsuite"):
-        for prop in suite.findall("properties/property"):
-            machine[prop.get("name")] = prop.get("value")
-    for case in root.iter("testcase"):
-        props = {p.get("name"): p.get("value") for p in case.findall("properties/property")}
-        where = f"{case.get('classname', '')}.{case.get('name', '')}"
-        name = props.get("exercise") or where.strip(".")
-        session_file = next((p for p in where.split(".") if p.startswith("test_session_")), "")
-        entry = exercises.setdefault(
-            name, {"status": "pass", "why": "", "measured": [], "session_file": session_file}
-        )
-        if props.get("measured"):
-            entry["measured"].append(props["measured"])
-        problem = case.find("failure")
-        if problem is None:
-            problem = case.find("error")
-        if problem is not None:
-            failures.setdefault(name, []).append(first_line(problem.get("message") or problem.text))
-    for name, whys in failures.items():
-        real = [why for why in whys if why != f"not started: {name}"]
-        exercises[name]["status"] = "fail" if real else "not started"
-        exercises[name]["why"] = real[0] if real else ""
-    return machine, exercises
-
-
-def exercise_line(name, entry):
-    line = f"{MARK[entry['status']]} `{name}`"
-    if entry["status"] == "fail":
-        line += f": {entry['why']}"
-    elif entry["status"] == "not started":
-        line += ": not started"
-    if entry["measured"] and entry["status"] == "pass":
-        line += " · " + "; ".join(entry["measured"])
-    return line if len(line) <= LINE_LIMIT else line[: LINE_LIMIT - 1] + "…"
-
-
-def report_blocks(sessions, machine, exercises, solutions):
-    """The report as blocks of lines, kept together in one message where they fit:
-    the machine; per session its exercises; the tally."""
-    tree = "solutions/" if solutions else "exercises/"
-    devices = f"{machine.get('device_kind', '?')} x{machine.get('device_count', '?')}"
-    system = f"Python {platform.python_version()}, {platform.system()} {platform.machine()}"
-    jax_version = machine.get("jax", "?")
-    backend = machine.get("backend", "?")
-    blocks = [[f"machine: {backend} ({devices}), JAX {jax_version}, {system} · graded {tree}"]]
-    for session in sessions:
-        test_file = SESSIONS[session][0].removesuffix(".py")
-        mine = {n: e for n, e in exercises.items() if e["session_file"] == test_file}
-        heading = [f"__{SESSIONS[session][1]}__"] if len(sessions) > 1 else []
-        blocks.append(heading + [exercise_line(name, entry) for name, entry in mine.items()])
-    unplaced = {n: e for n, e in exercises.items() if not e["session_file"]}
-    if unplaced:
-        blocks.append([exercise_line(name, entry) for name, entry in unplaced.items()])
-    counts = {s: sum(e["status"] == s for e in exercises.values()) for s in MARK}
-    tally = f"**{counts['pass']}/{len(exercises)} pass**"
-    if counts["fail"]:
-        tally += f" · {counts['fail']} fail"
-    if counts["not started"]:
-        tally += f" · {counts['not started']} not started"
-    blocks.append([tally])
-    return blocks
-
-
-def discord_length(text):
-    """Discord counts UTF-16 code units; most characters are one."""
-    return len(text.encode("utf-16-le")) // 2
-
-
-def split_parts(title, blocks, limit=DISCORD_LIMIT):
-    """Messages of at most `limit` characters, the title on each, numbered when
-    several. A block starts a new message when it does not fit in the current
-    one; a block too long for any message is split between lines."""
-    room = limit - discord_length(title + " (part 99/99)\n")
-    chunks, current = [], []
-
-    def fits(lines):
-        return discord_length("\n".join(lines)) <= room
-
-    for block in blocks:
-        if current and not fits(current + block):
-            chunks.append(current)
-            current = []
-        for line in block:
-            if current and not fits([*current, line]):
-                chunks.append(current)
-                current = []
-            current.append(line)
-    chunks.append(current)
-    if len(chunks) == 1:
-        return ["\n".join([title, *chunks[0]])]
-    n = len(chunks)
-    return ["\n".join([f"{title} (part {i}/{n})", *c]) for i, c in enumerate(chunks, 1)]
+from scripts import discord, grading
 
 
 def main(argv=None):
@@ -215,7 +27,7 @@ def main(argv=None):
         prog="homework.py",
         description="Grade exercises/ and print a Discord-sized Markdown report.",
     )
-    parser.add_argument("session", help=f"one of {', '.join(SESSIONS)}, or all")
+    parser.add_argument("session", help=f"one of {', '.join(grading.SESSIONS)}, or all")
     parser.add_argument(
         "--solutions",
         action="store_true",
@@ -231,10 +43,11 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
 
-    sessions = session_names(args.session)
+    sessions = grading.session_names(args.session)
     if sessions is None:
         print(
-            f"homework.py: unknown session '{args.session}' (sessions: {', '.join(SESSIONS)}, all)",
+            f"homework.py: unknown session '{args.session}' "
+            f"(sessions: {', '.join(grading.SESSIONS)}, all)",
             file=sys.stderr,
         )
         return 2
@@ -250,17 +63,18 @@ def main(argv=None):
     elif args.webhook:
         print("homework.py: --webhook without --post: nothing will be posted", file=sys.stderr)
 
-    root, output = run_tests(sessions, args.solutions, args.timeout, args.verbose)
-    machine, exercises = results(root) if root is not None else ({}, {})
+    root, output = grading.run_tests(sessions, args.solutions, args.timeout, args.verbose)
+    machine, exercises = grading.results(root) if root is not None else ({}, {})
     if not exercises:
         tail = "\n".join(output.strip().splitlines()[-15:])
         print(f"homework.py: the tests did not run:\n{tail}", file=sys.stderr)
         return 1
 
-    name = "all sessions" if len(sessions) > 1 else SESSIONS[sessions[0]][1]
+    name = "all sessions" if len(sessions) > 1 else grading.SESSIONS[sessions[0]][1]
     title = f"**Homework · {name}**"
-    parts = split_parts(title, report_blocks(sessions, machine, exercises, args.solutions))
-    print(f"\n{SEPARATOR}\n".join(parts), flush=True)
+    blocks = grading.report_blocks(sessions, machine, exercises, args.solutions)
+    parts = grading.split_parts(title, blocks)
+    print(f"\n{grading.SEPARATOR}\n".join(parts), flush=True)
     if args.post:
 
         def log(line):

@@ -1,5 +1,6 @@
-"""The training step written as plainly as possible: the baseline that
-scripts/bench.py measures ours against, on the same shapes and params.
+"""The baselines our code is measured against, written as plainly as possible:
+the training step (scripts/bench.py, on the same shapes and params) and the
+generator before session 3's KV cache (scripts/bench_decode.py).
 
 What ours does differently, each explained where it lives:
   - 3-D einsums here, one 2-D matmul per projection in sessions/model.py (dense)
@@ -8,9 +9,14 @@ What ours does differently, each explained where it lives:
     the state copied between them), one donated program in sessions/train.py
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+
+from sessions import model
 
 
 def forward(params, tokens, cfg):
@@ -59,3 +65,21 @@ def make_naive_step(cfg, optimizer):
         return {"params": apply_fn(state["params"], updates), "opt": opt}, {"loss": loss}
 
     return step
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _next_token(params, window, length, cfg):
+    """The old generator's step: window int [1, S], the first `length` slots filled."""
+    return jnp.argmax(model.forward(params, window, cfg)[0, length - 1])  # the model's own
+
+
+def uncached_generate(params, cfg, prompt, n_new):
+    """The generator before session 3 (greedy here): one forward pass over the
+    whole window per new token, and a host round trip (int(token)) after each."""
+    tokens = list(prompt)
+    for _ in range(n_new):
+        context = tokens[-cfg.seq :]
+        window = np.zeros((1, cfg.seq), np.int32)
+        window[0, : len(context)] = context
+        tokens.append(int(_next_token(params, window, len(context), cfg)))
+    return tokens

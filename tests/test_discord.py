@@ -14,9 +14,9 @@ import threading
 import time
 
 import pytest
-from helpers import REPO
+from helpers import REPO, run_script
 
-from scripts import discord, homework
+from scripts import discord, grading
 
 TOKEN = "s3cr3t-T0KEN_x"  # the part of the URL that must never be printed
 FAST = 0.05  # seconds: the retry_after the stand-in asks for
@@ -248,27 +248,28 @@ def test_a_part_over_2000_characters_is_refused_before_any_is_sent(webhook):
 
 
 def fake_grading(monkeypatch):
-    """homework.main without its pytest run: 60 failing exercises, so several parts."""
+    """homework.py without its pytest run: 60 failing exercises, so several parts."""
     exercises = {}
     for i in range(60):
-        session = list(homework.SESSIONS)[i % len(homework.SESSIONS)]
+        session = list(grading.SESSIONS)[i % len(grading.SESSIONS)]
         exercises[f"m.f{i}"] = {
             "status": "fail",
             "why": f"AssertionError: @everyone {i} " + "x" * 80,
             "measured": [],
-            "session_file": homework.SESSIONS[session][0].removesuffix(".py"),
+            "session_file": grading.SESSIONS[session][0].removesuffix(".py"),
         }
     machine = {"backend": "cpu", "device_kind": "cpu", "device_count": "8", "jax": "0"}
-    monkeypatch.setattr(homework, "run_tests", lambda *args: (object(), ""))
-    monkeypatch.setattr(homework, "results", lambda root: (machine, exercises))
+    monkeypatch.setattr(grading, "run_tests", lambda *args: (object(), ""))
+    monkeypatch.setattr(grading, "results", lambda root: (machine, exercises))
 
 
 def test_homework_all_post_delivers_every_part_in_order_through_a_429(webhook, monkeypatch, capsys):
     fake_grading(monkeypatch)
     server = webhook([OK, RATE_LIMITED])
-    status = homework.main(["all", "--post", "--webhook", server.url])
-    out, err = capsys.readouterr()
-    parts = out.strip().split(f"\n{homework.SEPARATOR}\n")
+    status, out, err = run_script(
+        "scripts/homework.py", ["all", "--post", "--webhook", server.url], capsys
+    )
+    parts = out.strip().split(f"\n{grading.SEPARATOR}\n")
     assert status == 1, err  # the grade's status: posting went well, the exercises did not
     assert len(parts) >= 3
     assert server.contents() == [parts[0], parts[1], *parts[1:]], "part 2 twice, then the rest"
@@ -280,8 +281,8 @@ def test_homework_post_failure_is_one_line_and_status_2(webhook, monkeypatch, ca
     fake_grading(monkeypatch)
     server = webhook([OK, (404, {"message": "Unknown Webhook", "code": 10015}, {})])
     monkeypatch.setenv("DISCORD_WEBHOOK_URL", server.url)  # the URL from the environment
-    assert homework.main(["all", "--post"]) == 2
-    out, err = capsys.readouterr()
+    status, out, err = run_script("scripts/homework.py", ["all", "--post"], capsys)
+    assert status == 2
     assert len(server.posts) == 2
     assert err.count("\n") == 1 and "404" in err and "part 1 of " in err
     assert TOKEN not in out + err
@@ -291,9 +292,10 @@ def test_nothing_is_posted_without_post(webhook, monkeypatch, capsys):
     fake_grading(monkeypatch)
     server = webhook()
     monkeypatch.setenv("DISCORD_WEBHOOK_URL", server.url)
-    assert homework.main(["all", "--webhook", server.url]) == 1
+    status, _, err = run_script("scripts/homework.py", ["all", "--webhook", server.url], capsys)
+    assert status == 1
     assert server.posts == []
-    assert "nothing will be posted" in capsys.readouterr().err
+    assert "nothing will be posted" in err
 
 
 def run_homework(*args, env=None):

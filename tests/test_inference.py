@@ -15,7 +15,7 @@ import pytest
 from helpers import s3_in_process
 
 from roofline.decode_cost import kv_cache_bytes
-from scripts.bench_decode import uncached_generate
+from scripts.naive_step import uncached_generate
 from sessions import inference, sharding
 from sessions.checkpoint import Checkpoints
 from sessions.config import PRESETS, TrainConfig

@@ -3,7 +3,7 @@ module level or inside a function):
 
     roofline/    a library: imports nothing from sessions/, except its
                  command-line entry point, roofline/__main__.py
-    s1..s4, scripts/
+    s1..s4, scripts/*.py with a __main__ block
                  programs: run, never imported by anything
 """
 
@@ -71,9 +71,15 @@ def test_a_planted_sessions_import_in_roofline_is_caught():
 
 
 def is_script(module):
-    return (
-        module.startswith(SESSION_SCRIPTS) or module == "scripts" or module.startswith("scripts.")
-    )
+    """A program: a session script, or a file under scripts/ that runs as __main__
+    (scripts/ also holds modules the programs share: discord, grading, naive_step)."""
+    if module.startswith(SESSION_SCRIPTS):
+        return True
+    path = os.path.join(REPO, *module.split(".")[:2]) + ".py"
+    if not module.startswith("scripts.") or not os.path.exists(path):
+        return False
+    with open(path) as f:
+        return 'if __name__ == "__main__":' in f.read()
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

@@ -9,7 +9,7 @@ import sys
 import pytest
 from adapters import graded_tree
 
-from scripts import homework
+from scripts import grading
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,7 +23,7 @@ def run_homework(*args):
         timeout=600,
         check=False,
     )
-    parts = done.stdout.strip().split(f"\n{homework.SEPARATOR}\n") if done.stdout.strip() else []
+    parts = done.stdout.strip().split(f"\n{grading.SEPARATOR}\n") if done.stdout.strip() else []
     return done, parts
 
 
@@ -31,7 +31,7 @@ def test_solutions_pass_in_one_message():
     done, parts = run_homework("1", "--solutions")
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(parts) == 1
-    assert homework.discord_length(parts[0]) <= homework.DISCORD_LIMIT
+    assert grading.discord_length(parts[0]) <= grading.DISCORD_LIMIT
     assert "✅ `s1_feedforward.influence`" in parts[0]
     assert "machine: cpu" in parts[0] and "JAX " in parts[0]
     assert "bigram" in parts[0], "the measured entropies are reported"
@@ -44,7 +44,7 @@ def test_solutions_pass_in_one_message():
 def test_untouched_exercises_are_all_not_started_in_numbered_parts():
     done, parts = run_homework("all")
     assert done.returncode == 1
-    assert all(homework.discord_length(p) <= homework.DISCORD_LIMIT for p in parts)
+    assert all(grading.discord_length(p) <= grading.DISCORD_LIMIT for p in parts)
     if len(parts) > 1:
         assert all(f"(part {i}/{len(parts)})" in p.splitlines()[0] for i, p in enumerate(parts, 1))
     lines = [line for p in parts for line in p.splitlines() if line.startswith(tuple("✅❌⬜"))]
@@ -59,21 +59,21 @@ def test_unknown_session_is_one_line_and_status_2():
 
 
 def test_session_names():
-    assert homework.session_names("2") == homework.session_names("s2") == ["2"]
-    assert homework.session_names("Session2") == ["2"]
-    assert homework.session_names("bugs") == ["bugs"]
-    assert homework.session_names("all") == list(homework.SESSIONS)
-    assert homework.session_names("7") is None and homework.session_names("") is None
+    assert grading.session_names("2") == grading.session_names("s2") == ["2"]
+    assert grading.session_names("Session2") == ["2"]
+    assert grading.session_names("bugs") == ["bugs"]
+    assert grading.session_names("all") == list(grading.SESSIONS)
+    assert grading.session_names("7") is None and grading.session_names("") is None
 
 
 def test_a_long_report_is_split_under_the_limit():
     blocks = [["machine: cpu"]] + [
         [f"__session {s}__"] + [f"❌ `m.f{i}`: " + "x" * 250 for i in range(12)] for s in range(4)
     ]
-    parts = homework.split_parts("**Homework · all sessions**", blocks)
+    parts = grading.split_parts("**Homework · all sessions**", blocks)
     assert len(parts) > 2
     for i, part in enumerate(parts, 1):
-        assert homework.discord_length(part) <= homework.DISCORD_LIMIT
+        assert grading.discord_length(part) <= grading.DISCORD_LIMIT
         assert part.startswith(f"**Homework · all sessions** (part {i}/{len(parts)})")
     body = [line for part in parts for line in part.splitlines()[1:]]
     assert body == [line for block in blocks for line in block], "every line, once, in order"
@@ -81,15 +81,15 @@ def test_a_long_report_is_split_under_the_limit():
 
 def test_a_failure_shows_its_first_line_and_a_measurement_only_on_pass():
     entry = {"status": "fail", "why": "AssertionError: loss 3.26", "measured": ["x"]}
-    assert homework.exercise_line("a.b", entry) == "❌ `a.b`: AssertionError: loss 3.26"
+    assert grading.exercise_line("a.b", entry) == "❌ `a.b`: AssertionError: loss 3.26"
     entry = {"status": "pass", "why": "", "measured": ["1.9x"]}
-    assert homework.exercise_line("a.b", entry) == "✅ `a.b` · 1.9x"
+    assert grading.exercise_line("a.b", entry) == "✅ `a.b` · 1.9x"
     assert (
-        homework.first_line("AssertionError: \nNot equal\nMismatch") == "AssertionError: Not equal"
+        grading.first_line("AssertionError: \nNot equal\nMismatch") == "AssertionError: Not equal"
     )
     numpy = "AssertionError: \nNot equal to tolerance rtol=0\nquery s=2\nMismatched elements: 8 / 8"
-    assert homework.first_line(numpy) == "AssertionError: Not equal to tolerance rtol=0 (query s=2)"
-    assert homework.first_line("Failed: not started: a.b") == "not started: a.b"
+    assert grading.first_line(numpy) == "AssertionError: Not equal to tolerance rtol=0 (query s=2)"
+    assert grading.first_line("Failed: not started: a.b") == "not started: a.b"
 
 
 def utf16(text):
@@ -110,7 +110,7 @@ def test_every_part_fits_discord_at_the_boundary():
             ["".join(rng.choices(alphabet, k=rng.randint(1, 300))) for _ in range(n)]
             for n in rng.choices([1, 1, 1, 2, 4], k=rng.randint(5, 60))
         ]
-        parts = homework.split_parts(title, blocks)
+        parts = grading.split_parts(title, blocks)
         for i, part in enumerate(parts, 1):
             assert utf16(part) <= 2000, (seed, i, utf16(part))
             if len(parts) > 1:
