@@ -25,8 +25,7 @@ import sys
 import jax
 
 from roofline import decode_cost
-from roofline.calibrate import measure, measure_read_bandwidth
-from roofline.hardware import datasheet_chip
+from roofline.hardware import local_roofs
 from roofline.timing import time_calls
 from scripts.naive_step import uncached_generate
 from sessions import inference, sharding
@@ -103,9 +102,8 @@ def main(argv=None):
 
     # The roofs measured in this run, under the same load as the steps (a CPU's
     # figures vary with what else runs; an accelerator's come from its datasheet).
-    chip = datasheet_chip()
-    peak = chip.peak("float32") if chip else measure("float32")["matmul_flops"]
-    bandwidth = chip.hbm_bandwidth if chip else measure_read_bandwidth()
+    measured_now = local_roofs("float32", stream="read", devices=1, fresh=True)
+    peak, bandwidth = measured_now.peak_flops, measured_now.bandwidth
     roofs = peak, bandwidth
     print(f"roofs: {peak / 1e12:.3f} TFLOP/s float32, {bandwidth / 1e9:.1f} GB/s read-only")
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, jax.devices()[:1])

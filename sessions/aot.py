@@ -40,7 +40,7 @@ def devices_for(target_text):
     try:
         return compile_only_devices(target_text)
     except TargetError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(f"--target {target_text}: {e}") from None
 
 
 def target_mesh(mesh_text, target, devices):

@@ -21,9 +21,8 @@ import sys
 import jax
 
 from roofline import decode_cost
-from roofline.calibrate import read_bandwidth
 from roofline.flops import model_line
-from roofline.hardware import datasheet_chip, local_peak_flops
+from roofline.hardware import local_roofs
 from sessions import aot, inference, sharding, target_infer
 from sessions.accelerator import check_accelerator_visible
 from sessions.cli import infer_flags, run_main
@@ -57,14 +56,12 @@ def main(argv=None):
             f"model: {model_line(cfg, length='T')} | {cfg.dtype} | prompt {len(prompt)} "
             f"bytes, {args.new_tokens} decode steps"
         )
-        # The roofs of the whole mesh. A CPU's are measured; its simulated devices share them.
-        peak, peak_source = local_peak_flops(cfg.dtype)
-        peak *= mesh.size
-        chip = datasheet_chip()
-        bandwidth = chip.hbm_bandwidth * mesh.size if chip else read_bandwidth()
-        bw_source = f"{chip.name} datasheet" if chip else "measured read-only stream"
-        print(f"roofs: {peak / 1e12:.3f} TFLOP/s ({peak_source}), ", end="")
-        print(f"{bandwidth / 1e9:.1f} GB/s ({bw_source})")
+        # The roofs of the whole mesh: each device's datasheet, or this CPU's measured
+        # figures, which its simulated devices share (roofline.hardware.local_roofs).
+        roofs = local_roofs(cfg.dtype, stream="read", devices=mesh.size)
+        peak, bandwidth = roofs.peak_flops * mesh.size, roofs.bandwidth * mesh.size
+        print(f"roofs: {peak / 1e12:.3f} TFLOP/s ({roofs.peak_source}), ", end="")
+        print(f"{bandwidth / 1e9:.1f} GB/s ({roofs.bandwidth_source})")
 
         rows = []  # (roofline DecodeStep, Achieved, prefill seconds) per batch
         for b in args.batches:
