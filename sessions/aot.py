@@ -11,6 +11,7 @@ plan training and inference on such a chip (`--target CHIP[:SHAPE]`).
 
 import dataclasses
 import functools
+import json
 import os
 import time
 
@@ -41,6 +42,21 @@ def devices_for(target_text):
         return compile_only_devices(target_text)
     except TargetError as e:
         raise UsageError(f"--target {target_text}: {e}") from None
+
+
+def write_plan(args, compiled, summary):
+    """--target's outputs: --hlo-out (the compiled program, to read) and
+    --summary-out (JSON), written first; then a plan that does not fit is a
+    UsageError (exit 2). Returns the exit status otherwise, 0."""
+    if args.hlo_out and compiled is not None:
+        with open(args.hlo_out, "w") as f:
+            f.write(compiled.as_text())
+    if args.summary_out:
+        with open(args.summary_out, "w") as f:
+            json.dump(summary, f, indent=1)
+    if "error" in summary:
+        raise UsageError(summary["error"])
+    return 0
 
 
 def target_mesh(mesh_text, target, devices):

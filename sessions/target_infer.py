@@ -6,7 +6,6 @@ prints what each device holds, the decode roofline and what the compiler did
 
 import dataclasses
 import functools
-import json
 from typing import NamedTuple
 
 from jax import ShapeDtypeStruct
@@ -33,15 +32,7 @@ def plan_inference(args, say=print):
     prompt_len, preset = len(text_to_tokens(args.prompt)), args.preset or "course"
     inference.check_lengths(cfg, prompt_len, 1)  # the decode program takes any count of steps
     planned = plan_decode(args.mesh, cfg, args.batches, prompt_len, preset, target, devices, say)
-    if args.hlo_out and planned.compiled is not None:
-        with open(args.hlo_out, "w") as f:
-            f.write(planned.compiled.as_text())
-    if args.summary_out:
-        with open(args.summary_out, "w") as f:
-            json.dump(planned.summary, f, indent=1)
-    if "error" in planned.summary:
-        raise UsageError(planned.summary["error"])
-    return 0
+    return aot.write_plan(args, planned.compiled, planned.summary)
 
 
 def plan_prefill(cfg, batch, prompt_len, mesh, target, say):

@@ -6,7 +6,6 @@ CHIP[:SHAPE]` compiles the exact step the other flags describe for that chip
 
 import dataclasses
 import functools
-import json
 from typing import NamedTuple
 
 import jax
@@ -27,15 +26,7 @@ def plan_training(args, say=print):
     target, devices = aot.devices_for(args.target)
     run = resolve(args, platform=target.chip.platform)
     planned = plan_target(args.mesh, run, target, devices, say)
-    if args.hlo_out:
-        with open(args.hlo_out, "w") as f:
-            f.write(planned.compiled.as_text())
-    if args.summary_out:
-        with open(args.summary_out, "w") as f:
-            json.dump(planned.summary, f, indent=1)
-    if "error" in planned.summary:
-        raise UsageError(planned.summary["error"])
-    return 0
+    return aot.write_plan(args, planned.compiled, planned.summary)
 
 
 def too_big(error, target, tc, sizes):
