@@ -77,7 +77,13 @@ def main(argv=None):
     s2_train = os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sessions", "s2_train.py"
     )
-    status = subprocess.run([sys.executable, s2_train, *s2_argv], check=False).returncode
+    # Its own process, its lines passed on as they come.
+    with subprocess.Popen(
+        [sys.executable, s2_train, *s2_argv], stdout=subprocess.PIPE, text=True
+    ) as run:
+        for line in run.stdout:
+            print(line, end="", flush=True)
+    status = run.returncode
     if status:
         return status
     # What the run compiled and traced, on its own mesh: roofline.json holds

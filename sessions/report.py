@@ -153,7 +153,7 @@ def plot_decode(measured, cfg, peak, bandwidth, path):
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("batch (sequences decoded together)")
     ax.set_ylabel("tokens/s")
-    ax.set_title(f"decode, L={cfg.layers} E={cfg.embed} T={cfg.seq}, {cfg.dtype}")
+    ax.set_title(f"decode, {model_line(cfg, length='T', vocab=False)}, {cfg.dtype}")
     ax.legend()
     ax.grid(alpha=0.3, which="both")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

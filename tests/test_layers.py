@@ -65,6 +65,22 @@ def test_roofline_library_imports_nothing_from_sessions():
     assert not {path: found for path, found in offenders.items() if found}
 
 
+# What roofline's command line may take from sessions/: configs, flags, the attention
+# choices and the errors it reports; never the model or the training step.
+ENTRY_POINT_MAY_IMPORT = {
+    "sessions.cli",
+    "sessions.config",
+    "sessions.errors",
+    "sessions.attention",
+}
+
+
+def test_roofline_s_command_line_takes_configs_and_flags_never_the_step():
+    found = imports_of(os.path.join("roofline", "__main__.py"))
+    modules = {m.rsplit(".", 1)[0] if m.count(".") > 1 else m for m in sessions_imports(found)}
+    assert modules <= ENTRY_POINT_MAY_IMPORT | {"sessions"}, modules - ENTRY_POINT_MAY_IMPORT
+
+
 def test_a_planted_sessions_import_in_roofline_is_caught():
     planted = "def f():\n    from sessions.config import ModelConfig\n    return ModelConfig\n"
     assert sessions_imports(imported(planted)) == ["sessions.config", "sessions.config.ModelConfig"]

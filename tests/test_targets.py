@@ -7,15 +7,13 @@ them; CI installs it and sets HPLLM_REQUIRE_AOT=1, which turns those skips into
 failures. The step plans themselves are checked in tests/test_step_plans.py.
 """
 
-import ast
 import dataclasses
 import json
 import math
-import os
 
 import jax
 import pytest
-from helpers import REPO, need, run_python, run_script, s2_in_process
+from helpers import need, run_python, run_script, s2_in_process
 
 from roofline.flops import param_count, train_flops
 from roofline.hardware import CHIPS
@@ -66,24 +64,6 @@ def test_param_count_formula_equals_the_params_built(cfg):
     ):
         built = jax.eval_shape(lambda k, c=c: init_params(c, k), jax.random.key(0))
         assert param_count(c) == sum(math.prod(x.shape) for x in jax.tree.leaves(built))
-
-
-def test_roofline_never_imports_the_training_step():
-    allowed = {"sessions.config", "sessions.cli"}  # configs and flags, never the step
-    for name in os.listdir(os.path.join(REPO, "roofline")):
-        if not name.endswith(".py"):
-            continue
-        with open(os.path.join(REPO, "roofline", name)) as f:
-            tree = ast.parse(f.read())
-        for node in ast.walk(tree):
-            modules = []
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                modules = [node.module]
-            for module in modules:
-                if module.startswith("sessions"):
-                    assert module in allowed, f"roofline/{name} imports {module}"
 
 
 def test_a_step_too_big_for_the_chip_exits_2_with_what_to_try():
