@@ -87,6 +87,21 @@ def run_script(script, argv, capsys):
     return Ran(code, out, err)
 
 
+def roofline_command(argv):
+    """`python -m roofline ARGV` in this process: the package's __main__ run as the
+    command line runs it, its exit status returned (argparse's own errors
+    included); what it printed stays with pytest's capture (capsys)."""
+    saved = sys.argv
+    sys.argv = ["roofline", *argv]
+    try:
+        runpy.run_module("roofline", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        return e.code
+    finally:
+        sys.argv = saved
+    pytest.fail("python -m roofline ended without sys.exit(...)")
+
+
 def s2_in_process(argv, capsys):
     """sessions/s2_train.py ARGV in this process: (exit status, what it wrote to stderr)."""
     code, _, err = run_script("sessions/s2_train.py", argv, capsys)

@@ -35,9 +35,9 @@ import os
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import roofline_command
 from xspace_fixtures import Plane, Ref, U, write_run
 
-import roofline.__main__ as cli
 from roofline import compare as compare_module
 from roofline import record
 from roofline.compare import profile_comparison
@@ -427,7 +427,7 @@ def test_compare_holds_a_tpu_trace_against_the_tpu_datasheet(tmp_path, monkeypat
             f,
         )
     roofs_here(monkeypatch, 3e11, 2e10)
-    assert cli.main(["compare", str(tmp_path)]) == 0
+    assert roofline_command(["compare", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     roof = row(out, "roof:")
     assert "datasheet" in roof and "197.000 TFLOP/s" in roof and "819.0 GB/s" in roof
@@ -459,7 +459,7 @@ def test_a_cpu_trace_read_elsewhere_keeps_the_capture_machine_s_roofs(
     }
     roofs_here(monkeypatch, 5e11, 4e10)  # the other machine's, which must not be used
     monkeypatch.setattr(record.socket, "gethostname", lambda: "another-laptop")
-    assert cli.main(["compare", cpu_trace]) == 0
+    assert roofline_command(["compare", cpu_trace]) == 0
     roof = row(capsys.readouterr().out, "roof:")
     assert "0.100 TFLOP/s and 10.0 GB/s" in roof
     assert f"measured on {chip['host']}" in roof
@@ -471,7 +471,7 @@ def test_a_record_without_its_chip_says_the_roof_is_this_machine_s(tmp_path, mon
     with open(tmp_path / "roofline.json", "w") as f:
         json.dump({"model": {**vars(COMPARED)}, "batch": 16, "devices": 2}, f)
     roofs_here(monkeypatch, 3e11, 2e10)
-    assert cli.main(["compare", str(tmp_path)]) == 0
+    assert roofline_command(["compare", str(tmp_path)]) == 0
     roof = row(capsys.readouterr().out, "roof:")
     assert "0.300 TFLOP/s" in roof and "measured on this machine" in roof
     assert "the trace ran on a tpu" in roof
@@ -481,7 +481,7 @@ def test_a_trace_with_no_xla_ops_is_one_line_and_exit_2(tmp_path, capsys):
     host = Plane("/host:CPU")
     host.line("python").event("train", 10, 5, {"_r": 1, "step_num": 0})
     write_run(tmp_path, {"idle-host": [host]})
-    assert cli.main(["compare", str(tmp_path), "--preset", "tiny"]) == 2
+    assert roofline_command(["compare", str(tmp_path), "--preset", "tiny"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "holds no XLA ops" in err
 
@@ -490,6 +490,6 @@ def test_a_file_that_is_not_a_trace_is_one_line_and_exit_2(tmp_path, capsys):
     run_dir = tmp_path / "plugins" / "profile" / "2026_01_01_00_00_00"
     run_dir.mkdir(parents=True)
     (run_dir / "host.xplane.pb").write_bytes(b"\xff" * 64)  # a truncated download, say
-    assert cli.main(["compare", str(tmp_path), "--preset", "tiny"]) == 2
+    assert roofline_command(["compare", str(tmp_path), "--preset", "tiny"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "is not a profiler trace" in err
