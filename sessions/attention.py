@@ -182,7 +182,7 @@ def choose(requested, platform, cfg, batch, seq=None):
         return "einsum", None
     if requested in KERNEL_PLATFORM and KERNEL_PLATFORM[requested] != platform:
         raise UsageError(
-            f"--attention-impl {requested} runs on {KERNEL_PLATFORM[requested].upper()}s, "
+            f"the {requested} attention kernel runs on {KERNEL_PLATFORM[requested].upper()}s, "
             f"not on this step's {platform.upper()}"
         )
     kernel = (
@@ -196,7 +196,7 @@ def choose(requested, platform, cfg, batch, seq=None):
     if refusal is None:
         return kernel, None
     if requested == kernel:
-        raise UsageError(f"--attention-impl {kernel}: {refusal}")
+        raise UsageError(refusal)
     return "fused", f"{refusal}: XLA's fused attention instead"
 
 

@@ -65,11 +65,11 @@ def load_corpus(path=None, cache_dir=None):
         return default_corpus()
     files = _files_for(path)
     if not files:
-        raise UsageError(f"--data {path}: no such file, folder or matching files")
+        raise UsageError(f"{path}: no such file, folder or matching files")
     try:
         sizes = [os.path.getsize(f) for f in files]
         if sum(sizes) == 0:
-            raise UsageError(f"--data {path}: is empty")
+            raise UsageError(f"{path}: is empty")
         if len(files) == 1:
             # A single file already is its token array: map it, copy nothing.
             return np.memmap(files[0], dtype=np.uint8, mode="r")
@@ -77,9 +77,9 @@ def load_corpus(path=None, cache_dir=None):
             return np.concatenate([np.fromfile(f, dtype=np.uint8) for f in files])
         return _cached_concatenation(files, cache_dir)
     except PermissionError as e:
-        raise UsageError(f"--data {path}: cannot read {e.filename}") from None
+        raise UsageError(f"{path}: cannot read {e.filename}") from None
     except IsADirectoryError as e:
-        raise UsageError(f"--data {path}: {e.filename} is not a file") from None
+        raise UsageError(f"{path}: {e.filename} is not a file") from None
 
 
 def _cached_concatenation(files, cache_dir):

@@ -76,14 +76,14 @@ def parse_mesh(text, n_devices):
         name, _, value = item.partition("=")
         name = name.strip()
         if name not in AXES:
-            raise UsageError(f"--mesh: unknown axis '{name}' (axes are {', '.join(AXES)})")
+            raise UsageError(f"mesh '{text}': unknown axis '{name}' (axes are {', '.join(AXES)})")
         if not value.strip().isdigit() or int(value) < 1:
-            raise UsageError(f"--mesh: '{item}' needs a positive size, e.g. {name}=2")
+            raise UsageError(f"mesh '{text}': '{item}' needs a positive size, e.g. {name}=2")
         sizes[name] = int(value)
     if math.prod(sizes.values()) != n_devices:
         shown = " x ".join(f"{a}={n}" for a, n in sizes.items())
         raise UsageError(
-            f"--mesh {text}: {shown} = {math.prod(sizes.values())} devices, "
+            f"mesh '{text}': {shown} = {math.prod(sizes.values())} devices, "
             f"but {n_devices} are present"
         )
     return sizes
@@ -100,16 +100,16 @@ def check_divisible(model_cfg, batch, sizes, processes=1):
     """Every split dimension must divide evenly; say which one does not."""
     n_batch = sizes["data"] * sizes["fsdp"]
     checks = [
-        ("--batch", batch, n_batch, "data x fsdp"),
-        ("--batch", batch, processes, "the process count"),
-        ("--heads", model_cfg.heads, sizes["tp"], "tp"),
-        ("--ff", model_cfg.ff, sizes["tp"], "tp"),
+        ("batch", batch, n_batch, "data x fsdp"),
+        ("batch", batch, processes, "the process count"),
+        ("heads", model_cfg.heads, sizes["tp"], "tp"),
+        ("ff", model_cfg.ff, sizes["tp"], "tp"),
         ("vocab", model_cfg.vocab, sizes["tp"], "tp"),
-        ("--embed", model_cfg.embed, sizes["fsdp"], "fsdp"),
+        ("embed", model_cfg.embed, sizes["fsdp"], "fsdp"),
     ]
-    for flag, value, parts, axes in checks:
+    for field, value, parts, axes in checks:
         if value % parts:
-            raise UsageError(f"{flag} {value} does not divide over {axes} = {parts}")
+            raise UsageError(f"{field} {value} does not divide over {axes} = {parts}")
 
 
 def spec_for(path, leaf):
