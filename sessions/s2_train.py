@@ -152,6 +152,7 @@ def main(argv=None):
                 jax.profiler.StepTraceAnnotation("train", step_num=step),
                 jax.transfer_guard_device_to_host("disallow"),
             ):
+                # The prefetch: this batch was cut and placed while the last step ran.
                 state, metrics = step_fn(state, next(loader))
             done = step + 1
             logged = meter.is_log_step(done)
