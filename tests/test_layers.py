@@ -107,3 +107,27 @@ def test_nothing_imports_a_session_script_or_a_script(folder):
         if found:
             offenders[path] = found
     assert not offenders
+
+
+def public_names(folder):
+    """{name: [files]} of the functions and classes defined at the top of each module."""
+    found = {}
+    for path in python_files(folder):
+        with open(os.path.join(REPO, path)) as f:
+            tree = ast.parse(f.read())
+        for node in tree.body:
+            defines = (ast.FunctionDef, ast.ClassDef)
+            if isinstance(node, defines) and not node.name.startswith("_"):
+                found.setdefault(node.name, []).append(path)
+    return found
+
+
+def test_no_two_public_names_in_the_library_mean_two_things():
+    """One name, one thing, across sessions/ and roofline/: a reader who meets
+    `decode_step` knows which it is. Each script's `main` is its entry point."""
+    found = {}
+    for folder in ("sessions", "roofline"):
+        for name, paths in public_names(folder).items():
+            found.setdefault(name, []).extend(paths)
+    shared = {name: paths for name, paths in found.items() if len(paths) > 1 and name != "main"}
+    assert not shared
