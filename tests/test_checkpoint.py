@@ -199,17 +199,23 @@ def test_restores_onto_another_mesh_of_the_same_size(tmp_path):
         assert x.sharding == want.sharding
 
 
+def _two_saves(directory):
+    """(cfg, tc, the state saved at step 10, the one at step 20, their shapes)."""
+    cfg, tc = _tiny()
+    first, abstract = _state("fsdp=8", seed=0)
+    second, _ = _state("fsdp=8", seed=1)
+    with Checkpoints(directory, 10, cfg, tc) as checkpoints:
+        checkpoints.maybe_save(10, first)
+        checkpoints.maybe_save(20, second)
+    return cfg, tc, first, second, abstract
+
+
 # When a read fails inside orbax, its asyncio machinery leaves a callback for
 # a closed event loop; harmless, and not ours to fix.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", ["garbage", "truncate"])
 def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tmp_path, damage):
-    cfg, tc = _tiny()
-    first, abstract = _state("fsdp=8", seed=0)
-    second, _ = _state("fsdp=8", seed=1)
-    with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
-        checkpoints.maybe_save(10, first)
-        checkpoints.maybe_save(20, second)
+    cfg, tc, first, _, abstract = _two_saves(tmp_path)
     data_files = [
         p for p in (tmp_path / "20" / "state").rglob("*") if p.is_file() and "/d/" in str(p)
     ]
@@ -233,12 +239,7 @@ def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tmp_path, da
 def test_a_checkpoint_changed_on_disk_fails_its_fingerprint(tmp_path):
     """Damage orbax cannot see: step 20 rewritten whole and readable, with one
     weight changed and its metadata (fingerprint included) as saved."""
-    cfg, tc = _tiny()
-    first, abstract = _state("fsdp=8", seed=0)
-    second, _ = _state("fsdp=8", seed=1)
-    with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
-        checkpoints.maybe_save(10, first)
-        checkpoints.maybe_save(20, second)
+    cfg, tc, first, second, abstract = _two_saves(tmp_path)
     meta = newest_meta(tmp_path)  # step 20's, as saved
     assert meta["step"] == 20
     changed = jax.tree.map(lambda x: x, second)
@@ -316,10 +317,8 @@ def test_a_diverged_state_is_never_saved_over_the_last_good_one(tmp_path, capsys
         "1",
         "--lr",
         "1e12",
-        "--run-dir",
-        str(tmp_path),
     ]
-    code, err = s2_in_process(argv, capsys)
+    code, err = s2_in_process([*argv, "--run-dir", str(tmp_path)], capsys)
     assert code == 1
     assert "NaN or infinite by step" in err and "nothing was saved" in err
     cfg, tc = _tiny()

@@ -153,19 +153,8 @@ def test_prompt_longer_than_the_context_is_one_line_and_exit_2(tmp_path, capsys)
 
 
 def test_a_diverging_run_stops_with_the_step_and_advice(tmp_path, capsys):
-    argv = [
-        "--preset",
-        "tiny",
-        "--steps",
-        "30",
-        "--log-every",
-        "1",
-        "--lr",
-        "1e12",
-        "--run-dir",
-        str(tmp_path),
-    ]
-    code, err = s2_in_process(argv, capsys)
+    argv = ["--preset", "tiny", "--steps", "30", "--log-every", "1", "--lr", "1e12"]
+    code, err = s2_in_process([*argv, "--run-dir", str(tmp_path)], capsys)
     assert code == 1
     assert "the loss became nan at step" in err and "--lr" in err
 
