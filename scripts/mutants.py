@@ -90,14 +90,14 @@ MUTANTS = [
     Mutant(
         "discord-2100",
         "Discord parts of up to 2,100 characters",
-        "scripts/homework.py",
+        "scripts/grading.py",
         (("DISCORD_LIMIT = 2000", "DISCORD_LIMIT = 2100"),),
         (DISCORD_TEST,),
     ),
     Mutant(
         "discord-code-points",
         "message length counted in code points, not UTF-16 units",
-        "scripts/homework.py",
+        "scripts/grading.py",
         (('return len(text.encode("utf-16-le")) // 2', "return len(text)"),),
         (DISCORD_TEST,),
     ),
@@ -177,7 +177,7 @@ MUTANTS = [
         "sparse-peak",
         "the TPU v5e's bf16 peak doubled",
         "roofline/chips.py",
-        (('_tpu("tpu-v5e", 197 * T,', '_tpu("tpu-v5e", 394 * T,'),),
+        (('"tpu-v5e",\n            197 * T,', '"tpu-v5e",\n            394 * T,'),),
         ("tests/test_roofline.py::test_chip_figures_are_the_datasheet_s[tpu-v5e]",),
     ),
     Mutant(
