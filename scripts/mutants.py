@@ -4,6 +4,7 @@ every named test lets through is a hole in the suite.
 
     python scripts/mutants.py                     # every mutant (about 16 minutes on 2 cores)
     python scripts/mutants.py --list
+    python scripts/mutants.py --check             # only: does every mutant still fit the tree?
     python scripts/mutants.py clip decay-mask     # only these
 
 Each mutant names a file, a text in it and its replacement, and the tests
@@ -285,6 +286,28 @@ def plant(root, mutant):
     return None
 
 
+def staleness(mutant):
+    """Why the mutant no longer fits the tree (its text moved, a named test is
+    gone), or None: checked on the tree as it is, nothing planted or run."""
+    path = os.path.join(REPO, mutant.path)
+    if not os.path.exists(path):
+        return f"{mutant.path} is gone"
+    with open(path) as f:
+        text = f.read()
+    for old, _ in mutant.edits:
+        if text.count(old) != 1:
+            return f"{old.strip()!r} found {text.count(old)} times in {mutant.path}"
+    for test in mutant.tests:
+        file, _, name = test.partition("::")
+        name = name.split("[")[0]
+        if not os.path.exists(os.path.join(REPO, file)):
+            return f"{file} is gone"
+        with open(os.path.join(REPO, file)) as f:
+            if name and f"def {name}(" not in f.read():
+                return f"no test {name} in {file}"
+    return None
+
+
 def run_tests(root, tests, timeout):
     """(pytest's exit status, the failed node ids, the output's tail)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
@@ -309,6 +332,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only check that every mutant still fits the tree (seconds), and exit",
+    )
     parser.add_argument("--timeout", type=int, default=900, help="seconds per pytest run")
     parser.add_argument(
         "--no-baseline",
@@ -323,6 +351,15 @@ def main(argv=None):
             for t in m.tests:
                 print(f"{'':<22}   must fail: {t}")
         return 0
+    if args.check:
+        stale = {m.name: staleness(m) for m in MUTANTS}
+        for name, why in stale.items():
+            if why:
+                print(f"stale {name}: {why}")
+        print(
+            f"{sum(1 for why in stale.values() if not why)} of {len(MUTANTS)} mutants fit the tree"
+        )
+        return 1 if any(stale.values()) else 0
     unknown = [n for n in args.names if n not in known]
     if unknown:
         print(f"mutants.py: unknown mutant(s) {', '.join(unknown)} (see --list)", file=sys.stderr)

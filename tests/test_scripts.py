@@ -67,3 +67,12 @@ def test_ladder_prints_every_rung_as_markdown():
         flops = no_attention if i == 0 else sum(hand_flops(cfg, B))
         expected = 100 * flops / (B * cfg.seq) * float(tokens_per_s.replace(",", "")) / peak
         assert float(mfu.rstrip("%")) == pytest.approx(expected, rel=1e-3, abs=0.051), name
+
+
+def test_every_mutant_still_fits_the_tree():
+    """scripts/mutants.py plants its bugs by exact text: code that moves must take
+    its mutants along, or the mutation check silently tests nothing."""
+    result = run_python("scripts/mutants.py", "--check")
+    fit = re.search(r"(\d+) of (\d+) mutants fit the tree", result.stdout)
+    assert result.returncode == 0 and fit, result.stdout
+    assert fit.group(1) == fit.group(2)
