@@ -271,25 +271,25 @@ def copy_tree(destination):
 
 
 def plant(root, mutant):
-    """Apply the edits; None when done, else why not (the mutant is stale)."""
+    """Apply the edits in the copy at root; None when done, else why not (the
+    mutant is stale)."""
+    why = staleness(mutant, root)
+    if why:
+        return why
     path = os.path.join(root, mutant.path)
-    if not os.path.exists(path):
-        return f"{mutant.path} is gone"
     with open(path) as f:
         text = f.read()
     for old, new in mutant.edits:
-        if text.count(old) != 1:
-            return f"{old.strip()!r} found {text.count(old)} times in {mutant.path}"
         text = text.replace(old, new)
     with open(path, "w") as f:
         f.write(text)
     return None
 
 
-def staleness(mutant):
-    """Why the mutant no longer fits the tree (its text moved, a named test is
-    gone), or None: checked on the tree as it is, nothing planted or run."""
-    path = os.path.join(REPO, mutant.path)
+def staleness(mutant, root=REPO):
+    """Why the mutant no longer fits the tree at root (its text moved, a named
+    test is gone), or None; nothing is planted or run."""
+    path = os.path.join(root, mutant.path)
     if not os.path.exists(path):
         return f"{mutant.path} is gone"
     with open(path) as f:
@@ -300,9 +300,9 @@ def staleness(mutant):
     for test in mutant.tests:
         file, _, name = test.partition("::")
         name = name.split("[")[0]
-        if not os.path.exists(os.path.join(REPO, file)):
+        if not os.path.exists(os.path.join(root, file)):
             return f"{file} is gone"
-        with open(os.path.join(REPO, file)) as f:
+        with open(os.path.join(root, file)) as f:
             if name and f"def {name}(" not in f.read():
                 return f"no test {name} in {file}"
     return None
