@@ -68,31 +68,26 @@ def target_mesh(mesh_text, target, devices):
     return sizes, sharding.make_mesh(sizes, devices=np.array(devices))
 
 
-def train_step_inputs(cfg, tc, mesh):
-    """((abstract state, abstract batch), {}) of the jitted train step over `mesh`."""
-    _, _, state = abstract_state(cfg, tc, mesh)
-    return (state, abstract_batch(tc.batch, cfg.seq, sharding.batch_sharding(mesh))), {}
-
-
-def jitted_train_step(cfg, tc, mesh):
-    """The train step as s2_train.py jits it over `mesh`, with its shardings."""
+def train_step_program(cfg, tc, mesh):
+    """(step, (abstract state, abstract batch), {}): the train step as s2_train.py
+    jits it over `mesh`, with its shardings, and the shapes it is compiled for."""
     optimizer, _, state = abstract_state(cfg, tc, mesh)
     shardings = jax.tree.map(lambda x: x.sharding, state)
-    return make_train_step(
-        cfg, optimizer, state_shardings=shardings, batch_sharding=sharding.batch_sharding(mesh)
-    )
+    rows = sharding.batch_sharding(mesh)
+    step = make_train_step(cfg, optimizer, state_shardings=shardings, batch_sharding=rows)
+    return step, (state, abstract_batch(tc.batch, cfg.seq, rows)), {}
 
 
 def one_device_mesh():
     return sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, devices=jax.devices()[:1])
 
 
-def count_on_this_cpu(fn, args_for):
+def count_on_this_cpu(program_for):
     """XLA's FLOP count of fn(*args, **static) lowered for one device of this CPU,
-    before optimisation, with args_for(mesh) -> (args, static): for a target whose
-    compiler gives no count (NVIDIA, deviceless), or hides FLOPs in a kernel."""
+    before optimisation, with program_for(mesh) -> (fn, args, static): for a target
+    whose compiler gives no count (NVIDIA, deviceless), or hides FLOPs in a kernel."""
     mesh = one_device_mesh()
-    args, static = args_for(mesh)
+    fn, args, static = program_for(mesh)
     with jax.set_mesh(mesh):
         return float(cost_analysis(fn.lower(*args, **static))["flops"])
 

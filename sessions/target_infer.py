@@ -5,7 +5,6 @@ prints what each device holds, the decode roofline and what the compiler did
 """
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 from jax import ShapeDtypeStruct
@@ -68,7 +67,7 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     xla, source = facts.xla_flops, "XLA's cost analysis of the compiled program"
     if xla is None or impl in KERNEL_PLATFORM:  # no count, or one blind to the kernel
         einsum = dataclasses.replace(cfg, attention_impl="einsum")
-        xla = aot.count_on_this_cpu(inference.prefill, functools.partial(args_for, cfg=einsum)) / n
+        xla = aot.count_on_this_cpu(lambda mesh: (inference.prefill, *args_for(mesh, einsum))) / n
         source = "XLA's count before optimisation, lowered for this CPU, attention as einsums"
     fits = facts.memory_bytes <= target.hbm_per_device
     say(
@@ -108,7 +107,7 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     if xla is None:
         xla = (
             aot.count_on_this_cpu(
-                inference.decode_steps, functools.partial(aot.abstract_decode_inputs, cfg, batch)
+                lambda mesh: (inference.decode_steps, *aot.abstract_decode_inputs(cfg, batch, mesh))
             )
             / n
         )

@@ -72,7 +72,7 @@ def plan_target(mesh_text, run, target, devices, say=print):
         say(f"attention: {run.attention_note}")
     say(f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens")
 
-    (state, batch), _ = aot.train_step_inputs(cfg, tc, mesh)
+    step, (state, batch), _ = aot.train_step_program(cfg, tc, mesh)
     shardings = jax.tree.map(lambda x: x.sharding, state)
     for line in sharding.describe(state["params"], shardings["params"], mesh):
         say(line)
@@ -82,7 +82,6 @@ def plan_target(mesh_text, run, target, devices, say=print):
         f"{held / 2**20:,.1f} MiB per device"
     )
 
-    step = aot.jitted_train_step(cfg, tc, mesh)
     compiled, oom, seconds = aot.compile_or_oom(step, (state, batch), {}, mesh, chip, say)
     if compiled is None:
         raise too_big(oom, target, tc, sizes)
@@ -96,9 +95,8 @@ def plan_target(mesh_text, run, target, devices, say=print):
     xla_flops, source = facts.xla_flops, "XLA's cost analysis of the compiled step"
     if xla_flops is None:
         einsum = dataclasses.replace(cfg, attention_impl="einsum")  # a kernel's FLOPs are unseen
-        step = aot.jitted_train_step(einsum, tc, aot.one_device_mesh())
-        inputs = functools.partial(aot.train_step_inputs, einsum, tc)
-        xla_flops = aot.count_on_this_cpu(step, inputs) / target.devices
+        program = functools.partial(aot.train_step_program, einsum, tc)
+        xla_flops = aot.count_on_this_cpu(program) / target.devices
         source = (
             "the target's compiler gives none; this is XLA's count of the step "
             "before optimisation (lowered for this CPU, attention as einsums)"
