@@ -172,14 +172,14 @@ class Module:
         matmuls, scans, decode's chunk of steps); a loop whose count cannot be
         read (a fori_loop over a traced count) counts once."""
         loops = [
-            (computation.name, i.calls["body"][0], i.calls["condition"][0])
+            (computation.name, i.calls["body"][0], self._trips(i))
             for computation, i in self.instructions()
             if i.opcode == "while" and "body" in i.calls and "condition" in i.calls
         ]
         times = {}
         for _ in range(4):  # loops nested up to four deep
-            for holder, body, condition in loops:
-                times[body] = times.get(holder, 1) * self._trips(condition)
+            for holder, body, trips in loops:
+                times[body] = times.get(holder, 1) * trips
         for body in sorted(times, key=times.get):  # inner loops last: they run more often
             todo = list(self._called(body))
             while todo:
@@ -193,15 +193,48 @@ class Module:
         computation = self.computations.get(name)
         return [c for i in computation.instructions for c in i.called] if computation else []
 
-    def _trips(self, condition):
-        """N of a loop condition `counter < N`, else 1."""
-        computation = self.computations.get(condition)
-        if computation is None:
+    @functools.cached_property
+    def _by_name(self):
+        return {i.name: i for _, i in self.instructions()}
+
+    def _constant(self, name):
+        """The integer value of a constant (seen through copies), or None."""
+        op = self._by_name.get(name)
+        while op is not None and op.opcode in ("copy", "convert", "bitcast") and op.operands:
+            op = self._by_name.get(op.operands[0])
+        if op is None or op.opcode != "constant" or not op.literal.lstrip("-").isdigit():
+            return None
+        return int(op.literal)
+
+    def _trips(self, loop):
+        """How many trips a `while` makes: its condition is `counter < N` (N a
+        constant), its body adds a constant step to the counter, and the loop
+        starts it at a constant; else 1. Counters step by more than one where
+        XLA unrolled a loop (a bidirectional collective matmul steps by 2)."""
+        condition = self.computations.get(loop.calls["condition"][0])
+        body = self.computations.get(loop.calls["body"][0])
+        if condition is None:
             return 1
-        ops = computation.instructions
-        limit = next((i.literal for i in ops if i.opcode == "constant" and i.literal.isdigit()), "")
-        less = any(i.attributes.get("direction") == "LT" for i in ops)
-        return int(limit) if limit and less else 1
+        compare = next((i for i in condition.instructions if i.opcode == "compare"), None)
+        if compare is None or compare.attributes.get("direction") != "LT":
+            return 1
+        by_name = {i.name: i for i in condition.instructions}
+        counter, limit = (by_name.get(n) for n in compare.operands[:2])
+        limit = int(limit.literal) if limit and limit.opcode == "constant" and limit.literal.isdigit() else None
+        if limit is None:
+            return 1
+        index = int(counter.attributes.get("index", -1)) if counter and counter.opcode == "get-tuple-element" else -1
+        start, step = 0, 1
+        init = self._by_name.get(loop.operands[0]) if loop.operands else None
+        if index >= 0 and init is not None and init.opcode == "tuple" and index < len(init.operands):
+            start = self._constant(init.operands[index]) or 0
+        root = body.root if body else None
+        if index >= 0 and root is not None and root.opcode == "tuple" and index < len(root.operands):
+            update = self._by_name.get(root.operands[index])
+            if update is not None and update.opcode == "add":
+                steps = [self._constant(n) for n in update.operands]
+                step = next((s for s in steps if s), 1)
+        return max(1, -(-(limit - start) // step))
 
 
 def _scan(text):
