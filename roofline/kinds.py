@@ -59,13 +59,17 @@ OTHER_OPS = {
     "send-done",
     "recv-done",
 }
-# Library calls that are matmuls: cuBLAS/cuBLASLt GEMMs, cuDNN's fused attention.
-MATMUL_CALL = re.compile(r"gemm|matmul|cublas|fmha|flash", re.IGNORECASE)
+# Library calls that are matmuls: cuBLAS/cuBLASLt GEMMs, cuDNN's fused attention;
+# Pallas kernels on a TPU (target tpu_custom_call) say what they are by name
+# (JAX's splash attention: splash_mha_fwd, splash_mha_dq, splash_mha_dkv).
+MATMUL_CALL = re.compile(r"gemm|matmul|cublas|fmha|flash|splash", re.IGNORECASE)
 
 
-def opcode_kind(opcode, target=""):
-    """The kind of one unfused HLO instruction."""
-    if opcode in MATMUL_OPS or (opcode == "custom-call" and MATMUL_CALL.search(target)):
+def opcode_kind(opcode, target="", name=""):
+    """The kind of one unfused HLO instruction (custom calls: by target, or
+    for a TPU's Pallas kernels, by name)."""
+    kernel = target == "tpu_custom_call" and MATMUL_CALL.search(name)
+    if opcode in MATMUL_OPS or (opcode == "custom-call" and (MATMUL_CALL.search(target) or kernel)):
         return "matmul"
     if opcode.startswith(COLLECTIVE_PREFIXES):
         return "collective"
@@ -91,7 +95,7 @@ def classify_hlo(hlo_text):
             kinds = set()
             found = module.computations.get(computation)
             for op in found.instructions if found else ():
-                kinds.add(opcode_kind(op.opcode, op.target or ""))
+                kinds.add(opcode_kind(op.opcode, op.target or "", op.name))
                 for called in op.calls.get("calls", ()):
                     if called not in seen:
                         kinds |= kinds_inside(called, (*seen, computation))
@@ -108,7 +112,7 @@ def classify_hlo(hlo_text):
                 "elementwise",
             )
         else:
-            kind = opcode_kind(op.opcode, op.target or "")
+            kind = opcode_kind(op.opcode, op.target or "", op.name)
         kinds[op.name] = kind
     return kinds
 

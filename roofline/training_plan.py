@@ -10,11 +10,15 @@ built from, per device:
     kernels     the custom kernels the compiler chose (cuDNN, Pallas)
     roofline    compute-, memory- and communication-bound step times; the step
                 takes at least the largest (all three overlapped perfectly)
+    per op      each op of the compiled step on its own roof, in the compiler's
+                order (roofline/op_roofline.py): a tighter best case, and the
+                ops that keep the step from the whole-step bound
 """
 
 import dataclasses
 
 from roofline.flops import attention_flops, train_bytes, train_flops
+from roofline.op_roofline import prediction_lines, prediction_summary
 from roofline.program import collectives_summary, kernel_lines, matmul_dtypes_summary
 from roofline.units import flop, gb, ms
 
@@ -44,6 +48,7 @@ class TrainingPlan:
     compute_s: float
     memory_s: float
     comm_s: float | None
+    per_op: object = None  # roofline.op_roofline.OpPrediction of the compiled step, or None
 
     @property
     def fits(self):
@@ -67,13 +72,18 @@ class TrainingPlan:
         return max(times, key=times.get)
 
     @property
+    def predicted_s(self):
+        """The per-op prediction where there is one, else the whole-step bound."""
+        return self.per_op.step_s if self.per_op else self.step_s
+
+    @property
     def tokens_per_s(self):
-        return self.tokens / self.step_s
+        return self.tokens / self.predicted_s
 
     @property
     def mfu(self):
-        """The best MFU this step can reach: compute time over step time."""
-        return self.compute_s / self.step_s
+        """The best MFU this step can reach: compute time over predicted step time."""
+        return self.compute_s / self.predicted_s
 
 
 def training_plan(
@@ -86,6 +96,7 @@ def training_plan(
     kernel_attention=False,
     xla_flops=None,
     xla_source="XLA's cost analysis of the compiled step",
+    per_op=None,
 ):
     """The TrainingPlan of one training step of `batch` sequences compiled for `target`.
 
@@ -129,6 +140,7 @@ def training_plan(
         compute_s=exact / peak,
         memory_s=train_bytes(cfg, batch).total / n / (chip.hbm_bandwidth * target.chips / n),
         comm_s=comm_s,
+        per_op=per_op,
     )
 
 
@@ -200,16 +212,18 @@ def plan_lines(p):
         )
     roof = f"{p.peak / 1e12:,.1f} TFLOP/s ({p.peak_note}), {p.hbm_bandwidth / 1e9:,.0f} GB/s HBM"
     best = (
-        f"{ms(p.step_s)} a step ({p.bound}-bound), {p.tokens_per_s:,.0f} tokens/s, "
-        f"MFU {100 * p.mfu:.0f}%"
+        f"{ms(p.step_s)} a step ({p.bound}-bound), {p.tokens / p.step_s:,.0f} tokens/s, "
+        f"MFU {100 * p.compute_s / p.step_s:.0f}%"
     )
     lines += [
         f"roofline per device: {roof}",
         f"  compute-bound  {ms(p.compute_s)}   exact FLOPs / peak",
         f"  memory-bound   {ms(p.memory_s)}   bytes lower bound / HBM bandwidth",
         f"  communication  {comm}{hidden}",
-        f"  best case: {best}",
+        f"  whole-step bound (best case): {best}",
     ]
+    if p.per_op:
+        lines += prediction_lines(p.per_op, p.tokens, p.exact_flops_per_device, p.step_s)
     return lines
 
 
@@ -228,13 +242,18 @@ SUMMARY_NAMES = {
 def plan_summary(p):
     """The plan as JSON-ready values (s2_train.py --target ... --summary-out):
     its fields, then what they imply (whether it fits, the best step)."""
-    fields = {**dataclasses.asdict(p), "kernels": sorted(p.kernels)}
+    fields = {
+        **{f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.name != "per_op"},
+        "kernels": sorted(p.kernels),
+    }
     fields["collectives"] = collectives_summary(p.collectives)
     fields["matmul_dtypes"] = matmul_dtypes_summary(p.matmul_dtypes)
     return {
         **{SUMMARY_NAMES.get(k, k): v for k, v in fields.items()},
         "fits": p.fits,
-        "predicted_step_seconds": p.step_s,
+        "bound_step_seconds": p.step_s,
+        "predicted_step_seconds": p.predicted_s,
         "predicted_tokens_per_sec": p.tokens_per_s,
         "predicted_mfu": p.mfu,
+        **(prediction_summary(p.per_op, p.exact_flops_per_device) if p.per_op else {}),
     }

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import jax
 
 from roofline.flops import model_line, param_count
+from roofline.op_roofline import chip_roofs, predict_ops
 from roofline.program import read_program
 from roofline.training_plan import plan_lines, plan_summary, training_plan
 from sessions import aot, sharding
@@ -102,6 +103,7 @@ def plan_target(mesh_text, run, target, devices, say=print):
             "before optimisation (lowered for this CPU, attention as einsums)"
         )
         kernel_attention = False  # that program has no kernel to hide FLOPs in
+    roofs = chip_roofs(chip, cfg.dtype, facts.matmul_precision, target.devices / target.chips)
     p = training_plan(
         cfg,
         tc.batch,
@@ -111,6 +113,7 @@ def plan_target(mesh_text, run, target, devices, say=print):
         kernel_attention=kernel_attention,
         xla_flops=xla_flops,
         xla_source=source,
+        per_op=predict_ops(compiled.as_text(), roofs, target.devices),
     )
     for line in plan_lines(p):
         say(line)
