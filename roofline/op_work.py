@@ -331,8 +331,11 @@ def _async_start(module, op):
     return False
 
 
-def _links(module, op, devices):
-    """Bytes one device sends for the collectives an op runs (fused ones included)."""
+def _links(module, op, devices, seen, count):
+    """Bytes one device sends for the collectives an op runs (fused ones included).
+    A TPU spreads one collective over several fusions, each naming it with the
+    same channel_id (roofline.program.collectives): counted at the first; the
+    (kind, channel, executions per step) already counted are in `seen`."""
     candidates = [op]
     for called in op.calls.get("calls", ()):
         body = module.computations.get(called)
@@ -342,6 +345,11 @@ def _links(module, op, devices):
         kind, phase = collective_kind(c.opcode)
         if kind is None or phase == "-done":
             continue
+        channel = c.attributes.get("channel_id")
+        if channel:
+            if (kind, channel, count) in seen:
+                continue
+            seen.add((kind, channel, count))
         found = arrays(c.type_text)
         if phase == "-start":  # (operands, results) or (operand, result, contexts)
             found = found[len(found) // 2 :] if kind != "collective-permute" else found[1:2]
@@ -350,9 +358,10 @@ def _links(module, op, devices):
     return total
 
 
-def op_work(module, computation, op, count, devices, counter):
+def op_work(module, computation, op, count, devices, counter, channels):
     """The OpWork of one executed instruction, or None if it does no work of its own.
-    counter: the module's _Counter (its FLOPs per computation, counted once)."""
+    counter: the module's _Counter (its FLOPs per computation, counted once);
+    channels: the collective channels already counted (a set, added to)."""
     if op.opcode in NO_OP or op.opcode.endswith("-done") or op.target in MARKERS:
         return None
     types = module.types
@@ -377,7 +386,7 @@ def op_work(module, computation, op, count, devices, counter):
         matmul_flops=matmul,
         other_flops=other,
         hbm_bytes=moved,
-        link_bytes=_links(module, op, devices),
+        link_bytes=_links(module, op, devices, channels, count),
         asynchronous=_async_start(module, op),
         unpadded_matmul_flops=unpadded,
     )
@@ -407,10 +416,10 @@ def program_work(hlo_text, devices=1, tile=None):
     """[OpWork] of every op a compiled program executes, in program order."""
     module = parse(hlo_text)
     counter = _Counter(module, tile)
-    work = []
+    work, channels = [], set()
     for computation, count in executed(module):
         for op in computation.instructions:
-            found = op_work(module, computation, op, count, devices, counter)
+            found = op_work(module, computation, op, count, devices, counter, channels)
             if found is not None:
                 work.append(found)
     return work

@@ -24,6 +24,7 @@ from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.errors import Interrupted, TrainingDiverged, UsageError
 
 PROMPT = "The import statement "  # the sample's start, in both sessions' scripts
+BYTE_VOCAB = 256  # the tokens of every corpus here are bytes
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -69,6 +70,12 @@ def add_shape_flags(parser):
     for flag in ("steps", "seq", "embed", "ff", "heads", "head-dim", "layers"):
         parser.add_argument(f"--{flag}", type=positive_int)
     parser.add_argument("--batch", type=positive_int, help="sequences per step, all devices")
+    parser.add_argument(
+        "--vocab",
+        type=positive_int,
+        help=f"vocabulary size: any for --target (GPT-2's 50304, say); at least {BYTE_VOCAB} to "
+        "train or sample here, where the tokens are bytes",
+    )
     parser.add_argument("--lr", type=positive_float)
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--log-every", type=positive_int)
@@ -189,6 +196,11 @@ def resolve(args, platform=None, **model_overrides):
     model = dataclasses.replace(
         PRESETS[preset].model, **{k: v for k, v in given.items() if v is not None}
     )
+    if here and model.vocab < BYTE_VOCAB:  # a step that runs here reads bytes
+        raise UsageError(
+            f"--vocab {model.vocab}: the tokens here are bytes, so at least {BYTE_VOCAB} "
+            "(any vocabulary plans a step for a chip: --target)"
+        )
     train = dataclasses.replace(
         PRESETS[preset].train, **{k: flag(k) for k in TRAIN_FLAGS if flag(k) is not None}
     )
