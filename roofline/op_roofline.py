@@ -207,6 +207,15 @@ def group_alike(ops):
     return found
 
 
+def phase(source):
+    """Which part of a training step an op's source belongs to: JAX names what
+    it differentiates jvp(...) and the backward pass transpose(jvp(...)); what
+    is outside both is the update (the optimizer) and the step's bookkeeping."""
+    if source.startswith("transpose(jvp"):
+        return "backward"
+    return "forward" if source.startswith("jvp(") else "update"
+
+
 def _source(op):
     """The JAX operation an instruction came from: its op_name, without jit(...)/."""
     found = re.search(r'op_name="([^"]*)"', op.attributes.get("metadata", ""))
@@ -312,6 +321,13 @@ def prediction_lines(p, tokens, model_flops, bound_s=None, top=10):
             if s > 0
         ),
     ]
+    phases = collections.Counter()
+    for o in p.ops:
+        phases[phase(o.source)] += o.seconds
+    lines.append(
+        "  by phase (each op's own time, overlap not taken off): "
+        + ", ".join(f"{name} {ms(phases[name])}" for name in ("forward", "backward", "update"))
+    )
     if p.roofs.tile:
         lines.append(
             f"  matmuls padded to the chip's {'x'.join(map(str, p.roofs.tile))} (M x N x K) "
@@ -340,6 +356,8 @@ def prediction_summary(p, model_flops, top=10):
                 "ops": list(g.ops),
                 "kind": g.kind,
                 "source": g.source,
+                "phase": phase(g.source),
+                "shape": g.shape,
                 "flops": g.flops,
                 "bytes": g.bytes,
                 "link_bytes": g.link_bytes,
