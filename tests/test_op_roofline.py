@@ -98,8 +98,8 @@ def test_bytes_follow_the_layout_tiles_and_leave_out_on_chip_memory():
     assert hbm_bytes("f32[12,64]{1,0:T(8,128)S(1)}") == 0  # a TPU's VMEM
 
 
-# A loop of 8 trips written as XLA unrolls it: counter from 0, < 8, step 2, so
-# the body runs 4 times; its dot counts 4 times a step.
+# A loop as XLA unrolls one: its counter from 2 while < 8, in steps of 2, so
+# the body runs 3 times (2, 4, 6); its dot counts 3 times a step.
 LOOP = """HloModule loop
 
 %cond (p: (f32[8,8], u32[])) -> pred[] {
@@ -121,8 +121,8 @@ LOOP = """HloModule loop
 
 ENTRY %main (a: f32[8,8]) -> f32[8,8] {
   %a = f32[8,8]{1,0} parameter(0)
-  %zero = u32[] constant(0)
-  %init = (f32[8,8]{1,0}, u32[]) tuple(%a, %zero)
+  %start = u32[] constant(2)
+  %init = (f32[8,8]{1,0}, u32[]) tuple(%a, %start)
   %loop = (f32[8,8]{1,0}, u32[]) while(%init), condition=%cond, body=%body
   ROOT %r = f32[8,8]{1,0} get-tuple-element(%loop), index=0
 }
@@ -130,15 +130,15 @@ ENTRY %main (a: f32[8,8]) -> f32[8,8] {
 
 
 def test_a_loop_body_counts_once_a_trip_with_the_counters_step():
-    assert parse(LOOP).trip_counts["body"] == 4
+    assert parse(LOOP).trip_counts["body"] == 3
     y = by_name(LOOP, devices=1)["y"]
-    assert y.count == 4 and y.matmul_flops == 2 * 8 * 8 * 8
+    assert y.count == 3 and y.matmul_flops == 2 * 8 * 8 * 8
     roofs = OpRoofs("test", 1e9, 1e9, 1e12, None, None)
     p = predict_ops(LOOP, roofs)
     once = max(2 * 8**3 / 1e9, 3 * 8 * 8 * 4 / 1e12)
-    # the dot 4 times; the counter's add and the condition's compare, one
+    # the dot 3 times; the counter's add and the condition's compare, one
     # element each, once a trip
-    assert p.step_s == pytest.approx(4 * once + 4 * 2 / 1e9)
+    assert p.step_s == pytest.approx(3 * once + 3 * 2 / 1e9)
 
 
 # An all-gather started before a dot and waited for after it (asynchronous)
