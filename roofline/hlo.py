@@ -172,7 +172,7 @@ class Module:
         matmuls, scans, decode's chunk of steps); a loop whose count cannot be
         read (a fori_loop over a traced count) counts once."""
         loops = [
-            (computation.name, i.calls["body"][0], self._trips(i))
+            (computation.name, i.calls["body"][0], self._trips(i, computation))
             for computation, i in self.instructions()
             if i.opcode == "while" and "body" in i.calls and "condition" in i.calls
         ]
@@ -193,24 +193,23 @@ class Module:
         computation = self.computations.get(name)
         return [c for i in computation.instructions for c in i.called] if computation else []
 
-    @functools.cached_property
-    def _by_name(self):
-        return {i.name: i for _, i in self.instructions()}
-
-    def _constant(self, name):
-        """The integer value of a constant (seen through copies), or None."""
-        op = self._by_name.get(name)
+    @staticmethod
+    def _constant(name, scope):
+        """The integer value of the constant `name` in scope ({name: instruction}:
+        one computation's, as snippets reuse names), seen through copies; or None."""
+        op = scope.get(name)
         while op is not None and op.opcode in ("copy", "convert", "bitcast") and op.operands:
-            op = self._by_name.get(op.operands[0])
+            op = scope.get(op.operands[0])
         if op is None or op.opcode != "constant" or not op.literal.lstrip("-").isdigit():
             return None
         return int(op.literal)
 
-    def _trips(self, loop):
-        """How many trips a `while` makes: its condition is `counter < N` (N a
-        constant), its body adds a constant step to the counter, and the loop
-        starts it at a constant; else 1. Counters step by more than one where
-        XLA unrolled a loop (a bidirectional collective matmul steps by 2)."""
+    def _trips(self, loop, holder):
+        """How many trips a `while` (in computation `holder`) makes: its condition
+        is `counter < N` (N a constant), its body adds a constant step to the
+        counter, and the loop starts it at a constant; else 1. Counters step by
+        more than one where XLA unrolled a loop (a bidirectional collective
+        matmul steps by 2)."""
         condition = self.computations.get(loop.calls["condition"][0])
         body = self.computations.get(loop.calls["body"][0])
         if condition is None:
@@ -218,21 +217,23 @@ class Module:
         compare = next((i for i in condition.instructions if i.opcode == "compare"), None)
         if compare is None or compare.attributes.get("direction") != "LT":
             return 1
-        by_name = {i.name: i for i in condition.instructions}
-        counter, limit = (by_name.get(n) for n in compare.operands[:2])
-        limit = int(limit.literal) if limit and limit.opcode == "constant" and limit.literal.isdigit() else None
-        if limit is None:
+        local = {i.name: i for i in condition.instructions}
+        counter = local.get(compare.operands[0])
+        limit = self._constant(compare.operands[1], local)
+        if limit is None or counter is None or counter.opcode != "get-tuple-element":
             return 1
-        index = int(counter.attributes.get("index", -1)) if counter and counter.opcode == "get-tuple-element" else -1
+        index = int(counter.attributes.get("index", -1))
         start, step = 0, 1
-        init = self._by_name.get(loop.operands[0]) if loop.operands else None
-        if index >= 0 and init is not None and init.opcode == "tuple" and index < len(init.operands):
-            start = self._constant(init.operands[index]) or 0
+        outside = {i.name: i for i in holder.instructions}
+        init = outside.get(loop.operands[0]) if loop.operands else None
+        if init is not None and init.opcode == "tuple" and 0 <= index < len(init.operands):
+            start = self._constant(init.operands[index], outside) or 0
+        inside = {i.name: i for i in body.instructions} if body else {}
         root = body.root if body else None
-        if index >= 0 and root is not None and root.opcode == "tuple" and index < len(root.operands):
-            update = self._by_name.get(root.operands[index])
+        if root is not None and root.opcode == "tuple" and 0 <= index < len(root.operands):
+            update = inside.get(root.operands[index])
             if update is not None and update.opcode == "add":
-                steps = [self._constant(n) for n in update.operands]
+                steps = [self._constant(n, inside) for n in update.operands]
                 step = next((s for s in steps if s), 1)
         return max(1, -(-(limit - start) // step))
 

@@ -207,10 +207,16 @@ def group_alike(ops):
     return found
 
 
+PHASES = ("forward", "backward", "update", "added")
+
+
 def phase(source):
     """Which part of a training step an op's source belongs to: JAX names what
     it differentiates jvp(...) and the backward pass transpose(jvp(...)); what
-    is outside both is the update (the optimizer) and the step's bookkeeping."""
+    is outside both is the update (the optimizer) and the step's bookkeeping;
+    what the compiler added names no JAX operation."""
+    if not source:
+        return "added"  # by the compiler, with no JAX operation of its own: copies, DMAs
     if source.startswith("transpose(jvp"):
         return "backward"
     return "forward" if source.startswith("jvp(") else "update"
@@ -326,7 +332,7 @@ def prediction_lines(p, tokens, model_flops, bound_s=None, top=10):
         phases[phase(o.source)] += o.seconds
     lines.append(
         "  by phase (each op's own time, overlap not taken off): "
-        + ", ".join(f"{name} {ms(phases[name])}" for name in ("forward", "backward", "update"))
+        + ", ".join(f"{name} {ms(phases[name])}" for name in PHASES)
     )
     if p.roofs.tile:
         lines.append(
@@ -339,9 +345,14 @@ def prediction_lines(p, tokens, model_flops, bound_s=None, top=10):
         hidden = ", async" if g.asynchronous else ""
         lines.append(
             f"    {ms(g.seconds):>9}  {g.bound:<8}{g.kind:<15}{g.flops / 1e9:>9,.1f}"
-            f"{g.bytes / 1e6:>9,.1f}  {g.label}{hidden}: {g.source or '?'} {g.shape[:48]}"
+            f"{g.bytes / 1e6:>9,.1f}  {g.label}{hidden}: {_short(g.source)} {g.shape[:48]}"
         )
     return lines
+
+
+def _short(source, width=48):
+    """A long op name's end, where its most specific part is."""
+    return source if len(source) <= width else "..." + source[-width:]
 
 
 def prediction_summary(p, model_flops, top=10):

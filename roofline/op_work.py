@@ -169,10 +169,7 @@ def conv_dims(lhs, rhs, out, attributes):
         lo = int(window["pad"][j].split("_")[0]) if "pad" in window else 0
         stride = int(window["stride"][j]) if "stride" in window else 1
         valid = sum(
-            1
-            for o in range(size_out)
-            for w in range(size_w)
-            if 0 <= o * stride + w - lo < size_in
+            1 for o in range(size_out) for w in range(size_w) if 0 <= o * stride + w - lo < size_in
         )
         pairs_per_output *= valid / size_out
     groups = int(attributes.get("feature_group_count", "1"))
@@ -225,7 +222,7 @@ class _Counter:
         return found[0].shape if found else ()
 
     def instruction(self, op):
-        """(matmul FLOPs, unpadded, other FLOPs) of one instruction, called computations included."""
+        """(matmul FLOPs, unpadded, other FLOPs) of one instruction, with what it calls."""
         if op.opcode in ("dot", "convolution") and len(op.operands) >= 2 and op.shape is not None:
             lhs, rhs = self.shape(op.operands[0]), self.shape(op.operands[1])
             if op.opcode == "dot":
@@ -240,10 +237,9 @@ class _Counter:
             if op.target in ("__cublas$gemm", "__cublas$lt$matmul") and len(op.operands) >= 2:
                 config = json.loads(op.attributes.get("backend_config", "{}") or "{}")
                 numbers = config.get("gemm_backend_config", {}).get("dot_dimension_numbers", {})
-                attributes = {
-                    f"{side}_{what}_dims": "{" + ",".join(numbers.get(f"{side}_{what}_dimensions", [])) + "}"
-                    for side in ("lhs", "rhs")
-                    for what in ("contracting", "batch")
+                attributes = {  # as a dot's attributes: lhs_contracting_dims={1}
+                    key.replace("dimensions", "dims"): "{" + ",".join(value) + "}"
+                    for key, value in numbers.items()
                 }
                 lhs, rhs = self.shape(op.operands[0]), self.shape(op.operands[1])
                 dims = dot_dims(lhs, rhs, attributes)
@@ -252,8 +248,10 @@ class _Counter:
         for called in op.calls.get("calls", ()):
             for i, v in enumerate(self.computation(called)):
                 inside[i] += v
-        if op.opcode in NO_ARITHMETIC or collective_kind(op.opcode)[0] or op.opcode.endswith(
-            ("-start", "-done")
+        if (
+            op.opcode in NO_ARITHMETIC
+            or collective_kind(op.opcode)[0]
+            or op.opcode.endswith(("-start", "-done"))
         ):
             return tuple(inside)
         if op.opcode in ("reduce", "reduce-window") and op.operands:

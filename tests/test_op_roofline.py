@@ -154,11 +154,12 @@ ENTRY %main (x: f32[64,64], w: f32[32,64]) -> f32[64,64] {
   ROOT %e = f32[64,64]{1,0} dot(%d, %done), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 """
-SYNC = OVERLAP.replace(
-    "all-gather-start(%w), channel_id=1", "all-gather(%w), channel_id=1"
-).replace("(f32[32,64]{1,0}, f32[64,64]{1,0}) all-gather", "f32[64,64]{1,0} all-gather").replace(
-    "  %done = f32[64,64]{1,0} all-gather-done(%ag)\n", ""
-).replace("dot(%d, %done)", "dot(%d, %ag)")
+SYNC = (
+    OVERLAP.replace("all-gather-start(%w), channel_id=1", "all-gather(%w), channel_id=1")
+    .replace("(f32[32,64]{1,0}, f32[64,64]{1,0}) all-gather", "f32[64,64]{1,0} all-gather")
+    .replace("  %done = f32[64,64]{1,0} all-gather-done(%ag)\n", "")
+    .replace("dot(%d, %done)", "dot(%d, %ag)")
+)
 
 
 def test_an_asynchronous_collective_hides_behind_the_ops_before_its_use():
@@ -219,7 +220,9 @@ def test_the_vocabularys_softmax_is_a_top_op_and_memory_bound(gpt2_on_h100):
     code, printed, _, summary, _ = gpt2_on_h100
     assert code == 0 and "per-op prediction" in printed
     top = summary["top_ops"]
-    assert len(top) == 10 and all({"name", "kind", "flops", "bytes", "seconds", "bound"} <= t.keys() for t in top)
+    assert len(top) == 10 and all(
+        {"name", "kind", "flops", "bytes", "seconds", "bound"} <= t.keys() for t in top
+    )
     # the logits are [4096 tokens a device, 50304]: their softmax and its gradient
     # read and write 4096 x 50304 x 4 bytes a pass, at 0.6 FLOPs a byte
     vocab_ops = [t for t in top if t["kind"] in ("elementwise", "other") and "50304" in t["shape"]]
