@@ -39,6 +39,7 @@ class Mutant(NamedTuple):
 
 CHECKPOINT = "tests/test_checkpoint.py"
 INFERENCE = "tests/test_inference.py"
+OP_ROOFLINE = "tests/test_op_roofline.py"
 DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_discord_at_the_boundary"
 WRITE = "                meter.write(record)\n"
 
@@ -250,6 +251,27 @@ MUTANTS = [
             ),
         ),
         ("tests/test_decode_targets.py::test_the_gpu_decode_programs_never_wait_on_the_host",),
+    ),
+    Mutant(
+        "trip-step",
+        "a loop's counter read as stepping by 1 (an unrolled loop's body counted twice)",
+        "roofline/hlo.py",
+        (("step = next((s for s in steps if s), 1)", "step = 1"),),
+        (f"{OP_ROOFLINE}::test_a_loop_body_counts_once_a_trip_with_the_counters_step",),
+    ),
+    Mutant(
+        "vmem-bytes",
+        "arrays in a TPU's on-chip memory counted as HBM traffic",
+        "roofline/op_work.py",
+        (('    in_hbm = not space or space.group(1) == "0"\n', "    in_hbm = True\n"),),
+        (f"{OP_ROOFLINE}::test_bytes_follow_the_layout_tiles_and_leave_out_on_chip_memory",),
+    ),
+    Mutant(
+        "sync-collectives",
+        "asynchronous collectives waited for at once (nothing overlaps)",
+        "roofline/op_roofline.py",
+        (("if t.asynchronous:  # runs on its engine", "if False:  # runs on its engine"),),
+        (f"{OP_ROOFLINE}::test_an_asynchronous_collective_hides_behind_the_ops_before_its_use",),
     ),
 ]
 
