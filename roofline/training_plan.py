@@ -18,7 +18,7 @@ built from, per device:
 import dataclasses
 
 from roofline.flops import attention_flops, train_bytes, train_flops
-from roofline.op_roofline import prediction_lines, prediction_summary
+from roofline.op_report import prediction_lines, prediction_summary
 from roofline.program import collectives_summary, kernel_lines, matmul_dtypes_summary
 from roofline.units import flop, gb, ms
 
