@@ -242,6 +242,14 @@ def _run(name, computations, times, trips):
                 clock += trip * seconds
                 by_kind.update({k: trip * v for k, v in kinds.items()})
             continue
+        if op.opcode in ("call", "conditional"):  # a call runs its computation; a
+            # conditional one of its branches, here the longest: which is unknown
+            runs = [_run(c, computations, times, trips) for c in op.called if c in computations]
+            if runs:
+                seconds, kinds = max(runs, key=lambda r: r[0])
+                clock += seconds
+                by_kind.update(kinds)
+            continue
         if op.opcode in ("get-tuple-element", "bitcast") and op.operands:
             source[op.name] = source.get(op.operands[0], op.operands[0])
         ready = [pending.pop(n) for n in {source.get(n, n) for n in op.operands} if n in pending]

@@ -238,3 +238,24 @@ def test_a_replicated_optimizer_update_is_a_top_op_and_memory_bound(tmp_path):
     update = [t for t in summary["top_ops"] if t["phase"] == "update" and t["kind"] != "collective"]
     assert update and all(t["bound"] == "memory" for t in update)
     assert "by phase" in printed
+
+
+CALL = """HloModule call
+
+%callee (a: f32[64,64]) -> f32[64,64] {
+  %a = f32[64,64]{1,0} parameter(0)
+  ROOT %d = f32[64,64]{1,0} dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (x: f32[64,64]) -> f32[64,64] {
+  %x = f32[64,64]{1,0} parameter(0)
+  ROOT %c = f32[64,64]{1,0} call(%x), to_apply=%callee
+}
+"""
+
+
+def test_a_called_computations_ops_run_in_the_step():
+    roofs = OpRoofs("test", 1e12, 1e12, 1e15, None, None)
+    p = predict_ops(CALL, roofs)
+    assert [o.name for o in p.ops] == ["d"]
+    assert p.step_s == pytest.approx(2 * 64**3 / 1e12)
