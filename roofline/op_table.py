@@ -74,14 +74,14 @@ def op_lines(c, top=10):
         f"  the {top} ops that cost most, predicted (ops alike, one per layer, as one row):"
     )
     lines.append(
-        f"    {'predicted':>10}{'measured':>10}{'ratio':>7}  {'bound':<8}{'kind':<15}"
+        f"    {'predicted':>12}{'measured':>12}{'ratio':>8}  {'bound':<8}{'kind':<15}"
         f"{'GFLOP':>8}{'MB':>8}  op"
     )
     for g in p.top(top):
         measured = measured_seconds(t, g.ops) if t else 0.0
         lines.append(
-            f"    {ms(g.seconds):>10}{ms(measured) if t else '-':>10}"
-            f"{_ratio(g.seconds, measured):>7}  {g.bound:<8}{g.kind:<15}"
+            f"    {ms(g.seconds):>12}{ms(measured) if t else '-':>12}"
+            f"{_ratio(g.seconds, measured):>8}  {g.bound:<8}{g.kind:<15}"
             f"{g.flops / 1e9:>8,.2f}{g.bytes / 1e6:>8,.1f}  {g.label}: {g.source or '?'}"
             f" {g.shape[:40]}"
         )
