@@ -18,7 +18,7 @@ from roofline.compare import compare
 from roofline.flops import flash_kernel, ledger_lines, model_line, train_bytes
 from roofline.hardware import CHIPS, find_chip, measured_chip
 from roofline.predict import predict_train_step
-from roofline.record import comparison_summary, load_metadata, roofs_for
+from roofline.record import HLO, comparison_summary, load_hlo, load_metadata, roofs_for
 from roofline.table import report_lines
 from roofline.trace import read_trace
 from sessions.attention import IMPLEMENTATIONS
@@ -209,8 +209,11 @@ def predict_lines(args):
 def compare_lines(args):
     if not os.path.isdir(args.logdir):
         raise UsageError(f"no such directory: {args.logdir}")
+    # The compiled step, if the run left it: it classifies the trace's ops and
+    # is predicted op by op.
+    hlo_text = load_hlo(args.logdir)
     try:
-        trace = read_trace(args.logdir)
+        trace = read_trace(args.logdir, hlo_text=hlo_text)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(str(e)) from None
     saved = load_metadata(args.logdir, ModelConfig)
@@ -218,6 +221,7 @@ def compare_lines(args):
         cfg, tc = model_from_args(args)
         same = saved and saved.cfg == cfg and saved.batch == tc.batch
         batch, cost, devices = tc.batch, saved.cost if same else None, saved.devices if same else 1
+        hlo_text = hlo_text if same else None
     elif saved:
         cfg, batch, cost, devices = saved.cfg, saved.batch, saved.cost, saved.devices
     else:
@@ -237,11 +241,18 @@ def compare_lines(args):
         measured_peak=roofs.measured_peak,
         measured_bandwidth=roofs.measured_bandwidth,
         measured_name=roofs.measured_name,
+        hlo_text=hlo_text,
     )
     if args.summary_out:
         with open(args.summary_out, "w") as f:
             json.dump(comparison_summary(c), f, indent=1)
-    return report_lines(c, args.logdir)
+    lines = report_lines(c, args.logdir)
+    if hlo_text is None:
+        lines.append(
+            f"no per-op prediction: {args.logdir} has no {HLO} of the step that ran "
+            "(s2_train.py --profile writes it)"
+        )
+    return lines
 
 
 def main(argv=None):

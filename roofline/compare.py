@@ -21,9 +21,10 @@ import jax
 
 from roofline.flops import ledger, train_bytes
 from roofline.hardware import local_roofs
+from roofline.op_table import predict_step
 from roofline.predict import predict, utilisation
 from roofline.program import cost_analysis
-from roofline.record import chip_record, save_metadata
+from roofline.record import chip_record, save_hlo, save_metadata
 from roofline.table import report_lines
 from roofline.trace import read_trace
 
@@ -71,6 +72,7 @@ class Comparison:
     measured_bandwidth: float | None = None
     log_peak: tuple | None = None  # (FLOP/s per device, source) the training log used
     measured_name: str = "measured on this machine"  # whose the measured roof is
+    ops: object = None  # roofline.op_roofline.OpPrediction of the compiled step, or None
 
 
 def compare(
@@ -85,12 +87,15 @@ def compare(
     measured_bandwidth=None,
     log_peak=None,
     measured_name="measured on this machine",
+    hlo_text=None,
 ):
     """The three columns for one training step of `batch` sequences.
 
     cost: (FLOPs, bytes) from `xla_cost`, or None. trace: a TraceProfile, or
     None. The predictions stand on the datasheet's roof when there is one,
-    else on the measured one (a CPU), which measured_name says whose it is."""
+    else on the measured one (a CPU), which measured_name says whose it is.
+    hlo_text: the compiled step's HLO, for the per-op prediction (on the same
+    roofs: roofline/op_table.py), or None."""
     g = ledger(cfg, batch)
     bytes_bound = train_bytes(cfg, batch).total
     if datasheet is not None:
@@ -115,6 +120,10 @@ def compare(
             measured_peak=measured_peak,
             datasheet_peak=datasheet.peak(cfg.dtype) if datasheet else None,
         )
+    ops = None
+    if hlo_text:  # on the same roofs as the napkin's: a datasheet, else measured
+        roofs = {"peak": measured_peak, "bandwidth": measured_bandwidth, "name": measured_name}
+        ops = predict_step(hlo_text, cfg.dtype, devices, datasheet=datasheet, **roofs)
     return Comparison(
         cfg=cfg,
         batch=batch,
@@ -135,6 +144,7 @@ def compare(
         measured_bandwidth=measured_bandwidth,
         log_peak=log_peak,
         measured_name=measured_name,
+        ops=ops,
     )
 
 
@@ -147,7 +157,8 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
     peak: the (FLOP/s per device, source) pair the training log computed its
     MFU with (roofline.hardware.local_peak_flops). Also writes
     LOGDIR/roofline.json (roofline/record.py), with the chip this runs on and the
-    roofs measured on it, so `python -m roofline compare LOGDIR` can redo the
+    roofs measured on it, and the compiled step's HLO (step.hlo.txt, for the
+    per-op prediction), so `python -m roofline compare LOGDIR` can redo the
     table on any machine."""
     devices = devices or jax.device_count()
     if compiled is None or isinstance(compiled, tuple):
@@ -164,6 +175,8 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
         chip_record(cfg.dtype, devices, roofs.peak_flops, roofs.bandwidth),
     )
     hlo_text = compiled.as_text() if hasattr(compiled, "as_text") else None
+    if hlo_text:
+        save_hlo(logdir, hlo_text)
     trace = read_trace(logdir, hlo_text=hlo_text)
     return compare(
         cfg,
@@ -175,6 +188,7 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
         measured_peak=roofs.peak_flops,
         measured_bandwidth=roofs.bandwidth,
         log_peak=peak,
+        hlo_text=hlo_text,
     )
 
 

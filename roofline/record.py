@@ -27,8 +27,12 @@ import types
 import jax
 
 from roofline.hardware import chip_for_kind, datasheet_chip, find_chip, local_roofs
+from roofline.op_table import op_summary
 
 METADATA = "roofline.json"
+# The compiled step's HLO (compiled.as_text()), so the per-op prediction
+# (roofline/op_roofline.py) can be redone from the directory alone.
+HLO = "step.hlo.txt"
 
 
 def chip_record(dtype, devices, measured_peak, measured_bandwidth):
@@ -73,6 +77,22 @@ def save_metadata(logdir, cfg, batch, cost, devices, chip=None):
     os.makedirs(logdir, exist_ok=True)
     with open(os.path.join(logdir, METADATA), "w") as f:
         json.dump(record, f, indent=1)
+
+
+def save_hlo(logdir, hlo_text):
+    """The compiled step's HLO text, beside roofline.json."""
+    os.makedirs(logdir, exist_ok=True)
+    with open(os.path.join(logdir, HLO), "w") as f:
+        f.write(hlo_text)
+
+
+def load_hlo(logdir):
+    """The HLO text save_hlo wrote, or None if the directory has none."""
+    path = os.path.join(logdir, HLO)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read()
 
 
 def load_metadata(logdir, model=types.SimpleNamespace):
@@ -154,9 +174,12 @@ def roofs_for(chip, dtype, devices, trace_platform=None):
 def comparison_summary(c):
     """A roofline.compare.Comparison as JSON-ready numbers (`compare DIR
     --summary-out`): the measured step beside the napkin's bound and XLA's
-    estimate, seconds per step; MFU against each roof there is."""
+    estimate, seconds per step; MFU against each roof there is; the per-op
+    prediction, by kind and its top ops beside their measured time (None
+    where the directory has no HLO: roofline/op_table.py)."""
     t, u = c.trace, c.use
     return {
+        **op_summary(c),
         "measured_step_seconds": t.step_s if t else None,
         "bound_step_seconds": c.napkin.step_s,
         "bound": c.napkin.bound,

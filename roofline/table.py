@@ -7,6 +7,7 @@ import os
 from roofline.chart import roofline_chart
 from roofline.flops import model_line
 from roofline.kinds import KIND_NOTES, KINDS
+from roofline.op_table import op_lines
 from roofline.profile import open_command
 
 
@@ -108,10 +109,18 @@ def table_lines(c):
             + f"{t.module} classified by {t.classified_by}):",
         ]
         seconds, fractions = t.kind_seconds(), t.kind_fractions()
+        # The per-op prediction's seconds of each kind beside the trace's; it has
+        # no idle time (no host in it), and its waits count to what is waited for.
+        predicted = c.ops.seconds_by_kind if c.ops else None
+        if predicted is not None:
+            lines.append(f"  {'':<16}{'share':>7}  {'measured':>10}  {'predicted':>10}")
         for kind in sorted(KINDS, key=lambda k: -seconds[k]):
+            beside = ""
+            if predicted is not None:
+                beside = f"  {_seconds(predicted[kind]) if kind in predicted else '-':>10}"
             lines.append(
                 f"  {kind:<16}{_pct(fractions[kind]):>7}  {_seconds(seconds[kind]):>10}"
-                f"   {KIND_NOTES[kind]}"
+                f"{beside}   {KIND_NOTES[kind]}"
             )
         lines.append(
             "  steps traced: " + ", ".join(f"{s.step}: {_seconds(s.wall_s)}" for s in t.steps)
@@ -128,6 +137,8 @@ def table_lines(c):
 def report_lines(c, logdir, chart=True):
     """The table, then where the chart went and how to open the trace."""
     lines = table_lines(c)
+    if c.ops:
+        lines += op_lines(c)
     if chart:
         lines.append(f"roofline chart: {roofline_chart(c, os.path.join(logdir, 'roofline.png'))}")
     lines.append(f"open the trace: {open_command(logdir)}")

@@ -98,6 +98,7 @@ class StepProfile:
     wall_s: float  # from the step's first op starting to its last op ending
     busy_s: float  # time at least one op of the step was running
     by_kind: dict  # kind -> seconds, "idle" included; the values add up to wall_s
+    by_op: dict = dataclasses.field(default_factory=dict)  # HLO op name -> seconds
 
 
 def step_profile(number, ops, kind_of):
@@ -109,11 +110,13 @@ def step_profile(number, ops, kind_of):
     one, and in training that dispatch overlaps the previous step. Busy time is
     split between kinds in proportion to the ops' own times: several ops run at
     once (CPU threads, GPU streams) and their times add up to more than the
-    wall clock."""
+    wall clock. Each op's share (by_op) is split the same way, so an op's
+    seconds, summed over the ops of a kind, are that kind's seconds."""
     by_device = collections.defaultdict(list)
     for op in ops:
         by_device[op.device].append(op)
     walls, busies, kinds = [], [], dict.fromkeys(KINDS, 0.0)
+    by_op = collections.Counter()
     for mine in by_device.values():
         wall = max(op.end_ps for op in mine) - min(op.start_ps for op in mine)
         busy = _busy(mine)
@@ -121,6 +124,7 @@ def step_profile(number, ops, kind_of):
         total_own = sum(own) or 1
         for op, t in zip(mine, own):
             kinds[kind_of(op)] += t / total_own * busy
+            by_op[op.name] += t / total_own * busy
         kinds["idle"] += wall - busy
         walls.append(wall)
         busies.append(busy)
@@ -130,6 +134,7 @@ def step_profile(number, ops, kind_of):
         wall_s=sum(walls) * seconds,
         busy_s=sum(busies) * seconds,
         by_kind={k: v * seconds for k, v in kinds.items()},
+        by_op={name: v * seconds for name, v in by_op.items()},
     )
 
 
@@ -153,6 +158,13 @@ class TraceProfile:
     def kind_seconds(self):
         """Mean seconds per step spent on each kind of work."""
         return {k: statistics.fmean(s.by_kind.get(k, 0.0) for s in self.steps) for k in KINDS}
+
+    def op_seconds(self):
+        """Mean seconds per step of each HLO op (by name, all its executions in
+        the step), per device: its own time, nested ops' taken out, scaled as
+        the kinds are (StepProfile), so the ops of a kind add up to it."""
+        names = {name for s in self.steps for name in s.by_op}
+        return {n: statistics.fmean(s.by_op.get(n, 0.0) for s in self.steps) for n in names}
 
     def kind_fractions(self):
         """Share of the mean step's wall time per kind; adds up to 1."""

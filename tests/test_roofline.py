@@ -6,6 +6,8 @@ import dataclasses
 import functools
 import itertools
 import json
+import os
+import shutil
 import subprocess
 
 import jax
@@ -24,7 +26,7 @@ from helpers import (
 
 from roofline import compare as compare_module
 from roofline import record
-from roofline.chart import roofline_chart
+from roofline.chart import roofline_chart, roofline_figure
 from roofline.compare import compare, profile_table, xla_cost
 from roofline.flops import (
     count_params,
@@ -38,6 +40,7 @@ from roofline.flops import (
 from roofline.hardware import CHIPS, LocalRoofs, chip_for_kind, find_chip
 from roofline.kinds import KINDS, classify_hlo
 from roofline.memory import step_memory
+from roofline.op_roofline import OpRoofs, group_alike, predict_ops
 from roofline.predict import predict, predict_train_step, utilisation
 from roofline.profile import capture
 from roofline.table import table_lines
@@ -339,6 +342,79 @@ def test_the_three_columns(trace, compiled_step, fixed_roofs, tmp_path, capsys):
     assert summary["mfu_measured_roof"] == pytest.approx(c.use.mfu_measured)
     mean_step = sum(s.wall_s for s in c.trace.steps) / len(c.trace.steps)  # kinds are means
     assert sum(summary["measured_seconds_by_kind"].values()) == pytest.approx(mean_step)
+
+
+def test_the_prediction_holds_every_op_the_trace_ran(trace, compiled_step):
+    """On the CPU the per-op prediction and the trace cover the same ops: each
+    op the step's program ran is predicted; and each op's measured seconds,
+    split as the kinds are, add up to its kind's."""
+    hlo = compiled_step[0].as_text()
+    t = read_trace(trace[0], hlo_text=hlo)
+    p = predict_ops(hlo, OpRoofs("fixed", 1e11, 1e11, 1e10, None, None))
+    measured = t.op_seconds()
+    assert measured and set(measured) <= {o.name for o in p.ops}
+    kinds, by_kind = classify_hlo(hlo), t.kind_seconds()
+    for kind in set(KINDS) - {"idle"}:
+        mine = sum(s for name, s in measured.items() if kinds[name] == kind)
+        assert mine == pytest.approx(by_kind[kind], abs=1e-12)
+
+
+def test_compare_summary_puts_each_op_beside_its_time(
+    trace, compiled_step, fixed_roofs, tmp_path, capsys
+):
+    """profile_table leaves the step's HLO beside roofline.json; compare redoes the
+    per-op prediction from the directory alone, and its summary adds up."""
+    logdir = str(tmp_path / "run")
+    shutil.copytree(trace[0], logdir)
+    profile_table(logdir, XLA_CFG, XLA_BATCH, compiled_step[0], devices=1, chart=False)
+    assert os.path.exists(os.path.join(logdir, record.HLO))
+    out = tmp_path / "summary.json"
+    assert roofline_command(["compare", logdir, "--summary-out", str(out)]) == 0
+    assert "predicted" in capsys.readouterr().out
+    s = json.loads(out.read_text())
+    for key in (
+        "measured_step_seconds",
+        "bound_step_seconds",
+        "xla_step_seconds",
+        "mfu_measured_roof",
+    ):
+        assert s[key] > 0  # the keys comparison_summary wrote before
+    assert sum(s["predicted_seconds_by_kind"].values()) == pytest.approx(
+        s["predicted_step_seconds"]
+    )
+    assert set(s["measured_seconds_by_kind"]) == set(KINDS)
+    tops = s["top_ops"]
+    assert tops and all(
+        {"name", "kind", "flops", "bytes", "seconds", "bound", "measured_seconds"} <= set(o)
+        for o in tops
+    )
+    assert all(o["measured_seconds"] >= 0 for o in tops)
+    # Op times are means over the traced steps, as the kinds are: their sum is the mean step.
+    assert sum(o["measured_seconds"] for o in tops) <= sum(s["measured_seconds_by_kind"].values())
+    # Without the HLO: the same table, one line saying so, and no per-op numbers.
+    os.remove(os.path.join(logdir, record.HLO))
+    assert roofline_command(["compare", logdir, "--summary-out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "no per-op prediction" in captured.out and "Traceback" not in captured.err
+    assert json.loads(out.read_text())["top_ops"] is None
+
+
+def test_the_chart_places_each_op_group(trace, compiled_step, fixed_roofs):
+    hlo = compiled_step[0].as_text()
+    c = compare(
+        XLA_CFG,
+        XLA_BATCH,
+        trace=read_trace(trace[0], hlo_text=hlo),
+        measured_peak=1e11,
+        measured_bandwidth=1e10,
+        hlo_text=hlo,
+    )
+    groups = [g for g in group_alike(c.ops.ops) if g.flops > 0 and g.bytes > 0]
+    fig, points = roofline_figure(c)
+    drawn = {a.get_gid(): len(a.get_offsets()) for a in fig.axes[0].collections if a.get_gid()}
+    assert len(points) == len(groups) == drawn["ops predicted"] > 1
+    assert drawn["ops measured"] == sum(1 for p in points if p.measured) == len(groups)
+    assert sorted(p.seconds for p in points) == pytest.approx(sorted(g.seconds for g in groups))
 
 
 def test_cli_lists_its_commands(capsys):

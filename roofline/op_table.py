@@ -1,0 +1,140 @@
+"""The per-op prediction beside the trace: the step, each kind of work and the
+ops that cost most, predicted (roofline/op_roofline.py: each op on its roof,
+no efficiency factor) and measured (roofline/trace.py: each op's own time),
+as text, as JSON (`compare DIR --summary-out`) and as the chart's points.
+
+Both sides are per device and per step: the prediction reads the compiled
+step's HLO (one device's program), the trace's op times are means over the
+traced steps and devices. An op group (ops alike: one per layer) is measured
+as the sum of its ops' times.
+"""
+
+import dataclasses
+
+from roofline.op_roofline import OpRoofs, chip_roofs, group_alike, predict_ops, prediction_summary
+from roofline.units import ms
+
+
+def op_roofs(dtype, datasheet=None, peak=None, bandwidth=None, name="measured on this machine"):
+    """The OpRoofs of one device: a chip's datasheet where there is one (a GPU,
+    a TPU), else the ceilings measured on the machine that ran (a CPU): its
+    matmul peak stands for elementwise work too, and it has no links."""
+    if datasheet is not None:
+        return chip_roofs(datasheet, dtype)
+    return OpRoofs(
+        name=name, matmul_peak=peak, vector_peak=peak, bandwidth=bandwidth, link=None, tile=None
+    )
+
+
+def predict_step(hlo_text, dtype, devices, **roofs):
+    """The OpPrediction of a compiled step's HLO on op_roofs(dtype, **roofs)."""
+    return predict_ops(hlo_text, op_roofs(dtype, **roofs), devices)
+
+
+def measured_seconds(trace, names):
+    """Mean seconds per step the trace spent in these ops, together."""
+    seconds = trace.op_seconds()
+    return sum(seconds.get(n, 0.0) for n in names)
+
+
+def _ratio(predicted, measured):
+    return f"{predicted / measured:.2f}x" if measured else "-"
+
+
+def op_lines(c, top=10):
+    """The per-op prediction against the trace, as lines: the step, then the
+    ops that cost most (by predicted time), each with its measured time."""
+    p, t = c.ops, c.trace
+    lines = [
+        "",
+        f"per op (roofline/op_roofline.py: each op on the roof of {p.roofs.name}, "
+        "in the compiler's order, no efficiency factor):",
+    ]
+    if t is None:
+        lines.append(f"  step: predicted {ms(p.step_s)}")
+    else:
+        lines.append(
+            f"  step: predicted {ms(p.step_s)}, measured {ms(t.step_s)}: "
+            f"predicted/measured {_ratio(p.step_s, t.step_s)}"
+        )
+        if p.step_s > t.step_s:
+            # A best case slower than the step itself: a roof is set too low.
+            lines.append(
+                "  the best case is slower than the measured step: a roof is below what "
+                "this chip reaches (re-measure: python -m roofline calibrate)"
+            )
+        missing = set(t.op_seconds()) - {o.name for o in p.ops}
+        if missing:
+            lost = measured_seconds(t, missing)
+            lines.append(
+                f"  {len(missing)} traced ops ({ms(lost)}) are not in the prediction: "
+                + ", ".join(sorted(missing)[:5])
+            )
+    lines.append(
+        f"  the {top} ops that cost most, predicted (ops alike, one per layer, as one row):"
+    )
+    lines.append(
+        f"    {'predicted':>12}{'measured':>12}{'ratio':>8}  {'bound':<8}{'kind':<15}"
+        f"{'GFLOP':>8}{'MB':>8}  op"
+    )
+    for g in p.top(top):
+        measured = measured_seconds(t, g.ops) if t else 0.0
+        lines.append(
+            f"    {ms(g.seconds):>12}{ms(measured) if t else '-':>12}"
+            f"{_ratio(g.seconds, measured):>8}  {g.bound:<8}{g.kind:<15}"
+            f"{g.flops / 1e9:>8,.2f}{g.bytes / 1e6:>8,.1f}  {g.label}: {g.source or '?'}"
+            f" {g.shape[:40]}"
+        )
+    return lines
+
+
+def op_summary(c, top=10):
+    """The per-op prediction as JSON-ready values: predicted_step_seconds,
+    predicted_mfu, predicted_seconds_by_kind, top_ops (each with the trace's
+    measured_seconds), predicted_roof; each None without a prediction."""
+    keys = ("predicted_step_seconds", "predicted_mfu", "predicted_seconds_by_kind", "top_ops")
+    if c.ops is None:
+        return {**dict.fromkeys(keys), "predicted_roof": None}
+    found = prediction_summary(c.ops, c.ledger.exact / c.devices, top)
+    seconds = c.trace.op_seconds() if c.trace else None
+    for row in found["top_ops"]:
+        row["measured_seconds"] = sum(seconds.get(n, 0.0) for n in row["ops"]) if seconds else None
+    return {**found, "predicted_roof": c.ops.roofs.name}
+
+
+@dataclasses.dataclass(frozen=True)
+class OpPoint:
+    """One op group on the roofline chart. Per device and step."""
+
+    label: str
+    kind: str
+    intensity: float  # FLOPs per HBM byte
+    seconds: float  # predicted
+    predicted: float  # FLOP/s: its FLOPs over its predicted seconds
+    measured: float | None  # FLOP/s over its measured seconds; None: not in a trace
+    measured_seconds: float | None
+
+
+def op_points(c):
+    """[OpPoint] of every op group of the step that does arithmetic and moves
+    bytes (a copy has no FLOPs, so no height on a FLOP/s axis)."""
+    if c.ops is None:
+        return []
+    seconds = c.trace.op_seconds() if c.trace else None
+    points = []
+    for g in group_alike(c.ops.ops):
+        if g.flops <= 0 or g.bytes <= 0 or g.seconds <= 0:
+            continue
+        measured = sum(seconds.get(n, 0.0) for n in g.ops) if seconds else None
+        points.append(
+            OpPoint(
+                label=g.label,
+                kind=g.kind,
+                intensity=g.flops / g.bytes,
+                seconds=g.seconds,
+                predicted=g.flops / g.seconds,
+                measured=g.flops / measured if measured else None,
+                measured_seconds=measured,
+            )
+        )
+    return points
