@@ -11,7 +11,8 @@ as the sum of its ops' times.
 
 import dataclasses
 
-from roofline.op_roofline import OpRoofs, chip_roofs, group_alike, predict_ops, prediction_summary
+from roofline.op_report import prediction_summary
+from roofline.op_roofline import OpRoofs, chip_roofs, group_alike, predict_ops
 from roofline.units import ms
 
 
