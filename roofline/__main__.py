@@ -153,15 +153,21 @@ def chips_lines():
 
 def calibrate_lines(dtype):
     m = calibrate.measured(dtype, refresh=True)
-    return [
+    lines = [
         f"{calibrate.device_key(dtype)}",
         f"  matmul  {m['matmul_flops'] / 1e12:.3f} TFLOP/s "
         f"({m['n']} x {m['n']} {dtype}, best of 5)",
         f"  copy    {m['copy_bandwidth'] / 1e9:,.1f} GB/s (read + write of a large array)",
         f"  read    {calibrate.read_bandwidth(refresh=True) / 1e9:,.1f} GB/s "
         "(read-only: decode's roof)",
-        f"cached in {calibrate.CACHE}",
     ]
+    cache_bandwidth, cache_bytes = calibrate.cache_roof(refresh=True)
+    if cache_bandwidth:
+        lines.append(
+            f"  cache   {cache_bandwidth / 1e9:,.1f} GB/s (read + write within the "
+            f"{cache_bytes / 2**20:,.0f} MiB last-level cache: the per-op roof of small ops)"
+        )
+    return [*lines, f"cached in {calibrate.CACHE}"]
 
 
 def predict_lines(args):
@@ -242,6 +248,7 @@ def compare_lines(args):
         measured_bandwidth=roofs.measured_bandwidth,
         measured_name=roofs.measured_name,
         hlo_text=hlo_text,
+        measured_cache=roofs.measured_cache,
     )
     if args.summary_out:
         with open(args.summary_out, "w") as f:

@@ -6,6 +6,7 @@ is cached on disk, keyed by the device, so it is measured once per machine.
 Run `python -m roofline calibrate` to (re)measure.
 """
 
+import glob
 import json
 import os
 import platform
@@ -118,6 +119,47 @@ def measure_read_bandwidth():
             best_time(jax.jit(jnp.matmul), left, a),
         )
     return a.nbytes / seconds
+
+
+def last_level_cache_bytes():
+    """This CPU's largest cache, bytes, as Linux describes it
+    (/sys/devices/system/cpu/cpu0/cache/index*/size, "32768K"); 0 if unknown."""
+    sizes = []
+    for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size")):
+        try:
+            with open(index) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        sizes.append(int(digits) * scale if digits.isdigit() else 0)
+    return max(sizes, default=0)
+
+
+def measure_cache_bandwidth():
+    """{'cache_bandwidth': bytes/s of a read+write of an array that fits in the
+    last-level cache, 'cache_bytes': that cache's size}, on this CPU; {} if the
+    cache's size is unknown. A step's small arrays live there, not in DRAM: an
+    op on them runs faster than the copy bandwidth, so the per-op best case
+    needs this roof too (roofline/op_roofline.py)."""
+    cache = last_level_cache_bytes()
+    if not cache:
+        return {}
+    device = jax.local_devices()[0]
+    with outside_the_step(device):
+        # Read and written: half the cache in all, so both stay in it across calls.
+        x = jax.device_put(jnp.ones((cache // 16,), jnp.float32), device)
+        copy = jax.jit(lambda v: v + 1)
+        seconds = min(best_time(copy, x, repeats=20) for _ in range(3))
+    return {"cache_bandwidth": 2 * x.nbytes / seconds, "cache_bytes": cache}
+
+
+def cache_roof(refresh=False):
+    """(bytes/s, bytes) of this CPU's last-level cache, measured once and cached
+    beside `measured`'s figures; (None, None) where its size is unknown."""
+    figures = _cached_best(device_key("cache"), measure_cache_bandwidth, refresh)
+    return figures.get("cache_bandwidth"), figures.get("cache_bytes")
 
 
 def read_bandwidth(refresh=False):

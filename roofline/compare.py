@@ -88,6 +88,7 @@ def compare(
     log_peak=None,
     measured_name="measured on this machine",
     hlo_text=None,
+    measured_cache=None,
 ):
     """The three columns for one training step of `batch` sequences.
 
@@ -123,6 +124,7 @@ def compare(
     ops = None
     if hlo_text:  # on the same roofs as the napkin's: a datasheet, else measured
         roofs = {"peak": measured_peak, "bandwidth": measured_bandwidth, "name": measured_name}
+        roofs["cache"] = measured_cache
         ops = predict_step(hlo_text, cfg.dtype, devices, datasheet=datasheet, **roofs)
     return Comparison(
         cfg=cfg,
@@ -172,7 +174,7 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
         batch,
         cost,
         devices,
-        chip_record(cfg.dtype, devices, roofs.peak_flops, roofs.bandwidth),
+        chip_record(cfg.dtype, devices, roofs.peak_flops, roofs.bandwidth, roofs.cache),
     )
     hlo_text = compiled.as_text() if hasattr(compiled, "as_text") else None
     if hlo_text:
@@ -189,6 +191,7 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
         measured_bandwidth=roofs.bandwidth,
         log_peak=peak,
         hlo_text=hlo_text,
+        measured_cache=roofs.cache,
     )
 
 

@@ -98,6 +98,7 @@ class LocalRoofs:
     bandwidth_source: str
     datasheet: Chip | None  # the chip table's entry, one device's share; None on a CPU
     share: int = 1  # simulated CPU devices sharing one host's measured figures
+    cache: tuple | None = None  # a CPU's (bytes/s, bytes) of its last-level cache, measured
 
 
 def local_roofs(
@@ -149,7 +150,11 @@ def local_roofs(
     if chip is None or measured:
         shared = f", shared by {share} simulated devices" if share > 1 else ""
         source = f"measured {source} on this {device.platform}{shared}"
-    return LocalRoofs(peak, peak_source, bandwidth, source, chip, share)
+    cache = None
+    if device.platform == "cpu":
+        cache_bandwidth, cache_bytes = calibrate.cache_roof()
+        cache = (cache_bandwidth / share, cache_bytes / share) if cache_bandwidth else None
+    return LocalRoofs(peak, peak_source, bandwidth, source, chip, share, cache)
 
 
 def local_peak_flops(dtype="float32", device=None, *, devices=None, measured=False, fresh=False):

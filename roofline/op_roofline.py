@@ -64,6 +64,17 @@ class OpRoofs:
     bandwidth: float  # HBM bytes/s
     link: float | None  # bytes/s a device sends, one direction; None: no figure
     tile: tuple | None  # (M, N, K) the matmul units pad to
+    cache_bandwidth: float | None = None  # bytes/s of data in the last-level cache (a CPU)
+    cache_bytes: float | None = None  # that cache's size
+
+    def memory_seconds(self, moved):
+        """The least time to move `moved` bytes: as many as the cache holds at its
+        bandwidth (the op before may have left them there), the rest at the
+        memory's. Without a cache figure, all at the memory's."""
+        if not self.cache_bandwidth or not self.cache_bytes:
+            return moved / self.bandwidth
+        cached = min(moved, self.cache_bytes)
+        return cached / self.cache_bandwidth + (moved - cached) / self.bandwidth
 
 
 def chip_roofs(chip, dtype, precision="default", devices_per_chip=1):
@@ -108,7 +119,7 @@ def op_time(work, kind, roofs, source="", shape=""):
     """The OpTime of one op's OpWork on these roofs."""
     times = {
         "compute": work.matmul_flops / roofs.matmul_peak + work.other_flops / roofs.vector_peak,
-        "memory": work.hbm_bytes / roofs.bandwidth,
+        "memory": roofs.memory_seconds(work.hbm_bytes),
         "links": work.link_bytes / roofs.link if roofs.link else 0.0,
     }
     bound = max(times, key=times.get)

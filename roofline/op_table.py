@@ -16,14 +16,26 @@ from roofline.op_roofline import OpRoofs, chip_roofs, group_alike, predict_ops
 from roofline.units import ms
 
 
-def op_roofs(dtype, datasheet=None, peak=None, bandwidth=None, name="measured on this machine"):
+def op_roofs(
+    dtype, datasheet=None, peak=None, bandwidth=None, name="measured on this machine", cache=None
+):
     """The OpRoofs of one device: a chip's datasheet where there is one (a GPU,
     a TPU), else the ceilings measured on the machine that ran (a CPU): its
-    matmul peak stands for elementwise work too, and it has no links."""
+    matmul peak stands for elementwise work too, it has no links, and data in
+    its last-level cache moves at the bandwidth measured there (cache: (bytes/s,
+    bytes), roofline/calibrate.py)."""
     if datasheet is not None:
         return chip_roofs(datasheet, dtype)
+    cache_bandwidth, cache_bytes = cache or (None, None)
     return OpRoofs(
-        name=name, matmul_peak=peak, vector_peak=peak, bandwidth=bandwidth, link=None, tile=None
+        name=name,
+        matmul_peak=peak,
+        vector_peak=peak,
+        bandwidth=bandwidth,
+        link=None,
+        tile=None,
+        cache_bandwidth=cache_bandwidth,
+        cache_bytes=cache_bytes,
     )
 
 

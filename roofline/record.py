@@ -35,7 +35,7 @@ METADATA = "roofline.json"
 HLO = "step.hlo.txt"
 
 
-def chip_record(dtype, devices, measured_peak, measured_bandwidth):
+def chip_record(dtype, devices, measured_peak, measured_bandwidth, measured_cache=None):
     """The chip this process runs on, as roofline.json records it: jax's names for
     it, the datasheet entry if the chip table knows it, and the roofs measured on
     it (per device)."""
@@ -50,6 +50,7 @@ def chip_record(dtype, devices, measured_peak, measured_bandwidth):
         "host": socket.gethostname(),
         "measured_peak": measured_peak,
         "measured_bandwidth": measured_bandwidth,
+        "measured_cache": list(measured_cache) if measured_cache else None,
     }
 
 
@@ -124,6 +125,7 @@ class Roofs:
     measured_peak: float | None  # FLOP/s
     measured_bandwidth: float | None  # bytes/s
     measured_name: str  # whose measurement it is
+    measured_cache: tuple | None = None  # a CPU's (bytes/s, bytes) of its last-level cache
 
 
 def roofs_for(chip, dtype, devices, trace_platform=None):
@@ -143,6 +145,7 @@ def roofs_for(chip, dtype, devices, trace_platform=None):
             bandwidth,
             "measured on this machine (roofline.json does not "
             f"say which chip captured the trace{ran_on})",
+            here.cache,
         )
     datasheet = None
     if chip["platform"] != "cpu":
@@ -158,7 +161,8 @@ def roofs_for(chip, dtype, devices, trace_platform=None):
         host = chip.get("host") or "the machine that captured the trace"
         where = "this machine" if host == socket.gethostname() else host
         name = f"measured on {where} ({chip['platform']}: {chip['device_kind']})"
-        return Roofs(datasheet, chip["measured_peak"], chip.get("measured_bandwidth"), name)
+        cache = tuple(chip["measured_cache"]) if chip.get("measured_cache") else None
+        return Roofs(datasheet, chip["measured_peak"], chip.get("measured_bandwidth"), name, cache)
     if datasheet is not None:
         return Roofs(datasheet, None, None, "")
     here = local_roofs(dtype, measured=True, devices=devices)
@@ -168,6 +172,7 @@ def roofs_for(chip, dtype, devices, trace_platform=None):
         here.bandwidth,
         f"measured on this machine, not on the {chip['platform']} "
         f"({chip['device_kind']}) that captured the trace",
+        here.cache,
     )
 
 
