@@ -249,6 +249,7 @@ def compare_lines(args):
         measured_name=roofs.measured_name,
         hlo_text=hlo_text,
         measured_cache=roofs.measured_cache,
+        measured_matmul_rates=roofs.matmul_rates,
     )
     if args.summary_out:
         with open(args.summary_out, "w") as f:

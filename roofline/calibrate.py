@@ -6,6 +6,7 @@ is cached on disk, keyed by the device, so it is measured once per machine.
 Run `python -m roofline calibrate` to (re)measure.
 """
 
+import functools
 import glob
 import json
 import os
@@ -160,6 +161,35 @@ def cache_roof(refresh=False):
     beside `measured`'s figures; (None, None) where its size is unknown."""
     figures = _cached_best(device_key("cache"), measure_cache_bandwidth, refresh)
     return figures.get("cache_bandwidth"), figures.get("cache_bytes")
+
+
+def measure_matmul(batch, m, n, k, dtype):
+    """FLOP/s of one batched matmul [batch, M, K] @ [batch, K, N] on this device,
+    the best of 5 calls after one that compiles."""
+    device = jax.local_devices()[0]
+    dtype = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(dtype, dtype)
+    with outside_the_step(device):
+        a = jax.device_put(jnp.ones((batch, m, k), dtype), device)
+        b = jax.device_put(jnp.ones((batch, k, n), dtype), device)
+        product = jax.jit(lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y))
+        return 2 * batch * m * n * k / best_time(product, a, b)
+
+
+def matmul_rates(shapes, refresh=False):
+    """{(batch, M, N, K, dtype): FLOP/s} for the matmul shapes of a step, each
+    timed once on this device and cached: on a CPU a small or thin matmul runs
+    well below the 2048 x 2048 one that sets the peak, and that is measured,
+    not assumed (roofline/op_roofline.py uses it for the prediction)."""
+    rates = {}
+    for shape in set(shapes):
+        key = device_key("matmul " + ",".join(map(str, shape)))
+        timed = _cached_best(key, functools.partial(_matmul_figures, *shape), refresh)
+        rates[shape] = timed["flops"]
+    return rates
+
+
+def _matmul_figures(batch, m, n, k, dtype):
+    return {"flops": measure_matmul(batch, m, n, k, dtype)}
 
 
 def read_bandwidth(refresh=False):

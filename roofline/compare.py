@@ -19,9 +19,11 @@ import dataclasses
 
 import jax
 
+from roofline import calibrate
 from roofline.flops import ledger, train_bytes
 from roofline.hardware import local_roofs
 from roofline.op_table import predict_step
+from roofline.op_work import matmul_shapes
 from roofline.predict import predict, utilisation
 from roofline.program import cost_analysis
 from roofline.record import chip_record, save_hlo, save_metadata
@@ -73,6 +75,7 @@ class Comparison:
     log_peak: tuple | None = None  # (FLOP/s per device, source) the training log used
     measured_name: str = "measured on this machine"  # whose the measured roof is
     ops: object = None  # roofline.op_roofline.OpPrediction of the compiled step, or None
+    best_ops: object = None  # the same on the ceilings alone, where ops used measured rates
 
 
 def compare(
@@ -89,6 +92,7 @@ def compare(
     measured_name="measured on this machine",
     hlo_text=None,
     measured_cache=None,
+    measured_matmul_rates=None,
 ):
     """The three columns for one training step of `batch` sequences.
 
@@ -121,11 +125,19 @@ def compare(
             measured_peak=measured_peak,
             datasheet_peak=datasheet.peak(cfg.dtype) if datasheet else None,
         )
-    ops = None
+    ops = best_ops = None
     if hlo_text:  # on the same roofs as the napkin's: a datasheet, else measured
         roofs = {"peak": measured_peak, "bandwidth": measured_bandwidth, "name": measured_name}
-        roofs["cache"] = measured_cache
-        ops = predict_step(hlo_text, cfg.dtype, devices, datasheet=datasheet, **roofs)
+        # The best case: the ceilings alone, a CPU's cache among them. The prediction:
+        # where matmul rates were measured by shape (a CPU), at those rates instead.
+        best_ops = predict_step(
+            hlo_text, cfg.dtype, devices, datasheet=datasheet, cache=measured_cache, **roofs
+        )
+        ops = best_ops
+        if datasheet is None and measured_matmul_rates:
+            ops = predict_step(
+                hlo_text, cfg.dtype, devices, matmul_rates=measured_matmul_rates, **roofs
+            )
     return Comparison(
         cfg=cfg,
         batch=batch,
@@ -147,6 +159,7 @@ def compare(
         log_peak=log_peak,
         measured_name=measured_name,
         ops=ops,
+        best_ops=best_ops if best_ops is not ops else None,
     )
 
 
@@ -168,15 +181,13 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
     else:  # a compiled step knows its device count; its cost analysis alone does not
         cost = xla_cost(compiled, None if hasattr(compiled, "input_shardings") else devices)
     roofs = local_roofs(cfg.dtype, measured=True, devices=devices)
-    save_metadata(
-        logdir,
-        cfg,
-        batch,
-        cost,
-        devices,
-        chip_record(cfg.dtype, devices, roofs.peak_flops, roofs.bandwidth, roofs.cache),
-    )
     hlo_text = compiled.as_text() if hasattr(compiled, "as_text") else None
+    rates = None
+    if hlo_text and roofs.datasheet is None:  # a CPU: time each matmul shape of the step
+        measured = calibrate.matmul_rates(matmul_shapes(hlo_text))
+        rates = {shape: flops / roofs.share for shape, flops in measured.items()}
+    record = chip_record(cfg.dtype, devices, roofs.peak_flops, roofs.bandwidth, roofs.cache, rates)
+    save_metadata(logdir, cfg, batch, cost, devices, record)
     if hlo_text:
         save_hlo(logdir, hlo_text)
     trace = read_trace(logdir, hlo_text=hlo_text)
@@ -192,6 +203,7 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
         log_peak=peak,
         hlo_text=hlo_text,
         measured_cache=roofs.cache,
+        measured_matmul_rates=rates,
     )
 
 

@@ -3,7 +3,7 @@ kernels XLA cannot look into) and everything else (elementwise arithmetic,
 reductions). roofline/op_work.py adds them up for each op of a compiled program.
 
     counter = FlopCounter(module, tile=(8, 128, 128))
-    matmul, unpadded, other = counter.instruction(op)
+    flops = counter.instruction(op)      # Flops: .matmul, .unpadded, .other, .shapes
 
 A dot is 2·M·N·K; a convolution 2 per valid (output, window) pair, as XLA's
 HloCostAnalysis counts them (a TPU writes every matmul as a convolution, a
@@ -11,6 +11,7 @@ batched one as a padded window that picks one slice per output); `tile`
 pads M, N and K up to what the chip's matmul units work on.
 """
 
+import dataclasses
 import json
 import math
 import re
@@ -136,6 +137,24 @@ def _attention_flops(op, types, tile):
     return ATTENTION_KERNELS[key] * one * share, ATTENTION_KERNELS[key] * exact * share
 
 
+@dataclasses.dataclass(frozen=True)
+class Flops:
+    """The FLOPs of an instruction (and what it calls)."""
+
+    matmul: float = 0.0  # on the matmul units, padded to their tiles
+    unpadded: float = 0.0  # the same matmuls without the padding
+    other: float = 0.0  # elementwise arithmetic and reductions
+    shapes: tuple = ()  # (batch, M, N, K, dtype) of each dot and convolution in it
+
+    def __add__(self, more):
+        return Flops(
+            self.matmul + more.matmul,
+            self.unpadded + more.unpadded,
+            self.other + more.other,
+            self.shapes + more.shapes,
+        )
+
+
 class FlopCounter:
     """FLOPs of the instructions inside computations, each computation counted once."""
 
@@ -147,19 +166,23 @@ class FlopCounter:
         found = arrays(self.types.get(name, ""))
         return found[0].shape if found else ()
 
+    def _matmul(self, dims, dtype):
+        return Flops(matmul_flops(*dims, self.tile), matmul_flops(*dims), 0.0, ((*dims, dtype),))
+
     def instruction(self, op):
-        """(matmul FLOPs, unpadded, other FLOPs) of one instruction, with what it calls."""
+        """The Flops of one instruction, with what it calls."""
         if op.opcode in ("dot", "convolution") and len(op.operands) >= 2 and op.shape is not None:
             lhs, rhs = self.shape(op.operands[0]), self.shape(op.operands[1])
             if op.opcode == "dot":
                 dims = dot_dims(lhs, rhs, op.attributes)
             else:
                 dims = conv_dims(lhs, rhs, op.shape, op.attributes)
-            return matmul_flops(*dims, self.tile), matmul_flops(*dims), 0.0
+            operand = arrays(self.types.get(op.operands[0], ""))
+            return self._matmul(dims, operand[0].dtype if operand else op.dtype)
         if op.opcode == "custom-call":
             attention = _attention_flops(op, self.types, self.tile)
             if attention:
-                return attention[0], attention[1], 0.0
+                return Flops(attention[0], attention[1])
             if op.target in ("__cublas$gemm", "__cublas$lt$matmul") and len(op.operands) >= 2:
                 config = json.loads(op.attributes.get("backend_config", "{}") or "{}")
                 numbers = config.get("gemm_backend_config", {}).get("dot_dimension_numbers", {})
@@ -168,31 +191,28 @@ class FlopCounter:
                     for key, value in numbers.items()
                 }
                 lhs, rhs = self.shape(op.operands[0]), self.shape(op.operands[1])
-                dims = dot_dims(lhs, rhs, attributes)
-                return matmul_flops(*dims, self.tile), matmul_flops(*dims), 0.0
-        inside = [0.0, 0.0, 0.0]
+                return self._matmul(dot_dims(lhs, rhs, attributes), op.dtype)
+        inside = Flops()
         for called in op.calls.get("calls", ()):
-            for i, v in enumerate(self.computation(called)):
-                inside[i] += v
+            inside = inside + self.computation(called)
         if (
             op.opcode in NO_ARITHMETIC
             or collective_kind(op.opcode)[0]
             or op.opcode.endswith(("-start", "-done"))
         ):
-            return tuple(inside)
+            return inside
         if op.opcode in ("reduce", "reduce-window") and op.operands:
             elements = math.prod(self.shape(op.operands[0]))
         else:
             elements = sum(a.size for a in op.arrays)
-        return inside[0], inside[1], inside[2] + elements
+        return inside + Flops(other=elements)
 
     def computation(self, name):
         if name not in self.cache:
-            self.cache[name] = (0.0, 0.0, 0.0)  # a cycle counts nothing
-            total = [0.0, 0.0, 0.0]
+            self.cache[name] = Flops()  # a cycle counts nothing
+            total = Flops()
             found = self.module.computations.get(name)
             for op in found.instructions if found else ():
-                for i, v in enumerate(self.instruction(op)):
-                    total[i] += v
-            self.cache[name] = tuple(total)
+                total = total + self.instruction(op)
+            self.cache[name] = total
         return self.cache[name]

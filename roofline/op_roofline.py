@@ -66,6 +66,19 @@ class OpRoofs:
     tile: tuple | None  # (M, N, K) the matmul units pad to
     cache_bandwidth: float | None = None  # bytes/s of data in the last-level cache (a CPU)
     cache_bytes: float | None = None  # that cache's size
+    matmul_rates: dict | None = None  # {(batch, M, N, K, dtype): FLOP/s measured at that shape}
+
+    def matmul_seconds(self, work):
+        """Its matmuls' time: at the rate measured for each one's shape where there
+        is one (a CPU's rate depends on the shape), else at the peak."""
+        if not self.matmul_rates or not work.matmul_shapes:
+            return work.matmul_flops / self.matmul_peak
+        seconds = 0.0
+        for b, m, n, k, dtype in work.matmul_shapes:
+            rate = self.matmul_rates.get((b, m, n, k, dtype), self.matmul_peak)
+            seconds += 2 * b * m * n * k / rate
+        shaped = sum(2 * b * m * n * k for b, m, n, k, _ in work.matmul_shapes)
+        return seconds + max(work.matmul_flops - shaped, 0.0) / self.matmul_peak  # a kernel's
 
     def memory_seconds(self, moved):
         """The least time to move `moved` bytes: as many as the cache holds at its
@@ -118,7 +131,7 @@ class OpTime:
 def op_time(work, kind, roofs, source="", shape=""):
     """The OpTime of one op's OpWork on these roofs."""
     times = {
-        "compute": work.matmul_flops / roofs.matmul_peak + work.other_flops / roofs.vector_peak,
+        "compute": roofs.matmul_seconds(work) + work.other_flops / roofs.vector_peak,
         "memory": roofs.memory_seconds(work.hbm_bytes),
         "links": work.link_bytes / roofs.link if roofs.link else 0.0,
     }

@@ -17,13 +17,20 @@ from roofline.units import ms
 
 
 def op_roofs(
-    dtype, datasheet=None, peak=None, bandwidth=None, name="measured on this machine", cache=None
+    dtype,
+    datasheet=None,
+    peak=None,
+    bandwidth=None,
+    name="measured on this machine",
+    cache=None,
+    matmul_rates=None,
 ):
     """The OpRoofs of one device: a chip's datasheet where there is one (a GPU,
     a TPU), else the ceilings measured on the machine that ran (a CPU): its
     matmul peak stands for elementwise work too, it has no links, and data in
     its last-level cache moves at the bandwidth measured there (cache: (bytes/s,
-    bytes), roofline/calibrate.py)."""
+    bytes)); matmul_rates: FLOP/s measured for each matmul shape
+    (roofline/calibrate.py)."""
     if datasheet is not None:
         return chip_roofs(datasheet, dtype)
     cache_bandwidth, cache_bytes = cache or (None, None)
@@ -36,6 +43,7 @@ def op_roofs(
         tile=None,
         cache_bandwidth=cache_bandwidth,
         cache_bytes=cache_bytes,
+        matmul_rates=matmul_rates,
     )
 
 
@@ -63,14 +71,26 @@ def op_lines(c, top=10):
         f"per op (roofline/op_roofline.py: each op on the roof of {p.roofs.name}, "
         "in the compiler's order, no efficiency factor):",
     ]
+    best = c.best_ops or p
+    if p.roofs.matmul_rates:
+        lines.append(
+            "  the prediction times each matmul at the rate measured for its shape, and "
+            "moves every byte at the measured copy bandwidth; the best case puts every "
+            "matmul at the peak and as many bytes as the cache holds at its bandwidth"
+        )
     if t is None:
-        lines.append(f"  step: predicted {ms(p.step_s)}")
+        lines.append(f"  step: predicted {ms(p.step_s)}, best case {ms(best.step_s)}")
     else:
         lines.append(
             f"  step: predicted {ms(p.step_s)}, measured {ms(t.step_s)}: "
             f"predicted/measured {_ratio(p.step_s, t.step_s)}"
         )
-        if p.step_s > t.step_s:
+        if best is not p:
+            lines.append(
+                f"  best case (the ceilings alone): {ms(best.step_s)}, "
+                f"{_ratio(best.step_s, t.step_s)} of the measured step"
+            )
+        if best.step_s > t.step_s:
             # A best case slower than the step itself: a roof is set too low.
             lines.append(
                 "  the best case is slower than the measured step: a roof is below what "
@@ -107,12 +127,13 @@ def op_summary(c, top=10):
     measured_seconds), predicted_roof; each None without a prediction."""
     keys = ("predicted_step_seconds", "predicted_mfu", "predicted_seconds_by_kind", "top_ops")
     if c.ops is None:
-        return {**dict.fromkeys(keys), "predicted_roof": None}
+        return {**dict.fromkeys(keys), "predicted_roof": None, "best_case_step_seconds": None}
     found = prediction_summary(c.ops, c.ledger.exact / c.devices, top)
     seconds = c.trace.op_seconds() if c.trace else None
     for row in found["top_ops"]:
         row["measured_seconds"] = sum(seconds.get(n, 0.0) for n in row["ops"]) if seconds else None
-    return {**found, "predicted_roof": c.ops.roofs.name}
+    best = c.best_ops or c.ops
+    return {**found, "predicted_roof": c.ops.roofs.name, "best_case_step_seconds": best.step_s}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,6 +54,7 @@ class OpWork:
     link_bytes: float  # sent over the links (collectives)
     asynchronous: bool  # started here, waited for by a later instruction
     unpadded_matmul_flops: float = 0.0  # the same matmuls without the tiles' padding
+    matmul_shapes: tuple = ()  # (batch, M, N, K, dtype) of each of its matmuls
 
     @property
     def flops(self):
@@ -184,7 +185,7 @@ def op_work(module, computation, op, count, devices, counter, channels):
     if op.opcode in NO_OP or op.opcode.endswith("-done") or op.target in MARKERS:
         return None
     types = module.types
-    matmul, unpadded, other = counter.instruction(op)
+    flops = counter.instruction(op)
     if op.opcode == "fusion" and op.calls.get("calls"):
         moved = _fusion_reads(module, op, types) + _written(module, op)
     elif op.opcode == "copy-start":  # (destination, source, context): one side may be on chip
@@ -202,12 +203,13 @@ def op_work(module, computation, op, count, devices, counter, channels):
         opcode=op.opcode,
         computation=computation.name,
         count=count,
-        matmul_flops=matmul,
-        other_flops=other,
+        matmul_flops=flops.matmul,
+        other_flops=flops.other,
         hbm_bytes=moved,
         link_bytes=_links(module, op, devices, channels, count),
         asynchronous=_async_start(module, op),
-        unpadded_matmul_flops=unpadded,
+        unpadded_matmul_flops=flops.unpadded,
+        matmul_shapes=flops.shapes,
     )
 
 
@@ -229,6 +231,11 @@ def executed(module):
             if op.opcode in ("while", "conditional", "call"):
                 todo += list(op.called)
     return [(module.computations[name], n) for name, n in found.items()]
+
+
+def matmul_shapes(hlo_text):
+    """Every distinct (batch, M, N, K, dtype) of the matmuls a compiled program runs."""
+    return sorted({s for w in program_work(hlo_text) for s in w.matmul_shapes})
 
 
 def program_work(hlo_text, devices=1, tile=None):

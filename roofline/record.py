@@ -35,7 +35,9 @@ METADATA = "roofline.json"
 HLO = "step.hlo.txt"
 
 
-def chip_record(dtype, devices, measured_peak, measured_bandwidth, measured_cache=None):
+def chip_record(
+    dtype, devices, measured_peak, measured_bandwidth, measured_cache=None, matmul_rates=None
+):
     """The chip this process runs on, as roofline.json records it: jax's names for
     it, the datasheet entry if the chip table knows it, and the roofs measured on
     it (per device)."""
@@ -51,6 +53,8 @@ def chip_record(dtype, devices, measured_peak, measured_bandwidth, measured_cach
         "measured_peak": measured_peak,
         "measured_bandwidth": measured_bandwidth,
         "measured_cache": list(measured_cache) if measured_cache else None,
+        # {"batch,M,N,K,dtype": FLOP/s}: each matmul shape of the step, timed (a CPU)
+        "matmul_rates": {",".join(map(str, s)): r for s, r in (matmul_rates or {}).items()},
     }
 
 
@@ -126,6 +130,7 @@ class Roofs:
     measured_bandwidth: float | None  # bytes/s
     measured_name: str  # whose measurement it is
     measured_cache: tuple | None = None  # a CPU's (bytes/s, bytes) of its last-level cache
+    matmul_rates: dict | None = None  # {(batch, M, N, K, dtype): FLOP/s}, timed where captured
 
 
 def roofs_for(chip, dtype, devices, trace_platform=None):
@@ -162,7 +167,13 @@ def roofs_for(chip, dtype, devices, trace_platform=None):
         where = "this machine" if host == socket.gethostname() else host
         name = f"measured on {where} ({chip['platform']}: {chip['device_kind']})"
         cache = tuple(chip["measured_cache"]) if chip.get("measured_cache") else None
-        return Roofs(datasheet, chip["measured_peak"], chip.get("measured_bandwidth"), name, cache)
+        rates = {
+            (*map(int, key.split(",")[:4]), key.split(",")[4]): flops
+            for key, flops in (chip.get("matmul_rates") or {}).items()
+        }
+        return Roofs(
+            datasheet, chip["measured_peak"], chip.get("measured_bandwidth"), name, cache, rates
+        )
     if datasheet is not None:
         return Roofs(datasheet, None, None, "")
     here = local_roofs(dtype, measured=True, devices=devices)

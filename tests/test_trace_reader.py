@@ -456,6 +456,8 @@ def test_a_cpu_trace_read_elsewhere_keeps_the_capture_machine_s_roofs(
         "host": record.socket.gethostname(),
         "measured_peak": 1e11,
         "measured_bandwidth": 1e10,
+        "measured_cache": None,  # roofs_here has no cache figure
+        "matmul_rates": {},  # no compiled step given, so no matmul shapes to time
     }
     roofs_here(monkeypatch, 5e11, 4e10)  # the other machine's, which must not be used
     monkeypatch.setattr(record.socket, "gethostname", lambda: "another-laptop")
