@@ -34,6 +34,17 @@ def open_command(logdir):
     return f"xprof --logdir {logdir} --port 8791"
 
 
+def start_trace(logdir):
+    """jax.profiler.start_trace without its Python tracer. The tables read the
+    XLA ops, never Python's calls, and tracing every Python call slows a CPU
+    step: a jitted [4096,512] matmul, tanh and matmul took 7.0 ms a call
+    untraced, 10.0 ms traced with JAX's default options and 7.0 ms with the
+    Python tracer off (2-core AMD EPYC Zen 4, jax 0.10.2)."""
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    jax.profiler.start_trace(logdir, profiler_options=options)
+
+
 def capture(step_fn, state, batches, logdir, *, steps=3, name="train"):
     """Run one warm-up step, then `steps` steps under the profiler into logdir.
 
@@ -46,7 +57,7 @@ def capture(step_fn, state, batches, logdir, *, steps=3, name="train"):
     state, metrics = step_fn(state, next(batches))  # compiles, if it must
     jax.block_until_ready((state, metrics))
     before = set(run_dirs(logdir))
-    jax.profiler.start_trace(logdir)
+    start_trace(logdir)
     try:
         for i in range(steps):
             with jax.profiler.StepTraceAnnotation(name, step_num=i):
@@ -73,7 +84,7 @@ class TraceWindow:
             self._open()
 
     def _open(self):
-        jax.profiler.start_trace(self.logdir)
+        start_trace(self.logdir)
         self.active = True
 
     def __call__(self, step, state):
