@@ -259,3 +259,21 @@ def test_a_called_computations_ops_run_in_the_step():
     p = predict_ops(CALL, roofs)
     assert [o.name for o in p.ops] == ["d"]
     assert p.step_s == pytest.approx(2 * 64**3 / 1e12)
+
+
+def test_a_caches_roof_takes_the_bytes_it_holds_the_memory_the_rest():
+    roofs = OpRoofs("test", 1e12, 1e12, 1e9, None, None, cache_bandwidth=1e11, cache_bytes=1000)
+    assert roofs.memory_seconds(3000) == pytest.approx(1000 / 1e11 + 2000 / 1e9)
+    assert roofs.memory_seconds(500) == pytest.approx(500 / 1e11)
+    no_cache = OpRoofs("test", 1e12, 1e12, 1e9, None, None)
+    assert no_cache.memory_seconds(3000) == pytest.approx(3000 / 1e9)
+
+
+def test_each_matmul_runs_at_the_rate_timed_for_its_shape():
+    d = by_name(OPS)["d"]
+    assert d.matmul_shapes == ((1, 8, 32, 16, "f32"),)
+    rates = {(1, 8, 32, 16, "f32"): 1e9}
+    timed = OpRoofs("test", 1e12, 1e12, 1e15, None, None, matmul_rates=rates)
+    assert timed.matmul_seconds(d) == pytest.approx(2 * 8 * 32 * 16 / 1e9)
+    untimed = OpRoofs("test", 1e12, 1e12, 1e15, None, None, matmul_rates={(2, 2, 2, 2, "f32"): 1})
+    assert untimed.matmul_seconds(d) == pytest.approx(2 * 8 * 32 * 16 / 1e12)  # at the peak

@@ -37,7 +37,7 @@ from roofline.flops import (
     train_bytes,
     train_flops,
 )
-from roofline.hardware import CHIPS, LocalRoofs, chip_for_kind, find_chip
+from roofline.hardware import CHIPS, LocalRoofs, chip_for_kind, find_chip, local_roofs
 from roofline.kinds import KINDS, classify_hlo
 from roofline.memory import step_memory
 from roofline.op_roofline import OpRoofs, group_alike, predict_ops
@@ -307,6 +307,9 @@ def fixed_roofs(monkeypatch):
     roofs = LocalRoofs(1e11, "fixed", 1e10, "fixed", None)  # no datasheet, 100 GFLOP/s, 10 GB/s
     monkeypatch.setattr(compare_module, "local_roofs", lambda dtype, **_: roofs)
     monkeypatch.setattr(record, "local_roofs", lambda dtype, **_: roofs)
+    # Every matmul shape at half the peak, as if timed (calibrate.matmul_rates)
+    rates = lambda shapes: dict.fromkeys(shapes, 5e10)  # noqa: E731
+    monkeypatch.setattr(compare_module.calibrate, "matmul_rates", rates)
     return roofs
 
 
@@ -397,6 +400,23 @@ def test_compare_summary_puts_each_op_beside_its_time(
     captured = capsys.readouterr()
     assert "no per-op prediction" in captured.out and "Traceback" not in captured.err
     assert json.loads(out.read_text())["top_ops"] is None
+
+
+def test_the_best_case_from_this_machines_ceilings_is_below_its_traced_step(trace, compiled_step):
+    """The per-op best case (the ceilings alone: the measured matmul peak, the
+    cache's and the memory's measured bandwidths) never exceeds a measured step."""
+    roofs = local_roofs(XLA_CFG.dtype, measured=True, devices=1)
+    assert roofs.cache, "this CPU's last-level cache was measured"
+    c = compare(
+        XLA_CFG,
+        XLA_BATCH,
+        trace=read_trace(trace[0], hlo_text=compiled_step[0].as_text()),
+        measured_peak=roofs.peak_flops,
+        measured_bandwidth=roofs.bandwidth,
+        measured_cache=roofs.cache,
+        hlo_text=compiled_step[0].as_text(),
+    )
+    assert c.ops.step_s <= c.trace.step_s
 
 
 def test_the_chart_places_each_op_group(trace, compiled_step, fixed_roofs):
