@@ -13,8 +13,10 @@ counts the work). The step is then a small simulation of one device: one
 stream runs the ops in program order; an asynchronous collective runs on the
 links, an asynchronous copy on the copy engines, from its start until the
 first instruction that reads its result waits for it. A loop runs its body
-once a trip. That is a best case with no efficiency factor: every op at its
-roof, every overlap the schedule allows.
+once a trip. On a chip's datasheet roofs that is a best case with no
+efficiency factor: every op at its roof, every overlap the schedule allows.
+On a CPU the roofs are measured, each matmul shape's rate among them
+(roofline/op_table.py): a prediction, with the ceilings' best case beside it.
 """
 
 import collections
@@ -43,8 +45,6 @@ MATMUL_TILES = {
     "8.6": (16, 8, 16),
     "8.9": (16, 8, 16),
 }
-# HLO element types -> the chip table's dtype names (roofline/chip.py).
-DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f8e4m3fn": "float8"}
 
 
 def matmul_tile(chip):
