@@ -19,11 +19,12 @@ import re
 from roofline.hlo import arrays
 from roofline.program import collective_kind
 
+# Instructions that are no work of their own: names, views, containers, markers.
+NO_OP = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while"}
+NO_OP |= {"conditional", "call", "after-all", "partition-id", "replica-id", "iota"}
+NO_OP |= {"opt-barrier", "optimization-barrier", "add-dependency", "domain"}
 # Instructions inside a fusion that move or view data and do no arithmetic.
-NO_ARITHMETIC = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
-NO_ARITHMETIC |= {"while", "conditional", "call", "after-all", "partition-id", "replica-id"}
-NO_ARITHMETIC |= {"iota", "opt-barrier", "optimization-barrier", "add-dependency", "domain"}
-NO_ARITHMETIC |= {"broadcast", "reshape", "transpose", "copy", "slice", "concatenate"}
+NO_ARITHMETIC = NO_OP | {"broadcast", "reshape", "transpose", "copy", "slice", "concatenate"}
 NO_ARITHMETIC |= {"pad", "dynamic-slice", "dynamic-update-slice", "gather", "scatter"}
 NO_ARITHMETIC |= {"convert", "reverse", "custom-call", "fusion", "bitcast-convert"}
 

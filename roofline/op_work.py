@@ -22,17 +22,14 @@ those of the instructions inside it, its bytes what it reads and writes
 """
 
 import dataclasses
+import functools
 import math
 import re
 
 from roofline.hlo import BYTES, arrays, parse
-from roofline.op_flops import FlopCounter
+from roofline.op_flops import NO_OP, FlopCounter
 from roofline.program import collective_kind, group_size, link_bytes
 
-# Instructions that are no work of their own: names, views, containers, markers.
-NO_OP = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while"}
-NO_OP |= {"conditional", "call", "after-all", "partition-id", "replica-id", "iota"}
-NO_OP |= {"opt-barrier", "optimization-barrier", "add-dependency", "domain"}
 # Markers the compiler writes as custom calls; no kernel runs for them.
 MARKERS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "AllocateBuffer"}
 MARKERS |= {"LayoutConstraint", "AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked"}
@@ -238,8 +235,11 @@ def matmul_shapes(hlo_text):
     return sorted({s for w in program_work(hlo_text) for s in w.matmul_shapes})
 
 
+@functools.lru_cache(maxsize=8)
 def program_work(hlo_text, devices=1, tile=None):
-    """[OpWork] of every op a compiled program executes, in program order."""
+    """(OpWork, ...) of every op a compiled program executes, in program order.
+    Read once per program and arguments (cached): a profile reads its shapes,
+    then predicts the step twice, the best case and the prediction."""
     module = parse(hlo_text)
     counter = FlopCounter(module, tile)
     work, channels = [], set()
@@ -248,4 +248,4 @@ def program_work(hlo_text, devices=1, tile=None):
             found = op_work(module, computation, op, count, devices, counter, channels)
             if found is not None:
                 work.append(found)
-    return work
+    return tuple(work)
