@@ -49,13 +49,15 @@ def _fingerprint_list(state):
     return [[float(a), float(b)] for a, b in jax.device_get(fingerprint(state))]
 
 
-def identity(cfg, tc):
-    """What must match for a checkpoint to continue this run."""
+def identity(cfg, tc, unit="byte"):
+    """What must match for a checkpoint to continue this run. unit: what its
+    tokens are, "byte" or "token" (a tokenizer's ids, from token files)."""
     return {
         "model": dataclasses.asdict(cfg),
         "batch": tc.batch,
         "seed": tc.seed,
         "steps": tc.steps,
+        "unit": unit,
     }
 
 
@@ -121,10 +123,10 @@ def _read_meta(manager, step):
 class Checkpoints:
     """Saves every `every` steps (and when asked) into `directory`; restores the newest."""
 
-    def __init__(self, directory, every, cfg, tc):
+    def __init__(self, directory, every, cfg, tc, unit="byte"):
         self.directory = str(checkpoint_path(directory))
         self.every = every
-        self.identity = identity(cfg, tc)
+        self.identity = identity(cfg, tc, unit)
         self.manager = ocp.CheckpointManager(
             checkpoint_path(directory),
             # Synchronous: the next step donates (reuses) the state's buffers,
@@ -227,12 +229,12 @@ class Checkpoints:
         self.close()
 
 
-def open_for_run(directory, every, resume, cfg, tc):
+def open_for_run(directory, every, resume, cfg, tc, unit="byte"):
     """The run's Checkpoints, or None when it keeps none (every=0, no resume).
     A fresh run refuses a directory that already holds another run's."""
     if not (every or resume):
         return None
-    checkpoints = Checkpoints(directory, every, cfg, tc)
+    checkpoints = Checkpoints(directory, every, cfg, tc, unit)
     if not resume and checkpoints.steps():
         checkpoints.close()
         raise UsageError(

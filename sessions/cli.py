@@ -2,7 +2,7 @@
 preset + flags + platform to configs, and bad input reported on one line.
 
     args = train_flags(argv)           # s2_train.py's flags (infer_flags: s3_infer.py's)
-    run = resolve(args)                # Resolved(preset, model, train, attention_note)
+    run = resolve(args)                # Resolved(preset, model, train, attention_note, data)
 
 Platform defaults live here and nowhere else: a CPU trains the `cpu` preset in
 float32 with einsum attention; a GPU or TPU the `course` preset in bfloat16
@@ -21,10 +21,10 @@ from sessions import multihost
 from sessions.accelerator import capability_defaults
 from sessions.attention import IMPLEMENTATIONS, choose
 from sessions.config import PRESETS, ModelConfig, TrainConfig
+from sessions.data import DOCS, STDLIB
 from sessions.errors import Interrupted, TrainingDiverged, UsageError
 
 PROMPT = "The import statement "  # the sample's start, in both sessions' scripts
-BYTE_VOCAB = 256  # the tokens of every corpus here are bytes
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -73,13 +73,18 @@ def add_shape_flags(parser):
     parser.add_argument(
         "--vocab",
         type=positive_int,
-        help=f"vocabulary size: any for --target (GPT-2's 50304, say); at least {BYTE_VOCAB} to "
-        "train or sample here, where the tokens are bytes",
+        help="vocabulary size: at least 256 on bytes; above every token of token files "
+        "(GPT-2's: 50304); any for --target",
     )
     parser.add_argument("--lr", type=positive_float)
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--log-every", type=positive_int)
-    parser.add_argument("--data", help="a text file, folder or glob (default: CPython's docs)")
+    parser.add_argument(
+        "--data",
+        help="docs (CPython's docs, the CPU default), stdlib (its source, the GPU/TPU default), "
+        "a text file, folder or glob, or token files: nanoGPT's train.bin, llm.c's "
+        "'dir/*_train_*.bin' (with --vocab)",
+    )
 
 
 def add_chip_flags(parser, what):
@@ -128,7 +133,9 @@ def train_flags(argv=None):
     parser.add_argument("--checkpoint-dir", help="default: RUN_DIR/checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument("--prompt", help=f"start of the sample (default: '{PROMPT}', cut to fit)")
-    parser.add_argument("--sample-bytes", type=non_negative_int, default=300)
+    parser.add_argument(
+        "--sample-bytes", type=non_negative_int, default=300, help="(tokens, on token files)"
+    )
     multihost.add_flags(parser)
     return parser.parse_args(argv)
 
@@ -168,6 +175,7 @@ class Resolved(NamedTuple):
     model: ModelConfig
     train: TrainConfig
     attention_note: str | None  # one header line when the attention is not the usual choice
+    data: str  # the corpus: "docs", "stdlib" or a path (sessions/data.py)
 
 
 MODEL_FLAGS = ("seq", "embed", "ff", "heads", "head_dim", "layers", "vocab")
@@ -196,11 +204,6 @@ def resolve(args, platform=None, **model_overrides):
     model = dataclasses.replace(
         PRESETS[preset].model, **{k: v for k, v in given.items() if v is not None}
     )
-    if here and model.vocab < BYTE_VOCAB:  # a step that runs here reads bytes
-        raise UsageError(
-            f"--vocab {model.vocab}: the tokens here are bytes, so at least {BYTE_VOCAB} "
-            "(any vocabulary plans a step for a chip: --target)"
-        )
     train = dataclasses.replace(
         PRESETS[preset].train, **{k: flag(k) for k in TRAIN_FLAGS if flag(k) is not None}
     )
@@ -210,7 +213,10 @@ def resolve(args, platform=None, **model_overrides):
         impl, note = model_overrides["attention_impl"], None
     else:
         impl, note = choose(flag("attention_impl"), platform, model, train.batch)
-    return Resolved(preset, dataclasses.replace(model, attention_impl=impl), train, note)
+    # The docs on a CPU, whose losses the README quotes; on a chip, whose default
+    # run would pass over the docs 156 times, the standard library's source.
+    corpus = flag("data") or (DOCS if on_cpu else STDLIB)
+    return Resolved(preset, dataclasses.replace(model, attention_impl=impl), train, note, corpus)
 
 
 def run_main(main, argv=None):

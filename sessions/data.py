@@ -1,50 +1,146 @@
-"""Data: bytes are tokens.
+"""Data: what a run trains on, split into training and validation tokens.
 
-Byte-level tokens (vocabulary 256) need no tokenizer, and the arithmetic stays
-visible: one token is one byte, a loss in nats per token is nats per byte.
+Three kinds of corpus, each offline:
 
-The default corpus is the English documentation that ships inside every
-CPython (`pydoc_data.topics`, about 0.5 MB), so training needs no network.
-It differs by Python release (466,273 bytes on 3.11.7, 493,500 on 3.12.1,
-511,947 on 3.13.0), so batches and losses do too: `describe_corpus` names it.
-`--data PATH` takes a text file, a folder or a glob instead.
+    docs     the English documentation inside every CPython (`pydoc_data.topics`,
+             about 0.5 MB): the CPU default, whose losses the README quotes
+    stdlib   the standard library's own source, about 10 MB of Python, split by
+             whole files: the GPU and TPU default, big enough not to be memorized
+    PATH     a text file, folder or glob (bytes), or token files ending in .bin
+             that nanoGPT and llm.c write (sessions/token_files.py)
+
+Text is read as bytes: byte-level tokens (vocabulary 256) need no tokenizer,
+and a loss in nats per token is nats per byte. Token files carry a tokenizer's
+ids; their vocabulary comes from --vocab.
 
 Batches are a pure function of (seed, step): a resumed run, another process
 or a prefetch thread all get the same batch for the same step.
 """
 
+import dataclasses
 import glob
 import hashlib
 import os
 import platform
+import sysconfig
 import time
 
 import numpy as np
 
+from sessions import token_files
 from sessions.errors import UsageError
 
-VAL_FRACTION = 0.1  # the corpus's last tenth is held out for validation
+DOCS, STDLIB = "docs", "stdlib"
+VAL_FRACTION = 0.1  # a tenth is held out for validation
 # Past this size, several files are concatenated once into a memory-mapped
 # cache instead of being held in memory.
 IN_MEMORY_LIMIT = 256 * 2**20
+# A warning past this many passes over the training split. The cpu preset on the
+# docs (0.84M params, 0.42 MB) gains nothing in validation loss past about 8
+# passes, then climbs (README, "Data"); data-constrained scaling finds repeats
+# worth nearly fresh data up to about 4 passes and fading after (Muennighoff et
+# al. 2023, arXiv:2305.16264). Every preset's default run stays below it.
+MAX_PASSES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    name: str  # one line for the header
+    train: object  # 1-D tokens: np.ndarray, np.memmap or token_files.Tokens
+    val: object
+    unit: str = "byte"  # what one token is: "byte", or "token" for a tokenizer's ids
+    note: str | None = None  # one line when the corpus is not the one asked for
+
+    def passes(self, tokens):
+        """How many times `tokens` training tokens go over the training split."""
+        return tokens / len(self.train)
+
+
+def python_name():
+    return f"{platform.python_implementation()} {platform.python_version()}"
+
+
+def docs_text():
+    """CPython's bundled documentation, as one string."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
 
 
 def default_corpus():
-    """CPython's bundled documentation text, as uint8 tokens."""
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(topics[k] for k in sorted(topics))
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    """The docs as uint8 tokens (exercises and benches use them directly)."""
+    return np.frombuffer(docs_text().encode("utf-8"), dtype=np.uint8)
 
 
-def describe_corpus(path=None):
-    """One line naming the corpus: `path` as given, or for the default the
-    Python release whose documentation it is and its size, e.g.
-    "pydoc_data.topics (CPython 3.12.1 docs, 493,500 bytes)"."""
-    if path is not None:
-        return path
-    python = f"{platform.python_implementation()} {platform.python_version()}"
-    return f"pydoc_data.topics ({python} docs, {len(default_corpus()):,} bytes)"
+# The standard library's source, without what is not the library or differs by
+# install: test packages (Debian's and Docker's Pythons ship without them; they
+# hold deliberately malformed files), installed packages, the codec tables in
+# encodings/ (generated: 1.4 MB of `'\x80'  #  0x80 -> ...` lines), and the docs
+# corpus itself (pydoc_data), so docs and stdlib stay disjoint.
+STDLIB_SKIPPED = {"test", "tests", "idle_test", "site-packages", "dist-packages"}
+STDLIB_SKIPPED |= {"encodings", "pydoc_data", "__pycache__"}
+MIN_STDLIB_BYTES = 2**20  # less than this: the install keeps only .pyc files
+
+
+def stdlib_files(root=None):
+    """Sorted paths of the standard library's .py files, relative to `root`,
+    with '/' separators (so the validation split is the same on every OS)."""
+    root = root or sysconfig.get_paths()["stdlib"]
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in STDLIB_SKIPPED)
+        rel = os.path.relpath(folder, root).replace(os.sep, "/")
+        found += [f if rel == "." else f"{rel}/{f}" for f in files if f.endswith(".py")]
+    return sorted(found)
+
+
+def is_validation_file(rel_path):
+    """A deterministic tenth of the files, chosen by a hash of each path."""
+    return int(hashlib.sha256(rel_path.encode()).hexdigest(), 16) % 10 == 0
+
+
+def stdlib_corpus(root=None):
+    """The standard library's source, split by whole files; the docs, with a
+    note, if this Python ships no sources."""
+    root = root or sysconfig.get_paths()["stdlib"]
+    files = stdlib_files(root) if os.path.isdir(root) else []
+    parts = {False: [], True: []}  # is_validation_file -> file contents, in order
+    for rel in files:
+        with open(os.path.join(root, rel), "rb") as f:
+            parts[is_validation_file(rel)].append(f.read())
+    train, val = (np.frombuffer(b"".join(parts[v]), dtype=np.uint8) for v in (False, True))
+    if len(train) + len(val) < MIN_STDLIB_BYTES:
+        docs = docs_corpus()
+        note = f"{python_name()} at {root} ships no .py sources (only .pyc): training on the docs"
+        return dataclasses.replace(docs, note=note)
+    name = (
+        f"stdlib ({python_name()} source, {len(files):,} files, "
+        f"{(len(train) + len(val)) / 1e6:.1f} MB; whole files held out)"
+    )
+    return Corpus(name, train, val)
+
+
+def docs_corpus():
+    tokens = default_corpus()
+    name = f"docs (pydoc_data.topics, {python_name()}, {len(tokens):,} bytes)"
+    return Corpus(name, *split(tokens))
+
+
+def open_corpus(spec, seq):
+    """The corpus `spec` names ("docs", "stdlib", a path or glob), each split
+    holding at least one sequence of `seq` + 1 tokens."""
+    if spec == DOCS:
+        corpus = docs_corpus()
+    elif spec == STDLIB:
+        corpus = stdlib_corpus()
+    elif token_files.is_token_path(spec):
+        found = token_files.open_token_files(spec, held_out=VAL_FRACTION)
+        name = f"{spec} ({found.format}; validation: {found.val_source})"
+        corpus = Corpus(name, found.train, found.val, unit="token")
+    else:
+        corpus = Corpus(spec, *split(load_corpus(spec)))
+    check_lengths(corpus.train, corpus.val, seq, corpus.unit)
+    return corpus
 
 
 def _files_for(path):
@@ -99,21 +195,57 @@ def _cached_concatenation(files, cache_dir):
     return np.memmap(target, dtype=np.uint8, mode="r")
 
 
-def split(tokens, seq):
-    """(train, val) views of the corpus; each must hold at least one sequence."""
+def split(tokens, seq=0):
+    """(train, val) views of the corpus, its last tenth held out; each must
+    hold at least one sequence of `seq` + 1 tokens."""
     n_val = int(len(tokens) * VAL_FRACTION)
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
-    for name, part in (("training", train), ("validation", val)):
-        if len(part) < seq + 1:
-            raise UsageError(
-                f"the data is too short: its {name} part holds {len(part)} bytes, "
-                f"fewer than one sequence of {seq + 1}"
-            )
+    check_lengths(train, val, seq)
     return train, val
 
 
+def check_lengths(train, val, seq, unit="byte"):
+    for name, part in (("training", train), ("validation", val)):
+        if len(part) < seq + 1:
+            raise UsageError(
+                f"the data is too short: its {name} part holds {len(part)} {unit}s, "
+                f"fewer than one sequence of {seq + 1}"
+            )
+
+
+def check_vocab(corpus, vocab):
+    """Every token must be below the model's vocabulary: checked before step 1."""
+    if corpus.unit == "byte" and vocab < 256:
+        raise UsageError(f"--vocab {vocab}: the tokens of this corpus are bytes, so at least 256")
+    if corpus.unit == "token":
+        largest = max(corpus.train.max_token(), corpus.val.max_token())
+        if largest >= vocab:
+            raise UsageError(
+                f"token {largest} in {corpus.name.split()[0]} is at or past --vocab {vocab}: "
+                f"pass --vocab {largest + 1} or more (GPT-2's tokens: --vocab 50304)"
+            )
+
+
+def passes_lines(corpus, tokens, steps):
+    """The header's line on how often the run sees its data, and a warning
+    past MAX_PASSES naming the remedies."""
+    passes = corpus.passes(tokens)
+    lines = [
+        f"passes: {passes:.3g} over the training split ({steps:,} steps x "
+        f"{tokens // steps:,} {corpus.unit}s = {tokens / 1e6:,.1f}M)"
+    ]
+    if passes > MAX_PASSES:
+        remedies = ["--data stdlib"] if corpus.name.split()[0] != STDLIB else []
+        remedies += ["--data PATH (more text, or token files)", "fewer --steps"]
+        lines.append(
+            f"warning: past {MAX_PASSES} passes a model starts to memorize its data and the "
+            f"validation loss climbs; try {', '.join(remedies)}"
+        )
+    return lines
+
+
 def unigram_entropy(tokens, limit=2**26):
-    """Nats per byte of the best model that ignores context: the byte
+    """Nats per token of the best model that ignores context: the token (byte)
     frequencies. A trained model must beat this to have learned anything."""
     counts = np.bincount(np.asarray(tokens[:limit]), minlength=256).astype(np.float64)
     p = counts[counts > 0] / counts.sum()

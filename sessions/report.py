@@ -12,9 +12,10 @@ from sessions import data
 from sessions.meter import impossible_mfu
 
 
-def header_lines(run, flops, peak, corpus, train_tokens, val_tokens, unigram):
+def header_lines(run, flops, peak, corpus, unigram):
     """What session 2 prints before training: the devices, the model, the step's
-    FLOPs, the peak MFU is measured against, and the data."""
+    FLOPs, the peak MFU is measured against, the data and how often the run
+    passes over it."""
     cfg, tc = run.model, run.train
     devices, processes = jax.devices(), jax.process_count()
     on = {True: "on", False: "off"}
@@ -28,8 +29,11 @@ def header_lines(run, flops, peak, corpus, train_tokens, val_tokens, unigram):
         f"{napkin_train_flops(cfg, tc.batch) / 1e9:.2f} GFLOP | exact with attention = "
         f"{flops / 1e9:.2f} GFLOP",
         f"peak: {peak[0] / 1e12:.3f} TFLOP/s per device ({peak[1]})",
-        f"data: {data.describe_corpus(corpus)} | {len(train_tokens):,} train / "
-        f"{len(val_tokens):,} val bytes | unigram baseline {unigram:.3f} nats/byte",
+        *([f"data: {corpus.note}"] if corpus.note else []),
+        f"data: {corpus.name}",
+        f"      {len(corpus.train):,} train / {len(corpus.val):,} val {corpus.unit}s | unigram "
+        f"baseline {unigram:.3f} nats/{corpus.unit}",
+        *data.passes_lines(corpus, tc.steps * tc.batch * cfg.seq, tc.steps),
     ] + ([f"attention: {run.attention_note}"] if run.attention_note else [])
 
 
@@ -43,6 +47,7 @@ def summarize(
     n_devices,
     unigram,
     first_step,
+    unit="byte",
     memory=(None, ""),
     allocator=(None, ""),
 ):
@@ -53,7 +58,7 @@ def summarize(
     steps = history[-1]["step"] - first_step
     seconds_per_step = train_seconds / max(steps, 1)
     achieved = flops_per_step / seconds_per_step
-    val = [r["val_loss"] for r in history if "val_loss" in r]
+    val = [(r["val_loss"], r["step"]) for r in history if "val_loss" in r]
     peak_flops, peak_source = peak
     mfu = achieved / (peak_flops * n_devices)
     return {
@@ -66,8 +71,12 @@ def summarize(
         "peak_tflops_per_device": peak_flops / 1e12,
         "peak_source": peak_source,
         "train_loss": history[-1]["loss"],
-        "val_loss": val[-1] if val else None,
+        "val_loss": val[-1][0] if val else None,
+        # Where validation was lowest: a run past its data's worth ends above it.
+        "best_val_loss": min(val)[0] if val else None,
+        "best_val_step": min(val)[1] if val else None,
         "unigram": unigram,
+        "unit": unit,  # what the losses are per: "byte", or "token" for token files
         "memory_bytes_per_device": memory[0],
         "memory_source": memory[1],
         "allocator_peak_bytes_per_device": allocator[0],
@@ -90,10 +99,14 @@ def summary_lines(s):
             f"{s['peak_tflops_per_device']:.3f} TFLOP/s per device is impossible, so the peak "
             f"({s['peak_source']}) is wrong for this chip"
         )
-    lines = ["summary", throughput, mfu, f"  train loss  {s['train_loss']:.3f} nats/byte"]
+    unit = s["unit"]
+    lines = ["summary", throughput, mfu, f"  train loss  {s['train_loss']:.3f} nats/{unit}"]
     if s["val_loss"] is not None:
-        lines.append(f"  val loss    {s['val_loss']:.3f} nats/byte")
-    lines.append(f"  unigram     {s['unigram']:.3f} nats/byte (byte frequencies alone, no context)")
+        best = f"best {s['best_val_loss']:.3f} at step {s['best_val_step']:,}"
+        lines.append(f"  val loss    {s['val_loss']:.3f} nats/{unit} ({best})")
+    lines.append(
+        f"  unigram     {s['unigram']:.3f} nats/{unit} ({unit} frequencies alone, no context)"
+    )
     if s["memory_bytes_per_device"] is not None:
         lines.append(
             f"  memory      {s['memory_bytes_per_device'] / 2**20:,.1f} MiB per device "
@@ -107,7 +120,7 @@ def summary_lines(s):
     return lines
 
 
-def plot_loss(history, path, unigram, title):
+def plot_loss(history, path, unigram, title, unit="byte"):
     """Train and validation loss against step, with the unigram baseline."""
     import matplotlib
 
@@ -121,7 +134,7 @@ def plot_loss(history, path, unigram, title):
         ax.plot(*zip(*val), "o-", label="validation")
     ax.axhline(unigram, color="gray", linestyle="--", label="unigram baseline")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/byte)")
+    ax.set_ylabel(f"loss (nats/{unit})")
     ax.set_title(title)
     ax.legend()
     ax.grid(alpha=0.3)

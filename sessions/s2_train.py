@@ -30,13 +30,12 @@ from roofline.flops import train_flops
 from roofline.hardware import local_peak_flops
 from roofline.memory import allocator_peak, step_memory
 from roofline.profile import TraceWindow
-from sessions import checkpoint, data, multihost, sharding, target_train
+from sessions import checkpoint, data, multihost, sample, sharding, target_train
 from sessions.accelerator import check_accelerator_visible
 from sessions.cli import PROMPT, resolve, run_main, train_flags
 from sessions.meter import Meter
 from sessions.prefetch import Prefetcher, Synchronous
 from sessions.report import header_lines, plot_loss, summarize, summary_lines
-from sessions.sample import sample_text
 from sessions.train import (
     abstract_batch,
     abstract_state,
@@ -58,8 +57,11 @@ def main(argv=None):
     cfg, tc = run.model, run.train
     B, S = tc.batch, cfg.seq
 
-    # Data: bytes are tokens; batches are a pure function of (seed, step).
-    train_tokens, val_tokens = data.split(data.load_corpus(args.data), S)
+    # Data: bytes (or a tokenizer's ids) split into training and validation;
+    # batches are a pure function of (seed, step).
+    corpus = data.open_corpus(run.data, S)
+    data.check_vocab(corpus, cfg.vocab)  # every token below the vocabulary, before step 1
+    train_tokens = corpus.train
     unigram = data.unigram_entropy(train_tokens)
 
     # Multichip: a mesh over every device of every process, checked before use.
@@ -68,7 +70,8 @@ def main(argv=None):
     mesh = sharding.make_mesh(sizes)
     batch_sharding = sharding.batch_sharding(mesh)
     directory = args.checkpoint_dir or os.path.join(args.run_dir, "checkpoints")
-    checkpoints = checkpoint.open_for_run(directory, args.checkpoint_every, args.resume, cfg, tc)
+    every, resume = args.checkpoint_every, args.resume
+    checkpoints = checkpoint.open_for_run(directory, every, resume, cfg, tc, corpus.unit)
 
     # The state as shapes first (jax.ShapeDtypeStruct, each with its weight's
     # sharding); then every device builds, or restores, only its own shards.
@@ -82,7 +85,7 @@ def main(argv=None):
 
     flops = train_flops(cfg, B)  # 6·B·P plus attention: the model FLOPs MFU counts
     peak = local_peak_flops(cfg.dtype)
-    for line in header_lines(run, flops, peak, args.data, train_tokens, val_tokens, unigram):
+    for line in header_lines(run, flops, peak, corpus, unigram):
         say(line)
     if mesh.size > 1 or args.show_sharding:
         for line in sharding.describe(state["params"], shardings["params"], mesh):
@@ -102,7 +105,7 @@ def main(argv=None):
     if jit:
         with jax.set_mesh(mesh):
             step_fn = compile_ahead(step_fn, state, abstract_batch(B, S, batch_sharding), say)
-    evaluate = make_evaluator(cfg, tc, val_tokens, batch_sharding, jit=jit)
+    evaluate = make_evaluator(cfg, tc, corpus.val, batch_sharding, jit=jit)
 
     # The loader: each process cuts only the rows its devices hold. The
     # Prefetcher cuts and places the next batches on a thread while the
@@ -184,10 +187,17 @@ def main(argv=None):
     # A sample, then the summary a student compares across runs.
     params = multihost.gather(state["params"])
     if args.sample_bytes and is_main:
-        # The default prompt is cut to fit a short context; a given one must fit.
-        prompt = args.prompt or PROMPT[: cfg.seq // 2]
-        text = sample_text(params, cfg, prompt, args.sample_bytes, jax.random.key(tc.seed + 1))
-        say("sample:\n" + text)
+        # The default prompt is cut to fit a short context (for token files: the
+        # validation split's first ids); a given one must fit.
+        if args.prompt:
+            prompt = sample.prompt_tokens(args.prompt, corpus.unit)
+        elif corpus.unit == "byte":
+            prompt = sample.prompt_tokens(PROMPT[: cfg.seq // 2])
+        else:
+            prompt = corpus.val[: min(16, cfg.seq // 2)]
+        key = jax.random.key(tc.seed + 1)
+        tokens = sample.sample_tokens(params, cfg, prompt, args.sample_bytes, key)
+        say("sample:\n" + sample.show(tokens, corpus.unit))
     summary = summarize(
         meter.history,
         train_seconds=meter.train_seconds,
@@ -197,6 +207,7 @@ def main(argv=None):
         n_devices=mesh.size,
         unigram=unigram,
         first_step=start,
+        unit=corpus.unit,
         memory=step_memory(step_fn if jit else None),
         allocator=allocator_peak(),
     )
@@ -207,7 +218,8 @@ def main(argv=None):
             json.dump(summary, f, indent=1)
     if is_main:
         title = f"s2_train.py --preset {run.preset}"
-        path = plot_loss(meter.history, os.path.join(args.run_dir, "loss.png"), unigram, title)
+        path = os.path.join(args.run_dir, "loss.png")
+        path = plot_loss(meter.history, path, unigram, title, corpus.unit)
         say(f"  loss curve  {path}")
     return 0
 

@@ -25,11 +25,10 @@ from roofline.flops import model_line
 from roofline.hardware import local_roofs
 from sessions import aot, inference, sharding, target_infer
 from sessions.accelerator import check_accelerator_visible
-from sessions.cli import infer_flags, run_main
-from sessions.data import text_to_tokens
+from sessions.cli import PROMPT, infer_flags, run_main
 from sessions.errors import UsageError
 from sessions.report import decode_table_lines, plot_decode
-from sessions.sample import sample_text
+from sessions.sample import prompt_tokens, sample_tokens, show
 from sessions.serving import inference_config, load_params, time_decode
 
 
@@ -45,7 +44,13 @@ def main(argv=None):
         if b % (sizes["data"] * sizes["fsdp"]):
             raise UsageError(f"--batches: {b} does not divide over data x fsdp of --mesh")
     cfg, meta = inference_config(args)
-    prompt = text_to_tokens(args.prompt)
+    unit = meta.get("unit", "byte") if meta else "byte"  # bytes, or token files' ids
+    if unit == "token" and args.prompt == PROMPT:
+        raise UsageError(
+            f"{args.checkpoint_dir} was trained on token files: give --prompt as token ids, "
+            "e.g. --prompt '464 1330 2643'"
+        )
+    prompt = prompt_tokens(args.prompt, unit)
     sharding.check_divisible(cfg, sizes["data"] * sizes["fsdp"], sizes)
     inference.check_lengths(cfg, len(prompt), args.new_tokens)
     mesh = sharding.make_mesh(sizes, devices)
@@ -54,7 +59,7 @@ def main(argv=None):
         print(f"session 3 | {len(devices)} x {devices[0].device_kind} | {source}")
         print(
             f"model: {model_line(cfg, length='T')} | {cfg.dtype} | prompt {len(prompt)} "
-            f"bytes, {args.new_tokens} decode steps"
+            f"{unit}s, {args.new_tokens} decode steps"
         )
         # The roofs of the whole mesh: each device's datasheet, or this CPU's measured
         # figures, which its simulated devices share (roofline.hardware.local_roofs).
@@ -75,9 +80,9 @@ def main(argv=None):
         plot_decode([(s.batch, g.tokens_per_s) for s, g, _ in rows], cfg, peak, bandwidth, path)
         print(f"plot: {path}")
     # One device, outside the mesh: the sample is one sequence.
-    text = sample_text(
-        params, cfg, args.prompt, args.new_tokens, jax.random.key(1), args.temperature
-    )
+    key = jax.random.key(1)
+    tokens = sample_tokens(params, cfg, prompt, args.new_tokens, key, args.temperature)
+    text = show(tokens, unit)
     print("sample:\n" + text)
 
     if args.summary_out:

@@ -65,7 +65,7 @@ def load_params(checkpoint_dir, seed, cfg, meta, mesh):
     trained = ModelConfig(**meta["model"])  # as saved: the identity a restore checks
     tc = TrainConfig(batch=meta["batch"], seed=meta["seed"], steps=meta["steps"])
     _, _, abstract = abstract_state(trained, tc, mesh)
-    with Checkpoints(checkpoint_dir, 0, trained, tc) as checkpoints:
+    with Checkpoints(checkpoint_dir, 0, trained, tc, meta.get("unit", "byte")) as checkpoints:
         step, state = checkpoints.restore_latest(abstract)
     return state["params"], f"checkpoint at step {step} of {checkpoints.directory}"
 
