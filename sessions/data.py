@@ -232,7 +232,7 @@ def passes_lines(corpus, tokens, steps):
     passes = corpus.passes(tokens)
     lines = [
         f"passes: {passes:.3g} over the training split ({steps:,} steps x "
-        f"{tokens // steps:,} {corpus.unit}s = {tokens / 1e6:,.1f}M)"
+        f"{tokens // steps:,} {corpus.unit}s = {tokens / 1e6:,.3g}M)"
     ]
     if passes > MAX_PASSES:
         remedies = ["--data stdlib"] if corpus.name.split()[0] != STDLIB else []

@@ -32,8 +32,9 @@ def main(argv=None):
     if args.steps is None and args.preset is None:
         tc = dataclasses.replace(tc, steps=120, log_every=20)  # about a minute on 2 cores
 
-    corpus = data.load_corpus(args.data)
-    train_tokens, _ = data.split(corpus, cfg.seq)
+    corpus = data.open_corpus(run.data, cfg.seq)
+    data.check_vocab(corpus, cfg.vocab)
+    train_tokens = corpus.train
     unigram = data.unigram_entropy(train_tokens)
     device = jax.devices()[0]  # one device
 
@@ -42,8 +43,11 @@ def main(argv=None):
     step_fn = make_train_step(cfg, optimizer, jit=False)  # op by op
     print(
         f"session 1 | {device.device_kind} | feed-forward only, eager | "
-        f"batch {tc.batch} x seq {cfg.seq} | unigram baseline {unigram:.3f} nats/byte"
+        f"batch {tc.batch} x seq {cfg.seq} | unigram baseline {unigram:.3f} nats/{corpus.unit}"
     )
+    print(f"data: {corpus.name}")
+    for line in data.passes_lines(corpus, tc.steps * tc.batch * cfg.seq, tc.steps):
+        print(line)
 
     start = time.perf_counter()
     for step in range(tc.steps):

@@ -127,7 +127,10 @@ BAD_INPUTS = {
     "unknown axis": (["--preset", "tiny", "--mesh", "pipe=8"], "unknown axis 'pipe'"),
     "bad axis size": (["--preset", "tiny", "--mesh", "fsdp=x"], "needs a positive size"),
     "missing data": (["--preset", "tiny", "--data", "/no/such/file.txt"], "no such file"),
-    "vocab below bytes": (["--preset", "tiny", "--vocab", "100"], "--vocab 100: the tokens of this corpus are bytes"),
+    "vocab below bytes": (
+        ["--preset", "tiny", "--vocab", "100"],
+        "--vocab 100: the tokens of this corpus are bytes",
+    ),
 }
 
 

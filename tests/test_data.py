@@ -2,12 +2,14 @@
 step); the prefetcher yields the synchronous loader's batches, in order,
 prepared ahead of a slow consumer."""
 
+import platform
 import time
 
 import numpy as np
 import pytest
 
 from sessions import data
+from sessions.cli import resolve, train_flags
 from sessions.errors import UsageError
 from sessions.prefetch import Prefetcher, Synchronous
 
@@ -129,3 +131,103 @@ def test_prefetcher_hands_errors_to_the_consumer():
         next(ahead), next(ahead)
         with pytest.raises(ValueError, match="disk on fire"):
             next(ahead)
+
+
+# --- the corpora: docs, stdlib, token files, and how often a run passes over them
+
+
+def fake_stdlib(root, n_files=40):
+    """A standard library of small .py files with unique contents, plus what
+    must be left out: tests, installed packages, codec tables, the docs, and
+    files that are not source. Returns {relative path: bytes} of the kept files."""
+    kept = {}
+    for i in range(n_files):
+        rel = f"pkg{i % 3}/mod{i}.py" if i % 2 else f"mod{i}.py"
+        kept[rel] = f"# {rel}\n".encode() + b"x = %d\n" % i * (i + 1)
+    left_out = ["test/test_os.py", "idlelib/idle_test/t.py", "site-packages/six.py"]
+    left_out += ["encodings/cp1252.py", "pydoc_data/topics.py", "pkg0/tests/t.py"]
+    for rel, content in {**kept, **dict.fromkeys(left_out, b"# left out\n")}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(content)
+    (root / "README.txt").write_text("# left out\n")
+    (root / "mod0.pyc").write_bytes(b"# left out\n")
+    return kept
+
+
+def test_stdlib_holds_out_whole_files_the_same_way_every_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "MIN_STDLIB_BYTES", 1)
+    kept = fake_stdlib(tmp_path)
+    first, second = data.stdlib_corpus(str(tmp_path)), data.stdlib_corpus(str(tmp_path))
+    np.testing.assert_array_equal(first.train, second.train)
+    np.testing.assert_array_equal(first.val, second.val)
+    train, val = first.train.tobytes(), first.val.tobytes()
+    assert b"left out" not in train + val
+    # Each file lies whole in exactly one split; each split is its files in sorted order.
+    in_val = sorted(rel for rel, content in kept.items() if content in val)
+    in_train = sorted(rel for rel, content in kept.items() if content in train)
+    assert sorted(in_val + in_train) == sorted(kept)
+    assert val == b"".join(kept[rel] for rel in in_val)
+    assert train == b"".join(kept[rel] for rel in in_train)
+    assert 1 <= len(in_val) <= 10  # about a tenth of 40
+    assert "40 files" in first.name and first.unit == "byte"
+
+
+def test_this_python_s_stdlib_is_split_by_file():
+    corpus = data.stdlib_corpus()
+    assert corpus.note is None and corpus.name.startswith("stdlib (")
+    files = data.stdlib_files()
+    assert "os.py" in files and "json/decoder.py" in files
+    skipped = ("test", "tests", "idle_test", "site-packages", "encodings", "pydoc_data")
+    assert not [f for f in files if set(f.split("/")[:-1]) & set(skipped)]
+    assert 0.05 < len(corpus.val) / (len(corpus.train) + len(corpus.val)) < 0.2
+    assert len(corpus.train) > 7_000_000  # about 9-10 MB on CPython 3.11-3.13
+
+
+def test_a_python_without_sources_trains_on_the_docs(tmp_path):
+    (tmp_path / "os.pyc").write_bytes(b"\0" * 100)
+    corpus = data.stdlib_corpus(str(tmp_path))
+    assert corpus.name.startswith("docs (") and "ships no .py sources" in corpus.note
+
+
+def corpus_of(n_train, name="some.txt"):
+    return data.Corpus(name, np.zeros(n_train, np.uint8), np.zeros(10, np.uint8))
+
+
+def test_passes_in_the_header_and_a_warning_past_the_threshold():
+    limit = data.MAX_PASSES * 1000  # tokens that pass over 1,000 exactly MAX_PASSES times
+    (line,) = data.passes_lines(corpus_of(1000), limit, steps=10)
+    assert line.startswith(f"passes: {data.MAX_PASSES} over the training split")
+    lines = data.passes_lines(corpus_of(1000), limit + 10, steps=10)
+    assert len(lines) == 2 and lines[1].startswith("warning:")
+    assert "--data stdlib" in lines[1] and "fewer --steps" in lines[1]
+    on_stdlib = data.passes_lines(corpus_of(1000, "stdlib (CPython)"), limit + 10, steps=10)
+    assert "--data stdlib" not in on_stdlib[1] and "--data PATH" in on_stdlib[1]
+
+
+# Training-split sizes, measured on CPython's own builds (pyenv): the docs and the
+# stdlib as data.py cuts them. The row of the Python running the test is checked
+# against its real corpora below, so the table cannot drift from the code.
+TRAIN_SPLIT = {
+    "3.11.7": {"docs": 419_646, "stdlib": 8_857_769},
+    "3.12.1": {"docs": 444_150, "stdlib": 8_322_187},
+    "3.13.0": {"docs": 460_753, "stdlib": 8_124_289},
+}
+DEFAULT_PLATFORM = {"tiny": "cpu", "cpu": "cpu", "course": "gpu", "gpt2": "gpu"}
+
+
+@pytest.mark.parametrize("preset", sorted(DEFAULT_PLATFORM))
+def test_every_preset_s_default_run_stays_below_the_threshold(preset):
+    platform_here = DEFAULT_PLATFORM[preset]
+    run = resolve(train_flags(["--preset", preset]), platform=platform_here)
+    assert run.data == ("docs" if platform_here == "cpu" else "stdlib")
+    assert resolve(train_flags(["--preset", preset]), platform="tpu").data == run.data or (
+        platform_here == "cpu"  # a TPU, like a GPU, gets the stdlib
+    )
+    tokens = run.train.steps * run.train.batch * run.model.seq
+    sizes = dict(TRAIN_SPLIT)
+    here = platform.python_version()
+    if platform.python_implementation() == "CPython" and here in sizes:
+        assert len(data.open_corpus(run.data, run.model.seq).train) == sizes[here][run.data]
+    for python, size in sizes.items():
+        passes = tokens / size[run.data]
+        assert passes <= data.MAX_PASSES, (python, preset, run.data, passes)
