@@ -85,7 +85,10 @@ def bad_runs(folder):
         ),
         "no --vocab": (["--data", str(folder / "big_train.bin")], "pass --vocab 1024 or more"),
         "odd raw file": (["--data", str(folder / "odd.bin"), "--vocab", "2048"], "odd"),
-        "promises more": (["--data", str(folder / "short_train.bin"), "--vocab", "2048"], "says 6,000 tokens"),
+        "promises more": (
+            ["--data", str(folder / "short_train.bin"), "--vocab", "2048"],
+            "says 6,000 tokens",
+        ),
         "unknown version": (
             ["--data", str(folder / "v9_train.bin"), "--vocab", "2048"],
             "version 9",
