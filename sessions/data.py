@@ -141,7 +141,7 @@ def open_corpus(spec, seq):
         corpus = Corpus(name, found.train, found.val, unit="token")
     else:
         corpus = Corpus(spec, *split(load_corpus(spec)))
-    check_lengths(corpus.train, corpus.val, seq, corpus.unit)
+    check_split_lengths(corpus.train, corpus.val, seq, corpus.unit)
     return corpus
 
 
@@ -202,11 +202,11 @@ def split(tokens, seq=0):
     hold at least one sequence of `seq` + 1 tokens."""
     n_val = int(len(tokens) * VAL_FRACTION)
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
-    check_lengths(train, val, seq)
+    check_split_lengths(train, val, seq)
     return train, val
 
 
-def check_lengths(train, val, seq, unit="byte"):
+def check_split_lengths(train, val, seq, unit="byte"):
     for name, part in (("training", train), ("validation", val)):
         if len(part) < seq + 1:
             raise UsageError(

@@ -266,7 +266,7 @@ def test_the_meter_s_numbers_by_hand(monkeypatch):
 
 def test_the_summary_by_hand():
     """A run resumed at step 2 that timed 6 steps in 3 s: 0.5 s a step."""
-    history = [{"step": 4, "loss": 3.0}, {"step": 8, "loss": 2.5, "val_loss": 2.4}]
+    history = [{"step": 4, "loss": 3.0, "val_loss": 2.3}, {"step": 8, "loss": 2.5, "val_loss": 2.4}]
     s = summarize(
         history,
         train_seconds=3.0,
@@ -284,7 +284,9 @@ def test_the_summary_by_hand():
     assert s["tflops_per_device"] == pytest.approx(0.003)
     assert s["mfu"] == pytest.approx(0.3)
     assert (s["train_loss"], s["val_loss"]) == (2.5, 2.4)
+    assert (s["best_val_loss"], s["best_val_step"]) == (2.3, 4)  # the last is not the best
     text = "\n".join(summary_lines(s))
+    assert "val loss    2.400 nats/byte (best 2.300 at step 4)" in text
     assert "2,048 tokens/s, 500.0 ms/step, 0.003 TFLOP/s per device" in text
     assert "MFU         30.0% of 0.010 TFLOP/s per device (a datasheet)" in text
     assert "memory      3.0 MiB per device (a plan)" in text
