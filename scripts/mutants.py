@@ -273,6 +273,63 @@ MUTANTS = [
         (("if t.asynchronous:  # runs on its engine", "if False:  # runs on its engine"),),
         (f"{OP_ROOFLINE}::test_an_asynchronous_collective_hides_behind_the_ops_before_its_use",),
     ),
+    Mutant(
+        "stdlib-skips",
+        "the stdlib corpus keeps the generated codec tables and the docs",
+        "sessions/data.py",
+        (('STDLIB_SKIPPED |= {"encodings", "pydoc_data", "__pycache__"}', "pass"),),
+        (
+            "tests/test_data.py::test_stdlib_holds_out_whole_files_the_same_way_every_time",
+            "tests/test_data.py::test_this_python_s_stdlib_is_split_by_file",
+        ),
+    ),
+    Mutant(
+        "stdlib-order",
+        "the stdlib's files in the order the file system lists them",
+        "sessions/data.py",
+        (("    return sorted(found)", "    return found[::-1]"),),
+        ("tests/test_data.py::test_stdlib_holds_out_whole_files_the_same_way_every_time",),
+    ),
+    Mutant(
+        "passes-warning",
+        "the warning at exactly the threshold, not past it",
+        "sessions/data.py",
+        (("    if passes > MAX_PASSES:", "    if passes >= MAX_PASSES:"),),
+        ("tests/test_data.py::test_passes_in_the_header_and_a_warning_past_the_threshold",),
+    ),
+    Mutant(
+        "vocab-edge",
+        "a token equal to the vocabulary let through (an embedding lookup past the table)",
+        "sessions/data.py",
+        (("        if largest >= vocab:", "        if largest > vocab:"),),
+        ("tests/test_token_runs.py::test_bad_token_input_is_one_line_before_any_step",),
+    ),
+    Mutant(
+        "chip-corpus",
+        "a GPU or TPU defaults to the docs, which its default run passes over 156 times",
+        "sessions/cli.py",
+        (("(DOCS if on_cpu else STDLIB)", "DOCS"),),
+        ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
+    ),
+    Mutant(
+        "best-val",
+        "the summary's best validation loss is the last one",
+        "sessions/report.py",
+        (
+            (
+                '"best_val_loss": min(val)[0] if val else None',
+                '"best_val_loss": val[-1][0] if val else None',
+            ),
+        ),
+        ("tests/test_train.py::test_the_summary_by_hand",),
+    ),
+    Mutant(
+        "token-unit",
+        "the header counts token files' tokens as bytes",
+        "sessions/report.py",
+        (("{len(corpus.val):,} val {corpus.unit}s", "{len(corpus.val):,} val bytes"),),
+        ("tests/test_token_runs.py::test_a_run_on_llm_c_shards_learns_their_pattern",),
+    ),
 ]
 
 

@@ -80,7 +80,7 @@ def bad_runs(folder):
     (folder / "odd.bin").write_bytes(lcg(5_000, 1).tobytes() + b"\0")
     return {
         "token past --vocab": (
-            ["--data", str(folder / "big_train.bin"), "--vocab", "1000"],
+            ["--data", str(folder / "big_train.bin"), "--vocab", "1023"],
             "token 1023 in",
         ),
         "no --vocab": (["--data", str(folder / "big_train.bin")], "pass --vocab 1024 or more"),
