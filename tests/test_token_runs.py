@@ -79,29 +79,29 @@ def bad_runs(folder):
     write_shard(folder / "v9_train.bin", lcg(5_000, 1), version=9)
     (folder / "odd.bin").write_bytes(lcg(5_000, 1).tobytes() + b"\0")
     return {
-        "token past --vocab": (
+        "token-past-vocab": (
             ["--data", str(folder / "big_train.bin"), "--vocab", "1023"],
             "token 1023 in",
         ),
-        "no --vocab": (["--data", str(folder / "big_train.bin")], "pass --vocab 1024 or more"),
-        "odd raw file": (["--data", str(folder / "odd.bin"), "--vocab", "2048"], "odd"),
-        "promises more": (
+        "no-vocab": (["--data", str(folder / "big_train.bin")], "pass --vocab 1024 or more"),
+        "odd-raw-file": (["--data", str(folder / "odd.bin"), "--vocab", "2048"], "odd"),
+        "promises-more": (
             ["--data", str(folder / "short_train.bin"), "--vocab", "2048"],
             "says 6,000 tokens",
         ),
-        "unknown version": (
+        "unknown-version": (
             ["--data", str(folder / "v9_train.bin"), "--vocab", "2048"],
             "version 9",
         ),
-        "vocab below bytes": (
+        "vocab-below-bytes": (
             ["--vocab", "100"],
             "--vocab 100: the tokens of this corpus are bytes",
         ),
     }
 
 
-CASES = ["token past --vocab", "no --vocab", "odd raw file", "promises more"]
-CASES += ["unknown version", "vocab below bytes"]
+CASES = ["token-past-vocab", "no-vocab", "odd-raw-file", "promises-more"]
+CASES += ["unknown-version", "vocab-below-bytes"]
 
 
 @pytest.mark.parametrize("case", CASES)
