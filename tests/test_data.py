@@ -231,3 +231,23 @@ def test_every_preset_s_default_run_stays_below_the_threshold(preset):
     for python, size in sizes.items():
         passes = tokens / size[run.data]
         assert passes <= data.MAX_PASSES, (python, preset, run.data, passes)
+
+
+def test_a_batch_of_token_files_is_the_batch_of_their_tokens_in_memory(tmp_path):
+    """Mapped shards give the same batches as the same tokens held in memory, and
+    a process of a multi-host run cuts exactly its rows of them."""
+    tokens = np.random.default_rng(0).integers(0, 50257, 3_000, dtype=np.uint16)
+    for i, part in enumerate(np.split(tokens, [1_000, 2_200])):
+        header = np.zeros(256, "<i4")
+        header[:3] = 20240520, 1, len(part)
+        (tmp_path / f"x_train_{i}.bin").write_bytes(header.tobytes() + part.tobytes())
+    corpus = data.open_corpus(str(tmp_path / "x_train_*.bin"), seq=16)
+    assert len(corpus.train) == 2_700 and corpus.unit == "token"
+    in_memory = tokens[:2_700]
+    for step in (0, 5):
+        mapped = data.get_batch(corpus.train, step, batch=8, seq=16, seed=3)
+        held = data.get_batch(in_memory, step, batch=8, seq=16, seed=3)
+        np.testing.assert_array_equal(mapped["inputs"], held["inputs"])
+        mine = data.get_batch(corpus.train, step, batch=8, seq=16, seed=3, rows=slice(4, 8))
+        np.testing.assert_array_equal(mine["targets"], held["targets"][4:8])
+    assert held["inputs"].max() > 256  # ids, not bytes
