@@ -132,7 +132,11 @@ def train_flags(argv=None):
     )
     parser.add_argument("--checkpoint-dir", help="default: RUN_DIR/checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    parser.add_argument("--prompt", help=f"start of the sample (default: '{PROMPT}', cut to fit)")
+    parser.add_argument(
+        "--prompt",
+        help=f"start of the sample (default: '{PROMPT}', cut to fit); on token files, ids "
+        "('464 1330', default: the validation split's first)",
+    )
     parser.add_argument(
         "--sample-bytes", type=non_negative_int, default=300, help="(tokens, on token files)"
     )
@@ -152,7 +156,9 @@ def infer_flags(argv=None):
     parser.add_argument("--random-params", action="store_true", help="no checkpoint: speed only")
     parser.add_argument("--batches", help="decode batch sizes (default 1,4,16,64 x data x fsdp)")
     parser.add_argument("--new-tokens", type=positive_int, default=64, help="decode steps")
-    parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument(
+        "--prompt", default=PROMPT, help="text; for a model of token files, ids: '464 1330'"
+    )
     parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     parser.add_argument("--run-dir", default="runs/s3", help="the plot goes here")
     args = parser.parse_args(argv)
