@@ -87,6 +87,15 @@ def add_shape_flags(parser):
     )
 
 
+def add_tokenizer_flag(parser):
+    parser.add_argument(
+        "--tokenizer",
+        metavar="FILE",
+        help="a Hugging Face tokenizer.json that reads the ids of token files as text "
+        "(needs `pip install tokenizers`; default: print ids)",
+    )
+
+
 def add_chip_flags(parser, what):
     """--dtype, --mesh and --target, as both sessions take them."""
     parser.add_argument(
@@ -137,6 +146,7 @@ def train_flags(argv=None):
         help=f"start of the sample (default: '{PROMPT}', cut to fit); on token files, ids "
         "('464 1330', default: the validation split's first)",
     )
+    add_tokenizer_flag(parser)
     parser.add_argument(
         "--sample-bytes", type=non_negative_int, default=300, help="(tokens, on token files)"
     )
@@ -160,6 +170,7 @@ def infer_flags(argv=None):
         "--prompt", default=PROMPT, help="text; for a model of token files, ids: '464 1330'"
     )
     parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    add_tokenizer_flag(parser)
     parser.add_argument("--run-dir", default="runs/s3", help="the plot goes here")
     args = parser.parse_args(argv)
     for flag in TRAINING_ONLY:

@@ -61,6 +61,7 @@ def main(argv=None):
     # batches are a pure function of (seed, step).
     corpus = data.open_corpus(run.data, S)
     data.check_vocab(corpus, cfg.vocab)  # every token below the vocabulary, before step 1
+    tokenizer = sample.load_tokenizer(args.tokenizer, corpus.unit)
     train_tokens = corpus.train
     unigram = data.unigram_entropy(train_tokens)
 
@@ -190,14 +191,14 @@ def main(argv=None):
         # The default prompt is cut to fit a short context (for token files: the
         # validation split's first ids); a given one must fit.
         if args.prompt:
-            prompt = sample.prompt_tokens(args.prompt, corpus.unit)
+            prompt = sample.prompt_tokens(args.prompt, corpus.unit, tokenizer)
         elif corpus.unit == "byte":
             prompt = sample.prompt_tokens(PROMPT[: cfg.seq // 2])
         else:
             prompt = corpus.val[: min(16, cfg.seq // 2)]
         key = jax.random.key(tc.seed + 1)
         tokens = sample.sample_tokens(params, cfg, prompt, args.sample_bytes, key)
-        say("sample:\n" + sample.show(tokens, corpus.unit))
+        say("sample:\n" + sample.show(tokens, corpus.unit, tokenizer))
     summary = summarize(
         meter.history,
         train_seconds=meter.train_seconds,

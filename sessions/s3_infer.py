@@ -28,7 +28,7 @@ from sessions.accelerator import check_accelerator_visible
 from sessions.cli import PROMPT, infer_flags, run_main
 from sessions.errors import UsageError
 from sessions.report import decode_table_lines, plot_decode
-from sessions.sample import prompt_tokens, sample_tokens, show
+from sessions.sample import load_tokenizer, prompt_tokens, sample_tokens, show
 from sessions.serving import inference_config, load_params, time_decode
 
 
@@ -45,12 +45,13 @@ def main(argv=None):
             raise UsageError(f"--batches: {b} does not divide over data x fsdp of --mesh")
     cfg, meta = inference_config(args)
     unit = meta.get("unit", "byte") if meta else "byte"  # bytes, or token files' ids
-    if unit == "token" and args.prompt == PROMPT:
+    tokenizer = load_tokenizer(args.tokenizer, unit)
+    if unit == "token" and args.prompt == PROMPT and tokenizer is None:
         raise UsageError(
             f"{args.checkpoint_dir} was trained on token files: give --prompt as token ids, "
-            "e.g. --prompt '464 1330 2643'"
+            "e.g. --prompt '464 1330 2643', or --tokenizer FILE to write it as text"
         )
-    prompt = prompt_tokens(args.prompt, unit)
+    prompt = prompt_tokens(args.prompt, unit, tokenizer)
     sharding.check_divisible(cfg, sizes["data"] * sizes["fsdp"], sizes)
     inference.check_lengths(cfg, len(prompt), args.new_tokens)
     mesh = sharding.make_mesh(sizes, devices)
@@ -82,7 +83,7 @@ def main(argv=None):
     # One device, outside the mesh: the sample is one sequence.
     key = jax.random.key(1)
     tokens = sample_tokens(params, cfg, prompt, args.new_tokens, key, args.temperature)
-    text = show(tokens, unit)
+    text = show(tokens, unit, tokenizer)
     print("sample:\n" + text)
 
     if args.summary_out:

@@ -8,8 +8,10 @@ runs the model's attention kernel only where it takes that length
 (attention.choose_for_length, in inference.generate).
 
 A model of bytes reads and writes text. A model trained on token files reads
-and writes a tokenizer's ids, which no tokenizer here turns into text: its
-prompts and samples are lists of ids ("464 1330 2643").
+and writes a tokenizer's ids. None is downloaded: its prompts and samples are
+lists of ids ("464 1330 2643"), unless a tokenizer is given with --tokenizer
+FILE, a Hugging Face `tokenizer.json` (GPT-2's, say), read by the `tokenizers`
+library where it is installed.
 """
 
 import jax
@@ -51,11 +53,30 @@ def sample_text(params, cfg, prompt, n_new, key, temperature=0.8):
     return tokens_to_text(tokens)
 
 
-def prompt_tokens(prompt, unit="byte"):
+def load_tokenizer(path, unit):
+    """The tokenizer in a Hugging Face tokenizer.json file, for a model of token
+    files' ids (unit "token"); None for no path."""
+    if path is None:
+        return None
+    if unit != "token":
+        raise UsageError(f"--tokenizer {path}: this model's tokens are bytes; it reads token files")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UsageError(f"--tokenizer {path}: needs `pip install tokenizers`") from None
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # the library raises its own errors for a bad file
+        raise UsageError(f"--tokenizer {path}: {' '.join(str(e).split())}") from None
+
+
+def prompt_tokens(prompt, unit="byte", tokenizer=None):
     """The prompt as int32 token ids: its bytes, or for a model of a tokenizer's
-    ids (unit "token"), the ids it lists."""
+    ids (unit "token"), the tokenizer's ids for it or, with none, the ids it lists."""
     if unit == "byte":
         return text_to_tokens(prompt)
+    if tokenizer is not None:
+        return np.array(tokenizer.encode(prompt).ids, dtype=np.int32)
     try:
         return np.array([int(t) for t in prompt.replace(",", " ").split()], dtype=np.int32)
     except ValueError:
@@ -65,8 +86,11 @@ def prompt_tokens(prompt, unit="byte"):
         ) from None
 
 
-def show(tokens, unit="byte"):
+def show(tokens, unit="byte", tokenizer=None):
     """A sample as a person reads it: text, or the ids with a word on why."""
     if unit == "byte":
         return tokens_to_text(tokens)
-    return "token ids (no tokenizer here turns them into text): " + " ".join(map(str, tokens))
+    if tokenizer is not None:
+        return tokenizer.decode([int(t) for t in tokens])
+    ids = " ".join(map(str, tokens))
+    return f"token ids (pass --tokenizer FILE to read them as text): {ids}"

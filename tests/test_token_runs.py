@@ -3,6 +3,9 @@ or llm.c runs them: the run learns the file's pattern, prints tokens, not bytes,
 and refuses a bad file or vocabulary in one line before any step."""
 
 import json
+import sys
+import types
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -55,7 +58,7 @@ def test_a_run_on_llm_c_shards_learns_their_pattern(shards, tmp_path, capsys):
     assert s["val_loss"] < 0.5 and s["unit"] == "token"
     # The sample is ids: the validation split's first ones, then the model's, which
     # follow the pattern (greedy enough at this loss).
-    ids = [int(t) for t in out.split("token ids")[1].split(":", 1)[1].split("\n")[0].split()]
+    ids = [int(t) for t in out.split("token ids (")[1].split("): ", 1)[1].split("\n")[0].split()]
     assert ids[:16] == lcg(16, 3).tolist() and len(ids) == 16 + 8
     assert ids[16:] == lcg(9, (ids[15] - 15) // 16).tolist()[1:]
 
@@ -69,7 +72,7 @@ def test_a_run_on_llm_c_shards_learns_their_pattern(shards, tmp_path, capsys):
     assert code == 0, err
     assert "prompt 3 tokens" in out
     expected = " ".join(map(str, lcg(7, 5)))  # greedy: the pattern goes on
-    assert f"token ids (no tokenizer here turns them into text): {expected}" in out
+    assert f"token ids (pass --tokenizer FILE to read them as text): {expected}" in out
 
 
 def bad_runs(folder):
@@ -111,3 +114,49 @@ def test_bad_token_input_is_one_line_before_any_step(case, tmp_path, capsys):
     assert code == 2, err
     assert message in err and err.strip().count("\n") == 0, err
     assert "compiled the train step" not in out  # refused before anything ran
+
+
+class WordTokenizer:
+    """A stand-in for `tokenizers.Tokenizer` with the calls sample.py makes: a
+    tokenizer.json here maps each id to a word; text is words split by spaces."""
+
+    class Encoding(NamedTuple):
+        ids: list
+
+    def __init__(self, words):
+        self.words = words
+
+    @classmethod
+    def from_file(cls, path):
+        with open(path) as f:
+            return cls({int(k): v for k, v in json.load(f).items()})
+
+    def encode(self, text):
+        ids = {word: i for i, word in self.words.items()}
+        return self.Encoding([ids[word] for word in text.split()])
+
+    def decode(self, ids):
+        return " ".join(self.words[i] for i in ids)
+
+
+def test_a_given_tokenizer_reads_the_ids_as_text(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", types.SimpleNamespace(Tokenizer=WordTokenizer))
+    words = tmp_path / "tokenizer.json"
+    words.write_text(json.dumps({i: f"w{i}" for i in range(V)}))
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_shard(folder / "lcg_train.bin", lcg(20_000, 1))
+    argv = ["--preset", "tiny", "--steps", "40", "--vocab", str(V), "--sample-bytes", "4"]
+    argv += ["--data", str(folder / "lcg_train.bin"), "--tokenizer", str(words)]
+    argv += ["--prompt", " ".join(f"w{t}" for t in lcg(3, 5)), "--run-dir", str(tmp_path)]
+    code, out, err = run_script("sessions/s2_train.py", argv, capsys)
+    assert code == 0, err
+    sample = out.split("sample:\n")[1].split("\n")[0]
+    assert sample.split()[:3] == [f"w{t}" for t in lcg(3, 5)] and len(sample.split()) == 7
+
+    # Bytes need no tokenizer; one that is not installed is named.
+    code, _, err = run_script("sessions/s2_train.py", ["--tokenizer", str(words)], capsys)
+    assert code == 2 and "this model's tokens are bytes" in err
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails
+    code, _, err = run_script("sessions/s2_train.py", argv, capsys)
+    assert code == 2 and "pip install tokenizers" in err
