@@ -188,14 +188,7 @@ def main(argv=None):
     # A sample, then the summary a student compares across runs.
     params = multihost.gather(state["params"])
     if args.sample_bytes and is_main:
-        # The default prompt is cut to fit a short context (for token files: the
-        # validation split's first ids); a given one must fit.
-        if args.prompt:
-            prompt = sample.prompt_tokens(args.prompt, corpus.unit, tokenizer)
-        elif corpus.unit == "byte":
-            prompt = sample.prompt_tokens(PROMPT[: cfg.seq // 2])
-        else:
-            prompt = corpus.val[: min(16, cfg.seq // 2)]
+        prompt = sample.closing_prompt(args.prompt, PROMPT, corpus, cfg.seq, tokenizer)
         key = jax.random.key(tc.seed + 1)
         tokens = sample.sample_tokens(params, cfg, prompt, args.sample_bytes, key)
         say("sample:\n" + sample.show(tokens, corpus.unit, tokenizer))

@@ -86,6 +86,17 @@ def prompt_tokens(prompt, unit="byte", tokenizer=None):
         ) from None
 
 
+def closing_prompt(given, default_text, corpus, seq, tokenizer=None):
+    """The prompt of a training run's closing sample: the given one (it must fit);
+    else the default text cut to half the context or, for token files without a
+    tokenizer, the validation split's first ids."""
+    if given:
+        return prompt_tokens(given, corpus.unit, tokenizer)
+    if corpus.unit == "token" and tokenizer is None:
+        return np.asarray(corpus.val[: min(16, seq // 2)])
+    return prompt_tokens(default_text, corpus.unit, tokenizer)[: seq // 2]
+
+
 def show(tokens, unit="byte", tokenizer=None):
     """A sample as a person reads it: text, or the ids with a word on why."""
     if unit == "byte":
