@@ -25,11 +25,11 @@ from roofline.flops import model_line
 from roofline.hardware import local_roofs
 from sessions import aot, inference, sharding, target_infer
 from sessions.accelerator import check_accelerator_visible
-from sessions.cli import PROMPT, infer_flags, run_main
+from sessions.cli import infer_flags, run_main
 from sessions.errors import UsageError
 from sessions.report import decode_table_lines, plot_decode
-from sessions.sample import load_tokenizer, prompt_tokens, sample_tokens, show
-from sessions.serving import inference_config, load_params, time_decode
+from sessions.sample import sample_tokens, show
+from sessions.serving import inference_config, load_params, prompt_for, time_decode
 
 
 def main(argv=None):
@@ -44,14 +44,7 @@ def main(argv=None):
         if b % (sizes["data"] * sizes["fsdp"]):
             raise UsageError(f"--batches: {b} does not divide over data x fsdp of --mesh")
     cfg, meta = inference_config(args)
-    unit = meta.get("unit", "byte") if meta else "byte"  # bytes, or token files' ids
-    tokenizer = load_tokenizer(args.tokenizer, unit)
-    if unit == "token" and args.prompt == PROMPT and tokenizer is None:
-        raise UsageError(
-            f"{args.checkpoint_dir} was trained on token files: give --prompt as token ids, "
-            "e.g. --prompt '464 1330 2643', or --tokenizer FILE to write it as text"
-        )
-    prompt = prompt_tokens(args.prompt, unit, tokenizer)
+    prompt, unit, tokenizer = prompt_for(args, cfg, meta)  # bytes, or token files' ids
     sharding.check_divisible(cfg, sizes["data"] * sizes["fsdp"], sizes)
     inference.check_lengths(cfg, len(prompt), args.new_tokens)
     mesh = sharding.make_mesh(sizes, devices)

@@ -22,14 +22,24 @@ from sessions.data import text_to_tokens, tokens_to_text
 from sessions.errors import UsageError
 
 
-def sample_tokens(params, cfg, tokens, n_new, key, temperature=0.8):
-    """int32 [P] -> the prompt followed by n_new sampled tokens (temperature 0: greedy)."""
-    tokens = np.asarray(tokens, dtype=np.int32)
+def check_prompt(tokens, cfg):
+    """A prompt the model can read: not empty, within its context, and every
+    token inside its vocabulary (an embedding lookup past the table fails silently)."""
     if not len(tokens):
         raise UsageError("the prompt is empty")
     if len(tokens) > cfg.seq:
         too_long = f"{len(tokens)} tokens, longer than the context of {cfg.seq}"
         raise UsageError(f"the prompt is {too_long}")
+    if max(tokens) >= cfg.vocab:
+        raise UsageError(
+            f"the prompt holds token {max(tokens)}, past the vocabulary of {cfg.vocab}"
+        )
+
+
+def sample_tokens(params, cfg, tokens, n_new, key, temperature=0.8):
+    """int32 [P] -> the prompt followed by n_new sampled tokens (temperature 0: greedy)."""
+    tokens = np.asarray(tokens, dtype=np.int32)
+    check_prompt(tokens, cfg)
     # One device, one copy of the weights: generation is tiny next to training.
     params = jax.device_put(params, jax.local_devices()[0])
     context, left = tokens, n_new

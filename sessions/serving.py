@@ -15,10 +15,11 @@ import numpy as np
 from roofline.timing import time_calls
 from sessions import inference, sharding
 from sessions.checkpoint import Checkpoints, newest_meta
-from sessions.cli import resolve
+from sessions.cli import PROMPT, resolve
 from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.errors import UsageError
 from sessions.model import init_params
+from sessions.sample import check_prompt, load_tokenizer, prompt_tokens
 from sessions.train import abstract_state
 
 SHAPES = ("vocab", "embed", "ff", "heads", "head_dim", "layers", "seq", "attention", "positions")
@@ -54,6 +55,22 @@ def inference_config(args, platform=None):
         ours = ", ".join(f"{f}={getattr(wanted, f)}" for f in asked)
         raise UsageError(f"the checkpoint has {theirs}, not {ours}; drop the shape flags")
     return dataclasses.replace(trained, dtype=cfg.dtype, attention_impl=xla_attention), meta
+
+
+def prompt_for(args, cfg, meta):
+    """(prompt ids, unit, tokenizer or None) for s3_infer.py's --prompt: bytes of
+    text, or for a checkpoint of token files (its unit "token"), the ids given or
+    those of --tokenizer."""
+    unit = meta.get("unit", "byte") if meta else "byte"
+    tokenizer = load_tokenizer(args.tokenizer, unit)
+    if unit == "token" and args.prompt == PROMPT and tokenizer is None:
+        raise UsageError(
+            f"{args.checkpoint_dir} was trained on token files: give --prompt as token ids, "
+            "e.g. --prompt '464 1330 2643', or --tokenizer FILE to write it as text"
+        )
+    prompt = prompt_tokens(args.prompt, unit, tokenizer)
+    check_prompt(prompt, cfg)
+    return prompt, unit, tokenizer
 
 
 def load_params(checkpoint_dir, seed, cfg, meta, mesh):

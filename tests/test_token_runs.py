@@ -160,3 +160,12 @@ def test_a_given_tokenizer_reads_the_ids_as_text(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails
     code, _, err = run_script("sessions/s2_train.py", argv, capsys)
     assert code == 2 and "pip install tokenizers" in err
+
+
+def test_a_prompt_past_the_vocabulary_is_refused(tmp_path, capsys):
+    """s3_infer.py with random weights of a 100-token vocabulary cannot read the
+    bytes of a text prompt ('T' is 84, 'h' 104): one line, before any timing."""
+    argv = ["--random-params", "--preset", "tiny", "--vocab", "100", "--batches", "1"]
+    code, out, err = run_script("sessions/s3_infer.py", [*argv, "--run-dir", str(tmp_path)], capsys)
+    assert code == 2 and "the prompt holds token 116, past the vocabulary of 100" in err
+    assert "session 3" not in out
