@@ -40,6 +40,7 @@ class Mutant(NamedTuple):
 CHECKPOINT = "tests/test_checkpoint.py"
 INFERENCE = "tests/test_inference.py"
 OP_ROOFLINE = "tests/test_op_roofline.py"
+POD_ORDER = "tests/test_pod_order.py"
 DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_discord_at_the_boundary"
 WRITE = "                meter.write(record)\n"
 
@@ -329,6 +330,34 @@ MUTANTS = [
         "sessions/report.py",
         (("{len(corpus.val):,} val {corpus.unit}s", "{len(corpus.val):,} val bytes"),),
         ("tests/test_token_runs.py::test_a_run_on_llm_c_shards_learns_their_pattern",),
+    ),
+    Mutant(
+        "pod-rows",
+        "a process loads one range from its first block to its last (a pod's are scattered)",
+        "sessions/sharding.py",
+        (
+            (
+                "return np.concatenate([np.arange(start, stop) for start, stop in sorted(blocks)])",
+                "return np.arange(min(blocks)[0], max(blocks)[1])",
+            ),
+        ),
+        (
+            f"{POD_ORDER}::test_each_process_loads_the_blocks_its_devices_hold",
+            f"{POD_ORDER}::test_interleaved_processes_train_and_evaluate_like_one",
+        ),
+    ),
+    Mutant(
+        "lone-stop",
+        "a signalled host stops and saves alone, without the others agreeing",
+        "sessions/preemption.py",
+        (
+            (
+                "signals = multihost.every_process(self.signal)",
+                "signals = [self.signal * (p == jax.process_index()) "
+                "for p in range(jax.process_count())]",
+            ),
+        ),
+        (f"{POD_ORDER}::test_sigterm_to_one_host_stops_both_after_the_same_step",),
     ),
 ]
 

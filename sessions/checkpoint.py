@@ -21,9 +21,6 @@ whole state. (Made absolute, `gs://bucket/run` would become a folder named
 
 import dataclasses
 import os
-import signal
-import time
-from signal import SIGINT, SIGTERM
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from sessions.errors import Interrupted, TrainingDiverged, UsageError
+from sessions.errors import TrainingDiverged, UsageError
 
 KEEP = 3  # the newest three checkpoints are kept
 
@@ -255,42 +252,6 @@ def resume(checkpoints, abstract, steps, log=print):
         checkpoints.close()
         raise
     return start, state
-
-
-class SaveHook:
-    """Called by the training loop after every step: saves on checkpoint steps
-    and, when SIGINT or SIGTERM has arrived, saves and stops. A signal only
-    sets a flag, so a save never starts in the middle of a step."""
-
-    def __init__(self, checkpoints):
-        self.checkpoints = checkpoints
-        self.signal = None
-        self._previous = {s: signal.signal(s, self._on_signal) for s in (SIGINT, SIGTERM)}
-
-    def _on_signal(self, signum, frame):
-        self.signal = signal.Signals(signum).name
-
-    def __call__(self, step, state):
-        """Returns the seconds spent saving, which are not step time."""
-        saving = 0.0
-        if self.checkpoints.due(step + 1, force=self.signal is not None):
-            jax.block_until_ready(state)  # the step's own time ends here
-            start = time.perf_counter()
-            self.checkpoints.maybe_save(step + 1, state, force=True)
-            saving = time.perf_counter() - start
-        if self.signal:
-            raise Interrupted(
-                f"{self.signal} after step {step + 1}; the checkpoint is saved in "
-                f"{self.checkpoints.directory}: rerun with --resume to continue"
-            )
-        return saving
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def _differences(ours, theirs):

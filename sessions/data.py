@@ -262,8 +262,8 @@ def get_batch(tokens, step, *, batch, seq, seed, stream=TRAIN, rows=None, delay_
 
     Returns {"inputs": int32 [B, S], "targets": int32 [B, S]}, targets being
     inputs shifted by one: position s learns to predict token s + 1.
-    rows (a slice) keeps only some rows: a process of a multi-host run loads
-    only its own part of the global batch.
+    rows (a slice or row indices, from sharding.process_rows) keeps only some
+    rows: a process of a multi-host run loads only its own part of the batch.
     """
     if delay_ms:
         time.sleep(delay_ms / 1000)  # --data-delay-ms: pretend storage is slow

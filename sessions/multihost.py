@@ -10,11 +10,19 @@ Where the coordinator comes from, first match wins:
     --coordinator HOST:PORT --num-processes N --process-id I
     HPLLM_COORDINATOR, HPLLM_NUM_PROCESSES, HPLLM_PROCESS_ID (set by launch_local.py)
     --coordinator auto: JAX finds them itself (Cloud TPU pod slices, SLURM, Open MPI)
+
+A pod's order, on one machine: a TPU mesh orders devices by their place in the
+torus, so each host's chips hold scattered blocks of the batch (host 0 of a
+v5e-16 holds blocks 0, 1, 6 and 15 of 16), while CPU processes give a mesh
+their devices in process order. HPLLM_DEVICE_ORDER (launch_local.py
+--device-order) gives the order the mesh takes them in, so the
+scattered case runs here too.
 """
 
 import os
 
 import jax
+import numpy as np
 
 from sessions.errors import UsageError
 
@@ -50,6 +58,28 @@ def initialize(args):
         num_processes=args.num_processes,
         process_id=args.process_id,
     )
+
+
+def mesh_devices():
+    """jax.devices(), in HPLLM_DEVICE_ORDER's order when it is set: positions in
+    jax.devices(), which lists process 0's devices first, then process 1's..."""
+    devices = jax.devices()
+    order = os.environ.get("HPLLM_DEVICE_ORDER")
+    if not order:
+        return devices
+    positions = [int(i) for i in order.split(",")]
+    if sorted(positions) != list(range(len(devices))):
+        raise UsageError(f"HPLLM_DEVICE_ORDER {order}: not an order of 0..{len(devices) - 1}")
+    return [devices[i] for i in positions]
+
+
+def every_process(value):
+    """int32 [processes]: each process's value, on every process (one all-gather)."""
+    if jax.process_count() == 1:
+        return np.array([value], np.int32)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(np.int32(value)))
 
 
 def gather(tree):

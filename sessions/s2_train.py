@@ -30,7 +30,7 @@ from roofline.flops import train_flops
 from roofline.hardware import local_peak_flops
 from roofline.memory import allocator_peak, step_memory
 from roofline.profile import TraceWindow
-from sessions import checkpoint, data, multihost, sample, sharding, target_train
+from sessions import checkpoint, data, multihost, preemption, sample, sharding, target_train
 from sessions.accelerator import check_accelerator_visible
 from sessions.cli import PROMPT, resolve, run_main, train_flags
 from sessions.meter import Meter
@@ -68,7 +68,7 @@ def main(argv=None):
     # Multichip: a mesh over every device of every process, checked before use.
     sizes = sharding.parse_mesh(args.mesh, jax.device_count())
     sharding.check_divisible(cfg, B, sizes, jax.process_count())
-    mesh = sharding.make_mesh(sizes)
+    mesh = sharding.make_mesh(sizes, multihost.mesh_devices())
     batch_sharding = sharding.batch_sharding(mesh)
     directory = args.checkpoint_dir or os.path.join(args.run_dir, "checkpoints")
     every, resume = args.checkpoint_every, args.resume
@@ -91,6 +91,8 @@ def main(argv=None):
     if mesh.size > 1 or args.show_sharding:
         for line in sharding.describe(state["params"], shardings["params"], mesh):
             say(line)
+    if jax.process_count() > 1:
+        say(sharding.rows_line(batch_sharding, B, S))
     held, total = sharding.bytes_per_device(state, shardings)
     say(f"params + optimizer state: {total / 2**20:.2f} MiB in all, ", end="")
     say(f"{held / 2**20:.2f} MiB per device")
@@ -126,10 +128,10 @@ def main(argv=None):
 
     with contextlib.ExitStack() as stack, jax.set_mesh(mesh):
         loader = stack.enter_context(loader_class(make_batch, place, start=start))
-        save = None
         if checkpoints:
             stack.enter_context(checkpoints)
-            save = stack.enter_context(checkpoint.SaveHook(checkpoints))
+        # SIGINT/SIGTERM: every host stops after the same step, checked on log steps.
+        save = stack.enter_context(preemption.SaveHook(checkpoints, agree_every=tc.log_every))
         metrics_file = None
         if args.metrics_out and is_main:  # a resumed run continues the file
             metrics_file = stack.enter_context(open(args.metrics_out, "a" if args.resume else "w"))
@@ -170,9 +172,7 @@ def main(argv=None):
                 # save resumes past this step, so its line must be on disk.
                 meter.write(record)
             # The profiler and the checkpoints: the seconds they take are not step time.
-            meter.pause(
-                (trace(step, state) if trace else 0.0) + (save(step, state) if save else 0.0)
-            )
+            meter.pause((trace(step, state) if trace else 0.0) + save(step, state))
             if logged:  # after logging, validation and saving: the clock starts again
                 meter.restart(done)
         if checkpoints:

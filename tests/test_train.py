@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from sessions import checkpoint, data, train
+from sessions import data, preemption, train
 from sessions import meter as meter_module
 from sessions.config import PRESETS, TrainConfig
 from sessions.errors import TrainingDiverged
@@ -148,14 +148,14 @@ def test_a_log_line_is_in_the_file_before_its_step_is_saved(monkeypatch, tmp_pat
     metrics line of a checkpointed log step must already be written when
     s2_train.py's loop saves it."""
     metrics, seen = tmp_path / "metrics.jsonl", {}
-    real = checkpoint.SaveHook
+    real = preemption.SaveHook
 
     class Watching(real):
         def __call__(self, step, state):
             seen[step + 1] = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
             return super().__call__(step, state)
 
-    monkeypatch.setattr(checkpoint, "SaveHook", Watching)
+    monkeypatch.setattr(preemption, "SaveHook", Watching)
     argv = [
         *TINY,
         "--steps",
