@@ -48,13 +48,16 @@ def summarize(
     unigram,
     first_step,
     unit="byte",
+    platform=None,
     memory=(None, ""),
     allocator=(None, ""),
 ):
     """The run in numbers (what --summary-out writes). Throughput is over every
-    step timed, compilation excluded. memory: (bytes per device, source) from
-    roofline.memory.step_memory; allocator: the same from allocator_peak, the
-    second figure, where the backend keeps one."""
+    step timed, compilation excluded. platform: where its n_devices were ("cpu",
+    "gpu", "tpu"), so a reader (scripts/ladder.py) can check that it ran where it
+    meant to. memory: (bytes per device, source) from roofline.memory.step_memory;
+    allocator: the same from allocator_peak, the second figure, where the backend
+    keeps one."""
     steps = history[-1]["step"] - first_step
     seconds_per_step = train_seconds / max(steps, 1)
     achieved = flops_per_step / seconds_per_step
@@ -62,6 +65,8 @@ def summarize(
     peak_flops, peak_source = peak
     mfu = achieved / (peak_flops * n_devices)
     return {
+        "platform": platform,
+        "n_devices": n_devices,
         "steps": history[-1]["step"],
         "step_time_s": seconds_per_step,
         "tokens_per_sec": tokens_per_step / seconds_per_step,

@@ -202,6 +202,7 @@ def main(argv=None):
         unigram=unigram,
         first_step=start,
         unit=corpus.unit,
+        platform=mesh.devices.flat[0].platform,
         memory=step_memory(step_fn if jit else None),
         allocator=allocator_peak(),
     )

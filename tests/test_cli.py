@@ -75,6 +75,7 @@ def test_s2_runs_end_to_end_and_every_number_it_prints_is_right(tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(set(r) >= REQUIRED for r in records)
     assert "val_loss" in records[-1]
+    assert (summary["platform"], summary["n_devices"]) == ("cpu", 8)  # where it ran
     assert "sample:" in out
     assert (tmp_path / "loss.png").stat().st_size > 1000
 

@@ -3,12 +3,15 @@ same loss as ours (so the speed-up compares like with like)."""
 
 import re
 
+import jax
 import pytest
 from helpers import hand_flops, hand_params, run_python, run_script
+from jax._src import xla_bridge
 
 from roofline import calibrate, timing
 from roofline.hardware import local_peak_flops
 from roofline.timing import Timing
+from scripts import ladder
 from sessions.config import PRESETS
 
 
@@ -67,6 +70,79 @@ def test_ladder_prints_every_rung_as_markdown():
         flops = no_attention if i == 0 else sum(hand_flops(cfg, B))
         expected = 100 * flops / (B * cfg.seq) * float(tokens_per_s.replace(",", "")) / peak
         assert float(mfu.rstrip("%")) == pytest.approx(expected, rel=1e-3, abs=0.051), name
+
+
+# What the probe finds on a TPU v5e host of 8 chips (jax's device_kind for v5e).
+TPU_HOST = {"platform": "tpu", "devices": 8, "kind": "TPU v5 lite", "jax": "0.10.2"}
+
+
+def rung_summary(platform, n_devices):
+    """What a rung's --summary-out says, as far as the ladder reads it."""
+    return {
+        "platform": platform,
+        "n_devices": n_devices,
+        "tokens_per_sec": 1000.0,
+        "mfu": 0.25,
+        "val_loss": 2.0,
+        "memory_bytes_per_device": 2**20,
+    }
+
+
+def test_the_ladder_parent_never_takes_the_chips(monkeypatch, capsys):
+    """libtpu lets one process hold the chips, and JAX's TPU backend fails
+    quietly to the CPU: a parent that started a backend would send every rung
+    to the CPU under a TPU heading. Here every way into a backend raises, and
+    the table is still built from what the probe and the rungs report."""
+
+    def taken(*args, **kwargs):
+        raise AssertionError("the ladder's parent started a JAX backend")
+
+    for module, name in [
+        (jax, "devices"),
+        (jax, "default_backend"),
+        (jax, "device_count"),
+        (jax, "local_devices"),
+        (xla_bridge, "backends"),
+        (xla_bridge, "get_backend"),  # cached: the way in once a backend is up
+    ]:
+        monkeypatch.setattr(module, name, taken)
+    asked = []
+
+    def run_rung(flags, args, devices, tmp, platform):
+        asked.append((platform, devices))
+        return rung_summary(platform, devices)
+
+    monkeypatch.setattr(ladder, "probe_platform", lambda: TPU_HOST)
+    monkeypatch.setattr(ladder, "run_rung", run_rung)
+    assert ladder.main(["--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| TPU v5 lite, " in out and "| jax 0.10.2" in out
+    assert asked == [("tpu", 1)] * 5 + [("tpu", 8)]  # the multichip rung: every chip
+    rows = [line for line in out.splitlines() if line.startswith("| + multichip |")]
+    assert len(rows) == 1 and "params born sharded over 8 devices (fsdp) |" in rows[0]
+
+
+@pytest.mark.parametrize(
+    "platform, n_devices", [("cpu", 8), ("tpu", 1)], ids=["fell-back-to-cpu", "one-chip-of-8"]
+)
+def test_a_rung_that_ran_elsewhere_is_no_row(monkeypatch, capsys, platform, n_devices):
+    """The probe found 8 TPU chips; the multichip rung reports another platform,
+    or fewer devices: one line, exit 2, and no row for it."""
+
+    def run_rung(flags, args, devices, tmp, asked_platform):
+        if devices == 8:
+            return rung_summary(platform, n_devices)
+        return rung_summary(asked_platform, devices)
+
+    monkeypatch.setattr(ladder, "probe_platform", lambda: TPU_HOST)
+    monkeypatch.setattr(ladder, "run_rung", run_rung)
+    assert ladder.main(["--steps", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        f"error: rung '+ multichip' ran on {n_devices} {platform} device(s), "
+        "not the 8 tpu it asked for\n"
+    )
+    assert "| + overlapped loading |" in out and "| + multichip |" not in out
 
 
 def test_every_mutant_still_fits_the_tree():
