@@ -13,6 +13,9 @@ Mesh axes:
     fsdp  batch split AND weights split along E; each layer's weights are
           all-gathered just before use (fully sharded data parallelism)
     tp    heads, F and V split (tensor parallelism, Megatron style)
+
+Which chip sits where in the mesh, on a TPU slice's torus or across slices,
+is sessions/topology.py's concern.
 """
 
 import math
@@ -23,8 +26,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sessions.errors import UsageError
+from sessions.topology import AXES, device_grid
 
-AXES = ("data", "fsdp", "tp")
 BATCH = ("data", "fsdp")  # the batch dimension is split over both
 
 # The partition rules, one line per weight: which mesh axis splits each dimension.
@@ -90,10 +93,14 @@ def parse_mesh(text, n_devices):
 
 
 def make_mesh(sizes, devices=None):
-    """A mesh over every device, axes in the order data, fsdp, tp."""
-    shape = tuple(sizes[a] for a in AXES)
+    """A mesh over the first data x fsdp x tp devices (all of jax.devices() by
+    default), axes in the order data, fsdp, tp, laid over the chips' wires by
+    sessions/topology.py. Every axis Auto: the partitioner places what we leave
+    unconstrained."""
+    devices = list(np.asarray(jax.devices() if devices is None else devices).flat)
+    devices = devices[: math.prod(sizes[a] for a in AXES)]  # as jax.make_mesh takes them
     auto = (jax.sharding.AxisType.Auto,) * len(AXES)
-    return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
+    return jax.sharding.Mesh(device_grid(sizes, devices), AXES, axis_types=auto)
 
 
 def check_divisible(model_cfg, batch, sizes, processes=1):
