@@ -11,7 +11,7 @@ from jax._src import xla_bridge
 from roofline import calibrate, timing
 from roofline.hardware import local_peak_flops
 from roofline.timing import Timing
-from scripts import ladder
+from scripts import rungs
 from sessions.config import PRESETS
 
 
@@ -112,10 +112,10 @@ def test_the_ladder_parent_never_takes_the_chips(monkeypatch, capsys):
         asked.append((platform, devices))
         return rung_summary(platform, devices)
 
-    monkeypatch.setattr(ladder, "probe_platform", lambda: TPU_HOST)
-    monkeypatch.setattr(ladder, "run_rung", run_rung)
-    assert ladder.main(["--steps", "2"]) == 0
-    out = capsys.readouterr().out
+    monkeypatch.setattr(rungs, "probe_platform", lambda: TPU_HOST)
+    monkeypatch.setattr(rungs, "run_rung", run_rung)
+    code, out, _ = run_script("scripts/ladder.py", ["--steps", "2"], capsys)
+    assert code == 0
     assert "| TPU v5 lite, " in out and "| jax 0.10.2" in out
     assert asked == [("tpu", 1)] * 5 + [("tpu", 8)]  # the multichip rung: every chip
     rows = [line for line in out.splitlines() if line.startswith("| + multichip |")]
@@ -134,10 +134,10 @@ def test_a_rung_that_ran_elsewhere_is_no_row(monkeypatch, capsys, platform, n_de
             return rung_summary(platform, n_devices)
         return rung_summary(asked_platform, devices)
 
-    monkeypatch.setattr(ladder, "probe_platform", lambda: TPU_HOST)
-    monkeypatch.setattr(ladder, "run_rung", run_rung)
-    assert ladder.main(["--steps", "2"]) == 2
-    out, err = capsys.readouterr()
+    monkeypatch.setattr(rungs, "probe_platform", lambda: TPU_HOST)
+    monkeypatch.setattr(rungs, "run_rung", run_rung)
+    code, out, err = run_script("scripts/ladder.py", ["--steps", "2"], capsys)
+    assert code == 2
     assert err == (
         f"error: rung '+ multichip' ran on {n_devices} {platform} device(s), "
         "not the 8 tpu it asked for\n"
