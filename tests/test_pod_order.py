@@ -19,7 +19,7 @@ import pytest
 from helpers import PYTHON, REPO, run_python, run_script, subprocess_env
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from pod_devices import mock_tpu_devices
+from pod_devices import slice_devices
 
 from sessions import sharding
 from sessions.checkpoint import Checkpoints
@@ -71,42 +71,37 @@ def held_blocks(grid, process):
     )
 
 
-SLICES = {  # name: (x, y, z chips, device_kind), hosts as 2x2x1 trays
-    "v4-32": ((2, 2, 4), "TPU v4"),
-    "v5e-16": ((4, 4, 1), "TPU v5 lite"),
-}
+def readme_meshes(n):
+    """The meshes the README shows for a slice of n chips, as (data, fsdp, tp)."""
+    return [(1, n, 1), (2, n // 2, 1), (1, n // 2, 2), (2, n // 4, 2)]
 
 
-@pytest.mark.parametrize("name", sorted(SLICES))
-@pytest.mark.parametrize("shape", [(1, 16, 1), (2, 8, 1), (1, 8, 2)], ids=str)
-def test_each_process_loads_the_blocks_its_devices_hold(name, shape):
-    """On mock TPU devices in JAX's own torus order, process_rows gives each
-    host exactly the rows of the blocks its chips hold, in order of where they
-    start (what make_array_from_process_local_data expects), and between them
-    the hosts cover every row."""
-    (x, y, z), kind = SLICES[name]
-    grid = sharding.make_mesh(
-        dict(zip(sharding.AXES, shape)), mock_tpu_devices(x, y, z, kind, True)
-    ).devices
-    batch_sharding = NamedSharding(Mesh(grid, sharding.AXES), P(("data", "fsdp"), None))
-    n_blocks, rows_per_block = shape[0] * shape[1], 3
-    batch = n_blocks * rows_per_block
-    covered = set()
-    for process in range(grid.size // 4):
-        rows = sharding.process_rows(batch_sharding, batch, 8, process=process)
-        blocks = held_blocks(grid, process)
-        expected = [b * rows_per_block + r for b in blocks for r in range(rows_per_block)]
-        assert rows.tolist() == expected, (name, shape, process)
-        covered.update(expected)
-    assert covered == set(range(batch))
+@pytest.mark.parametrize("name", ["v4-32", "v5e-16", "v6e-32", "v5p-64"])
+def test_each_process_loads_the_blocks_its_devices_hold(name):
+    """On mock TPU devices in JAX's own torus order, for every mesh the README
+    shows, process_rows gives each host exactly the rows of the blocks its
+    chips hold, in order of where they start (what
+    make_array_from_process_local_data expects); the hosts cover every row."""
+    devices = slice_devices(name)
+    for shape in readme_meshes(len(devices)):
+        grid = sharding.make_mesh(dict(zip(sharding.AXES, shape)), devices).devices
+        batch_sharding = NamedSharding(Mesh(grid, sharding.AXES), P(("data", "fsdp"), None))
+        rows_per_block = 3
+        batch = shape[0] * shape[1] * rows_per_block
+        covered = set()
+        for process in range(len(devices) // 4):
+            rows = sharding.process_rows(batch_sharding, batch, 8, process=process)
+            blocks = held_blocks(grid, process)
+            expected = [b * rows_per_block + r for b in blocks for r in range(rows_per_block)]
+            assert rows.tolist() == expected, (name, shape, process)
+            covered.update(expected)
+        assert covered == set(range(batch)), (name, shape)
 
 
 def test_scattered_blocks_on_a_pod_are_not_one_range():
     """The case that crashed: host 0 of a v5e-16 under fsdp=16 holds blocks
     0, 1, 6 and 15 (JAX 0.10.2's create_device_mesh), which no slice covers."""
-    grid = sharding.make_mesh(
-        {"data": 1, "fsdp": 16, "tp": 1}, mock_tpu_devices(4, 4, 1, "TPU v5 lite", True)
-    ).devices
+    grid = sharding.make_mesh({"data": 1, "fsdp": 16, "tp": 1}, slice_devices("v5e-16")).devices
     assert held_blocks(grid, 0) == [0, 1, 6, 15]
 
 
