@@ -20,6 +20,10 @@ SESSIONS = {
     "4": ("test_session_4.py", "inference rooflines"),
     "5": ("test_session_5.py", "numerics and Pallas"),
     "infer": ("test_session_infer.py", "session 3 (s3_infer): the KV cache, the decode roofline"),
+    "kernels": (
+        "test_session_kernels.py",
+        "session 4 (s4_kernels): flash attention, FSDP and a collective matmul by hand",
+    ),
     "bugs": ("test_session_bugs.py", "find the bug"),
 }
 DISCORD_LIMIT = 2000  # characters per message

@@ -41,6 +41,7 @@ CHECKPOINT = "tests/test_checkpoint.py"
 INFERENCE = "tests/test_inference.py"
 OP_ROOFLINE = "tests/test_op_roofline.py"
 POD_ORDER = "tests/test_pod_order.py"
+KERNELS = "tests/test_exercises/test_session_kernels.py"
 DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_discord_at_the_boundary"
 WRITE = "                meter.write(record)\n"
 
@@ -358,6 +359,52 @@ MUTANTS = [
             ),
         ),
         (f"{POD_ORDER}::test_sigterm_to_one_host_stops_both_after_the_same_step",),
+    ),
+    Mutant(
+        "flash-rescale",
+        "the running sums are not rescaled when a key block raises the maximum",
+        "solutions/flash_by_hand.py",
+        (("new_sum = row_sum * shrink + ", "new_sum = row_sum + "),),
+        (
+            f"{KERNELS}::test_online_softmax_equals_softmax",
+            f"{KERNELS}::test_two_causal_tiles_equal_causal_attention",
+        ),
+    ),
+    Mutant(
+        "flash-hidden-row",
+        "a row with every key hidden so far turns NaN",
+        "solutions/flash_by_hand.py",
+        (
+            (
+                "shrink = jnp.where(hidden, 0.0, jnp.exp(row_max - new_max))",
+                "shrink = jnp.exp(row_max - new_max)",
+            ),
+        ),
+        (f"{KERNELS}::test_a_tile_with_every_key_hidden_changes_nothing",),
+    ),
+    Mutant(
+        "causal-blocks-floor",
+        "the causal block count rounds down: the diagonal's last keys are skipped",
+        "solutions/flash_by_hand.py",
+        (
+            (
+                "return -(-(query_block + 1) * block_q // block_k)",
+                "return (query_block + 1) * block_q // block_k",
+            ),
+        ),
+        (f"{KERNELS}::test_causal_key_blocks_against_the_mask",),
+    ),
+    Mutant(
+        "ring-direction",
+        "the ring passes shards the wrong way round",
+        "solutions/shard_map_by_hand.py",
+        (
+            (
+                "to_previous = [(d, (d - 1) % n) for d in range(n)]",
+                "to_previous = [(d, (d + 1) % n) for d in range(n)]",
+            ),
+        ),
+        (f"{KERNELS}::test_ring_matmul_equals_the_product_with_permutes_only",),
     ),
 ]
 

@@ -1,0 +1,148 @@
+"""Session 4 (s4_kernels): flash attention's pieces by hand, FSDP's all-gather
+and a collective matmul under jax.shard_map, on 8 simulated CPU devices."""
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from adapters import exercise
+
+online_softmax_attention = exercise("flash_by_hand.online_softmax_attention")
+flash_tile = exercise("flash_by_hand.flash_tile")
+causal_key_blocks = exercise("flash_by_hand.causal_key_blocks")
+fsdp_dense = exercise("shard_map_by_hand.fsdp_dense")
+ring_matmul = exercise("shard_map_by_hand.ring_matmul")
+
+S, T, D = 32, 64, 16
+
+
+def qkv(scale=1.0, seed=0):
+    q, k, v = jax.random.normal(jax.random.key(seed), (3, T, D))
+    return scale * q[:S], scale * k, v
+
+
+def softmax_attention(q, k, v, mask=None):
+    """The reference, written the plain way: every score at once."""
+    scores = (q @ k.T) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = jnp.where(mask, scores, -jnp.inf)
+    return jax.nn.softmax(scores, axis=-1) @ v
+
+
+@pytest.mark.exercise("flash_by_hand.online_softmax_attention")
+@pytest.mark.parametrize("scale", [1.0, 10.0], ids=["plain", "large-scores"])
+def test_online_softmax_equals_softmax(scale):
+    """Scores of about 100 overflow exp() in float32 (past 88) unless the running
+    maximum is subtracted first."""
+    q, k, v = qkv(scale)
+    got = online_softmax_attention(q, k, v, 16)
+    assert got.shape == (S, D)
+    np.testing.assert_allclose(got, softmax_attention(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.exercise("flash_by_hand.online_softmax_attention")
+def test_online_softmax_never_builds_every_score():
+    """Traced, the function holds no [S, T] array: one block of keys at a time."""
+    q, k, v = qkv()
+    jaxpr = jax.make_jaxpr(lambda q, k, v: online_softmax_attention(q, k, v, 16))(q, k, v)
+    shapes = {tuple(var.aval.shape) for eqn in jaxpr.eqns for var in eqn.outvars}
+    assert (S, T) not in shapes and (T, S) not in shapes, "the whole score matrix was built"
+
+
+def fresh(rows):
+    return (
+        jnp.full((rows,), -jnp.inf, jnp.float32),
+        jnp.zeros((rows,), jnp.float32),
+        jnp.zeros((rows, D), jnp.float32),
+    )
+
+
+@pytest.mark.exercise("flash_by_hand.flash_tile")
+def test_two_causal_tiles_equal_causal_attention():
+    """Queries 16..31 against keys 0..15 (all visible), then keys 16..31 (the
+    diagonal block, masked): the result equals causal attention."""
+    q, k, v = qkv()
+    rows = slice(16, 32)
+    running = fresh(16)
+    running = flash_tile(q[rows], k[:16], v[:16], *running)
+    diagonal = jnp.arange(16)[None, :] <= jnp.arange(16)[:, None]
+    row_max, row_sum, acc = flash_tile(q[rows], k[16:32], v[16:32], *running, mask=diagonal)
+    causal = jnp.arange(32)[None, :] <= jnp.arange(32)[:, None]
+    expected = softmax_attention(q[:32], k[:32], v[:32], causal)[rows]
+    np.testing.assert_allclose(acc / row_sum[:, None], expected, rtol=1e-4, atol=1e-5)
+    scores = (q[rows] @ k[:32].T) / math.sqrt(D)
+    expected_max = jnp.max(jnp.where(causal[rows], scores, -jnp.inf), -1)
+    np.testing.assert_allclose(row_max, expected_max, rtol=1e-6)
+
+
+@pytest.mark.exercise("flash_by_hand.flash_tile")
+def test_a_tile_with_every_key_hidden_changes_nothing():
+    """A fully masked tile first (as the first rows of a diagonal block see),
+    then a visible one: no NaN, and the visible one's attention alone."""
+    q, k, v = qkv()
+    running = flash_tile(q[:8], k[:8], v[:8], *fresh(8), mask=jnp.zeros((8, 8), bool))
+    assert bool(jnp.all(jnp.isneginf(running[0]))) and not bool(jnp.any(running[1]))
+    _, row_sum, acc = flash_tile(q[:8], k[8:16], v[8:16], *running)
+    assert bool(jnp.all(jnp.isfinite(acc)))
+    expected = softmax_attention(q[:8], k[8:16], v[8:16])
+    np.testing.assert_allclose(acc / row_sum[:, None], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.exercise("flash_by_hand.causal_key_blocks")
+@pytest.mark.parametrize("block_q, block_k", [(16, 16), (16, 32), (32, 16), (24, 16)])
+def test_causal_key_blocks_against_the_mask(block_q, block_k):
+    """A key block is needed when any (query, key) pair in it has key <= query:
+    counted here from the mask itself, for each query block of a 96-long row."""
+    S_long = 96
+    for i in range(S_long // block_q):
+        queries = np.arange(i * block_q, (i + 1) * block_q)
+        needed = [
+            j
+            for j in range(-(-S_long // block_k))
+            if np.any(np.arange(j * block_k, (j + 1) * block_k)[None, :] <= queries[:, None])
+        ]
+        assert causal_key_blocks(i, block_q, block_k) == max(needed) + 1, (i, block_q, block_k)
+
+
+def fsdp_mesh(n):
+    auto = (jax.sharding.AxisType.Auto,)
+    return jax.make_mesh((n,), ("fsdp",), axis_types=auto, devices=jax.devices()[:n])
+
+
+def x_and_w(n):
+    x = jax.random.normal(jax.random.key(1), (4 * n, 8 * n))  # [B, E]
+    w = jax.random.normal(jax.random.key(2), (8 * n, 24))  # [E, F]
+    return x, w
+
+
+def collectives(fn, *args):
+    """The compiled program's collective ops, by name, as the HLO text spells them."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    names = re.findall(r"= \S+ (all-gather|collective-permute|reduce-scatter|all-reduce)", text)
+    starts = re.findall(r"= \S+ (all-gather|collective-permute|reduce-scatter)-start", text)
+    return sorted(names + starts)
+
+
+@pytest.mark.exercise("shard_map_by_hand.fsdp_dense")
+def test_fsdp_dense_and_its_gradient_equal_the_plain_product():
+    mesh = fsdp_mesh(8)
+    x, w = x_and_w(8)
+    np.testing.assert_allclose(fsdp_dense(x, w, mesh), x @ w, rtol=1e-5, atol=1e-4)
+    ours = jax.grad(lambda w: jnp.sum(fsdp_dense(x, w, mesh) ** 2))(w)
+    plain = jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)
+    np.testing.assert_allclose(ours, plain, rtol=1e-4, atol=1e-3)
+    assert "all-gather" in collectives(lambda x, w: fsdp_dense(x, w, mesh), x, w)
+
+
+@pytest.mark.exercise("shard_map_by_hand.ring_matmul")
+@pytest.mark.parametrize("n", [4, 8])
+def test_ring_matmul_equals_the_product_with_permutes_only(n):
+    """N - 1 collective-permutes and no all-gather in the compiled program."""
+    mesh = fsdp_mesh(n)
+    x, w = x_and_w(n)
+    np.testing.assert_allclose(ring_matmul(x, w, mesh), x @ w, rtol=1e-5, atol=1e-4)
+    found = collectives(lambda x, w: ring_matmul(x, w, mesh), x, w)
+    assert found == ["collective-permute"] * (n - 1), found
