@@ -76,7 +76,10 @@ def main(argv=None):
             out = None if i == 0 else stack.enter_context(open(log, "w"))
             command = [sys.executable, SCRIPT, *train_args]
             procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=out))
-        return wait_all(procs)
+        try:
+            return wait_all(procs)
+        except KeyboardInterrupt:  # Ctrl-C reached every child too: they stop together
+            return wait_all(procs)
 
 
 def device_order(text, processes, per_process):
