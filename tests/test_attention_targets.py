@@ -1,0 +1,31 @@
+"""Attention alone, compiled for an H100 this machine lacks: the einsums write
+the whole score matrix, a flash kernel does not (sessions/attention_targets.py)."""
+
+import pytest
+from helpers import need
+
+from sessions import aot
+from sessions.attention_targets import HEADS, attention_on_target, attention_table_lines
+
+
+@pytest.fixture(scope="module")
+def h100():
+    need("gpu")
+    return aot.devices_for("h100:1")
+
+
+def test_einsum_attention_holds_the_scores_and_cudnn_does_not(h100):
+    """At S = 1,024 (32 sequences), the [B, H, S, S] float32 scores alone are
+    32·12·1024²·4 = 1.6 GB: XLA's plan for the einsums holds at least that, and
+    cuDNN's flash kernel less than the bf16 probabilities would take (0.8 GB)."""
+    target, devices = h100
+    scores = 32 * HEADS * 1024**2
+    einsum = attention_on_target("einsum", 1024, target, devices)
+    cudnn = attention_on_target("cudnn", 1024, target, devices)
+    assert einsum.batch == cudnn.batch == 32
+    assert einsum.bytes >= 4 * scores
+    assert cudnn.bytes < 2 * scores
+    assert 0 < cudnn.seconds < einsum.seconds
+    lines = attention_table_lines([einsum, cudnn], target)
+    assert lines[0].startswith("attention alone on h100-sxm:1 (80 GB per device)")
+    assert len(lines) == 4 and " GB " in lines[-1]
