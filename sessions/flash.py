@@ -4,9 +4,9 @@ Causal attention (sessions/attention.py) writes the scores [B, H, S, T] to memor
 S·T floats per head, to take a softmax over T. Flash attention never does: it walks
 the keys one block at a time and keeps, for each query row, three running numbers
 
-    m    the largest score seen so far            (so exp() never overflows)
-    l    sum of exp(score - m) so far              (the softmax's denominator)
-    acc  sum of exp(score - m) * v so far, [D]     (the numerator)
+    m      the largest score seen so far            (so exp() never overflows)
+    total  sum of exp(score - m) so far            (the softmax's denominator, l)
+    acc    sum of exp(score - m) * v so far, [D]     (the numerator)
 
 When a new block raises the maximum from m to m', everything kept so far is
 rescaled by exp(m - m'); at the end out = acc / l. `online_softmax` is that idea in
@@ -37,17 +37,17 @@ def online_softmax(q, k, v, block_k):
     time (no causal mask: the idea alone). q: [S, D], k, v: [T, D] -> [S, D]."""
     S, D = q.shape
     m = jnp.full((S,), -jnp.inf)  # running max of each row's scores
-    l = jnp.zeros((S,))  # running sum of exp(score - m)
+    total = jnp.zeros((S,))  # running sum of exp(score - m)
     acc = jnp.zeros((S, D))  # running sum of exp(score - m) * v
     for start in range(0, k.shape[0], block_k):
         s = q @ k[start : start + block_k].T * D**-0.5  # [S, block_k]
         m_new = jnp.maximum(m, s.max(axis=1))
         p = jnp.exp(s - m_new[:, None])
         rescale = jnp.exp(m - m_new)  # what exp(score - m) was worth, now m has grown
-        l = l * rescale + p.sum(axis=1)
+        total = total * rescale + p.sum(axis=1)
         acc = acc * rescale[:, None] + p @ v[start : start + block_k]
         m = m_new
-    return acc / l[:, None]
+    return acc / total[:, None]
 
 
 def default_tiles(S):
@@ -79,7 +79,7 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, block_k):
     cols = jax.lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
 
     def visit(j, carry):
-        m, l, acc = carry
+        m, total, acc = carry
         k = k_ref[pl.ds(pl.multiple_of(j * block_k, block_k), block_k), :]
         v = v_ref[pl.ds(pl.multiple_of(j * block_k, block_k), block_k), :]
         # Scores in float32 even for bf16 q, k (as einsum_attention).
@@ -88,20 +88,20 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, block_k):
         m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
         p = jnp.exp(s - m_new)
         rescale = jnp.exp(m - m_new)
-        l = l * rescale + p.sum(axis=1, keepdims=True)
+        total = total * rescale + p.sum(axis=1, keepdims=True)
         pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        return m_new, l, acc * rescale + pv
+        return m_new, total, acc * rescale + pv
 
     # The causal skip: key blocks past this query block's last position are never read.
     # (lax.div: the positions are non-negative, so no floor division's sign fix-up,
     # which Mosaic would need the chip's generation to lower)
     n_blocks = jax.lax.div((i + 1) * block_q - 1, block_k) + 1
     m = jnp.full((block_q, 1), MASKED, jnp.float32)
-    l = jnp.zeros((block_q, 1), jnp.float32)
+    total = jnp.zeros((block_q, 1), jnp.float32)
     acc = jnp.zeros((block_q, D), jnp.float32)
-    m, l, acc = jax.lax.fori_loop(0, n_blocks, visit, (m, l, acc))
-    o_ref[...] = (acc / l).astype(o_ref.dtype)
-    lse_ref[...] = m + jnp.log(l)  # all the backward needs to rebuild the probabilities
+    m, total, acc = jax.lax.fori_loop(0, n_blocks, visit, (m, total, acc))
+    o_ref[...] = (acc / total).astype(o_ref.dtype)
+    lse_ref[...] = m + jnp.log(total)  # all the backward needs to rebuild the probabilities
 
 
 def flash_forward(q, k, v, block_q, block_k, interpret=False, compiler_params=None):
@@ -224,7 +224,7 @@ def flash_attention(q, k, v, *, block_q=None, block_k=None):
     Tiles default to `default_tiles(S)`. Any S: the sequence is padded with zeros
     up to a multiple of both tiles. The causal mask alone keeps the padding out
     of every real row, as padded keys come after every real query."""
-    B, S, H, D = q.shape
+    S, D = q.shape[1], q.shape[3]
     default_q, default_k = default_tiles(S)
     block_q, block_k = block_q or default_q, block_k or default_k
     check_shapes(D, block_q, block_k)
