@@ -57,7 +57,7 @@ def default_tiles(S):
     return tile, tile
 
 
-def check_shapes(D, block_q, block_k):
+def check_flash_shapes(D, block_q, block_k):
     """UsageError, one line, for a head dim or tiles the kernel does not take."""
     if D not in HEAD_DIMS:
         raise UsageError(
@@ -69,7 +69,7 @@ def check_shapes(D, block_q, block_k):
             raise UsageError(f"flash attention {name} must be a power of two from 16, not {b}")
 
 
-def flash_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, block_k):
+def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, block_k):
     """One (batch, head, query block): q_ref [block_q, D], k_ref, v_ref [T, D] (the
     head's keys, read one block at a time), o_ref [block_q, D], lse_ref [block_q, 1]."""
     block_q, D = q_ref.shape
@@ -114,7 +114,7 @@ def flash_forward(q, k, v, block_q, block_k, interpret=False, compiler_params=No
     whole_head = pl.BlockSpec((None, None, S, D), lambda b, h, i: (b, h, 0, 0))
     lse_block = pl.BlockSpec((None, None, block_q, 1), lambda b, h, i: (b, h, i, 0))
     return pl.pallas_call(
-        functools.partial(flash_kernel, block_k=block_k),
+        functools.partial(forward_kernel, block_k=block_k),
         grid=(B, H, S // block_q),
         in_specs=[query_block, whole_head, whole_head],
         out_specs=[query_block, lse_block],
@@ -227,7 +227,7 @@ def flash_attention(q, k, v, *, block_q=None, block_k=None):
     S, D = q.shape[1], q.shape[3]
     default_q, default_k = default_tiles(S)
     block_q, block_k = block_q or default_q, block_k or default_k
-    check_shapes(D, block_q, block_k)
+    check_flash_shapes(D, block_q, block_k)
     padded = -(-S // math.lcm(block_q, block_k)) * math.lcm(block_q, block_k)
 
     def heads_first(x):  # [B, S, H, D] -> [B, H, padded S, D]: the kernel's tiles are [S, D]
