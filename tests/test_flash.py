@@ -165,3 +165,14 @@ def test_compiled_for_a_chip_the_kernel_is_a_custom_call(target, platform):
     calls = re.findall(r'custom_call_target="([^"]+)"', text)
     assert calls.count(KERNEL_CALLS[platform]) == 1  # the forward; the backward is plain JAX
     assert f"f32[{B},{H},{S},{S}]" not in text
+
+
+def test_the_step_compiled_for_an_h100_runs_our_triton_kernel(capsys):
+    need("gpu")
+    argv = ["--preset", "tiny", "--head-dim", "64", "--attention-impl", "pallas"]
+    code, printed, err = run_script("sessions/s2_train.py", [*argv, "--target", "h100:1"], capsys)
+    assert code == 0, err
+    assert (
+        "attention: our Pallas flash kernel (sessions/flash.py, Triton), tiles 64 x 64" in printed
+    )
+    assert "custom kernels: __gpu$xla.gpu.triton x2" in printed  # one per layer's forward
