@@ -167,12 +167,14 @@ def test_compiled_for_a_chip_the_kernel_is_a_custom_call(target, platform):
     assert f"f32[{B},{H},{S},{S}]" not in text
 
 
-def test_the_step_compiled_for_an_h100_runs_our_triton_kernel(capsys):
-    need("gpu")
+@pytest.mark.parametrize(
+    "target, platform, lowering", [("tpu-v5e:2x2", "tpu", "Mosaic"), ("h100:1", "gpu", "Triton")]
+)
+def test_the_step_compiled_for_a_chip_runs_our_kernel(target, platform, lowering, capsys):
+    need(platform)
     argv = ["--preset", "tiny", "--head-dim", "64", "--attention-impl", "pallas"]
-    code, printed, err = run_script("sessions/s2_train.py", [*argv, "--target", "h100:1"], capsys)
+    code, printed, err = run_script("sessions/s2_train.py", [*argv, "--target", target], capsys)
     assert code == 0, err
-    assert (
-        "attention: our Pallas flash kernel (sessions/flash.py, Triton), tiles 64 x 64" in printed
-    )
-    assert "custom kernels: __gpu$xla.gpu.triton x2" in printed  # one per layer's forward
+    assert f"our Pallas flash kernel (sessions/flash.py, {lowering}), tiles 64 x 64" in printed
+    # One call per layer's forward (L=2); the backward is plain JAX.
+    assert f"custom kernels: {KERNEL_CALLS[platform]} x2" in printed
