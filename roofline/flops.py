@@ -20,8 +20,8 @@ from typing import NamedTuple
 import jax
 
 # Attention kernels that recompute the [B, H, S, T] probabilities in the backward
-# pass instead of keeping them (flash attention: cuDNN's, Pallas splash).
-FLASH_KERNELS = ("cudnn", "splash")
+# pass instead of keeping them (flash attention: cuDNN's, Pallas splash, ours).
+FLASH_KERNELS = ("cudnn", "splash", "pallas")
 
 
 def count_params(tree):

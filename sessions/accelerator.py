@@ -29,7 +29,11 @@ from sessions.errors import UsageError
 # (docs.nvidia.com/deeplearning/cudnn/frontend/latest/operations/Attention.html). JAX's own
 # trace-time checks of that kernel test head dim and sequence, not this.
 AMPERE = (8, 0)
-ATTENTION_WORDS = {"fused": "XLA's attention", "einsum": "einsum attention"}
+ATTENTION_WORDS = {
+    "fused": "XLA's attention",
+    "einsum": "einsum attention",
+    "pallas": "our Pallas flash attention",
+}
 
 
 @dataclasses.dataclass(frozen=True)

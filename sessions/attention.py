@@ -9,10 +9,11 @@ matches their keys:
 
 Shapes: q [B, S, H, D]; k, v [B, T, H, D] (T = S in self-attention).
 
-Four implementations compute the same thing (`IMPLEMENTATIONS`): the einsums
+Five implementations compute the same thing (`IMPLEMENTATIONS`): the einsums
 below, the reference; `jax.nn.dot_product_attention` (XLA's); cuDNN's flash
-kernel on NVIDIA GPUs; and JAX's Pallas splash-attention kernel on TPUs. The
-two flash kernels never write the [B, H, S, T] scores to memory. `choose`
+kernel on NVIDIA GPUs; JAX's Pallas splash-attention kernel on TPUs; and our
+own Pallas flash kernel (sessions/flash.py), on either. The flash kernels never
+write the [B, H, S, T] scores to memory. `choose`
 picks one for the chip the step is compiled for, which need not be this one;
 `choose_for_length` keeps a model's kernel at inference only for the prompt
 lengths and the platform it takes.
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from sessions.errors import UsageError
+from sessions.flash import HEAD_DIMS, default_tiles, flash_attention
 
 
 def attention_mask(S, T, segment_ids=None):
@@ -114,23 +116,10 @@ def splash_kernel(q, k, v, segment_ids=None, *, interpret=False):
     return heads_first(out)
 
 
-def splash_attention(q, k, v, segment_ids=None):
-    """The splash kernel over a mesh: a Pallas kernel is one device's program,
-    which XLA's partitioner cannot split, so `jax.shard_map` hands each device
-    its own rows (data, fsdp) and heads (tp), as the activations are laid out
-    (sessions/sharding.py). On a TPU the kernel is compiled; lowered for any
-    other platform it runs interpreted, as the same arithmetic."""
-
-    def local(q, k, v, segment_ids):
-        return jax.lax.platform_dependent(
-            q,
-            k,
-            v,
-            segment_ids,
-            tpu=functools.partial(splash_kernel, interpret=False),
-            default=functools.partial(splash_kernel, interpret=True),
-        )
-
+def on_each_device(local, q, k, v, segment_ids):
+    """local(q, k, v, segment_ids) on each device's own rows (data, fsdp) and heads (tp),
+    as the activations are laid out (sessions/sharding.py): a Pallas kernel is one
+    device's program, which XLA's partitioner cannot split."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return local(q, k, v, segment_ids)
@@ -142,11 +131,39 @@ def splash_attention(q, k, v, segment_ids=None):
     )
 
 
+def splash_attention(q, k, v, segment_ids=None):
+    """The splash kernel over a mesh (`on_each_device`). On a TPU the kernel is
+    compiled; lowered for any other platform it runs interpreted, as the same
+    arithmetic."""
+
+    def local(q, k, v, segment_ids):
+        return jax.lax.platform_dependent(
+            q,
+            k,
+            v,
+            segment_ids,
+            tpu=functools.partial(splash_kernel, interpret=False),
+            default=functools.partial(splash_kernel, interpret=True),
+        )
+
+    return on_each_device(local, q, k, v, segment_ids)
+
+
+def pallas_attention(q, k, v, segment_ids=None):
+    """Our own Pallas flash kernel (sessions/flash.py) over a mesh: Mosaic on a TPU,
+    Triton on an NVIDIA GPU, interpreted on a CPU. Causal only: packed documents
+    (segment_ids) are not among what it takes."""
+    if segment_ids is not None:
+        raise UsageError("our Pallas flash attention is causal only: no segment_ids")
+    return on_each_device(lambda q, k, v, _: flash_attention(q, k, v), q, k, v, None)
+
+
 IMPLEMENTATIONS = {
     "einsum": einsum_attention,
     "fused": fused_attention,
     "cudnn": cudnn_attention,
     "splash": splash_attention,
+    "pallas": pallas_attention,
 }
 KERNEL_PLATFORM = {"cudnn": "gpu", "splash": "tpu"}
 
@@ -155,6 +172,11 @@ def kernel_refusal(impl, cfg, batch, seq=None):
     """Why `impl` cannot take `batch` sequences of `seq` tokens (None: cfg.seq;
     a prompt's length at inference) on its chip, or None if it can."""
     S = cfg.seq if seq is None else seq
+    if impl == "pallas" and cfg.head_dim not in HEAD_DIMS:
+        return (
+            f"our Pallas flash attention takes head dims "
+            f"{' and '.join(map(str, HEAD_DIMS))}, not {cfg.head_dim}"
+        )
     if impl == "splash" and S % 128:
         # Its tiles are 128 keys wide (the TPU's lanes); the sequence must fill them.
         return f"splash attention needs a sequence divisible by 128, not {S}"
@@ -170,6 +192,13 @@ def kernel_refusal(impl, cfg, batch, seq=None):
     return None
 
 
+def pallas_note(platform, S):
+    """The header's line for our kernel: which tiles it runs, and how."""
+    how = {"tpu": "Mosaic", "gpu": "Triton", "cpu": "interpreted: slow"}[platform]
+    bq, bk = default_tiles(S)
+    return f"our Pallas flash kernel (sessions/flash.py, {how}), tiles {bq} x {bk} (queries x keys)"
+
+
 def choose(requested, platform, cfg, batch, seq=None):
     """(implementation, note) for a step compiled for `platform` ("cpu", "gpu", "tpu"),
     over `batch` sequences of `seq` tokens (None: cfg.seq).
@@ -180,6 +209,11 @@ def choose(requested, platform, cfg, batch, seq=None):
     honoured; asking for a kernel of another chip is a usage error."""
     if requested == "einsum" or (requested is None and platform == "cpu"):
         return "einsum", None
+    if requested == "pallas":  # every platform: compiled on GPU and TPU, interpreted on CPU
+        refusal = kernel_refusal("pallas", cfg, batch, seq)
+        if refusal:
+            raise UsageError(refusal)
+        return "pallas", pallas_note(platform, cfg.seq if seq is None else seq)
     if requested in KERNEL_PLATFORM and KERNEL_PLATFORM[requested] != platform:
         raise UsageError(
             f"the {requested} attention kernel runs on {KERNEL_PLATFORM[requested].upper()}s, "

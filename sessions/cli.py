@@ -123,7 +123,8 @@ def train_flags(argv=None):
         "--attention-impl",
         choices=sorted(IMPLEMENTATIONS),
         help="einsum by hand (default on CPU); fused: the chip's fastest, cuDNN's flash "
-        "kernel on NVIDIA, Pallas splash on TPU, else jax.nn.dot_product_attention",
+        "kernel on NVIDIA, Pallas splash on TPU, else jax.nn.dot_product_attention; "
+        "pallas: our own flash kernel (sessions/flash.py; interpreted on a CPU, slow)",
     )
     for flag in ("--no-attention", "--no-positions", "--no-jit", "--show-sharding"):
         parser.add_argument(flag, action="store_true")

@@ -10,12 +10,11 @@ from typing import NamedTuple
 
 import jax
 
-from roofline.flops import model_line, param_count
+from roofline.flops import flash_kernel, model_line, param_count
 from roofline.op_roofline import chip_roofs, predict_ops
 from roofline.program import read_program
 from roofline.training_plan import plan_lines, plan_summary, training_plan
 from sessions import aot, sharding
-from sessions.attention import KERNEL_PLATFORM
 from sessions.cli import resolve
 from sessions.errors import UsageError
 
@@ -92,7 +91,7 @@ def plan_target(mesh_text, run, target, devices, say=print):
     )
 
     facts = read_program(compiled, target.devices)
-    kernel_attention = cfg.attention and cfg.attention_impl in KERNEL_PLATFORM
+    kernel_attention = cfg.attention and flash_kernel(cfg)  # its FLOPs hidden in a kernel
     xla_flops, source = facts.xla_flops, "XLA's cost analysis of the compiled step"
     if xla_flops is None:
         einsum = dataclasses.replace(cfg, attention_impl="einsum")  # a kernel's FLOPs are unseen
