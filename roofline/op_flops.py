@@ -38,6 +38,10 @@ ATTENTION_KERNELS = {
     "splash_mha_fwd": 2,
     "splash_mha_dq": 3,
     "splash_mha_dkv": 4,
+    # Our Pallas kernel (sessions/flash.py): Q·K^T and P·V; its backward is plain
+    # XLA ops, counted as they are. On a TPU the custom call takes the kernel's
+    # name; on NVIDIA it is a __gpu$xla.gpu.triton call named in its metadata.
+    "flash_forward": 2,
 }
 
 
@@ -115,6 +119,9 @@ def _attention_flops(op, types, tile):
     key = op.target if op.target in ATTENTION_KERNELS else None
     if key is None:
         key = next((k for k in ATTENTION_KERNELS if op.name.startswith(k)), None)
+    if key is None and op.target == "__gpu$xla.gpu.triton":
+        named = op.attributes.get("metadata", "")
+        key = next((k for k in ATTENTION_KERNELS if f"/{k}" in named), None)
     if key is None:
         return None
     shapes = [arrays(types.get(name, "")) for name in op.operands]
@@ -128,7 +135,7 @@ def _attention_flops(op, types, tile):
         causal = dims.get("mask_type") == "CAUSAL"
         b, sq, h, d = q
         sk = k[1]
-    else:  # splash: [B, H, S, D], and our model's mask is causal
+    else:  # splash and ours: [B, H, S, D], and our model's mask is causal
         causal = True
         b, h, sq, d = q
         sk = k[2]

@@ -29,3 +29,15 @@ def test_einsum_attention_holds_the_scores_and_cudnn_does_not(h100):
     lines = attention_table_lines([einsum, cudnn], target)
     assert lines[0].startswith("attention alone on h100-sxm:1 (80 GB per device)")
     assert len(lines) == 4 and " GB " in lines[-1]
+
+
+def test_the_roofline_counts_our_kernels_forward(h100):
+    """Our Pallas kernel is an opaque __gpu$xla.gpu.triton call: the roofline
+    finds it by name and counts its forward, Q·Kᵀ and P·V over the causal half,
+    2·2·B·H·S²·D/2 FLOPs; its backward's loops of unknown length count short
+    of the 7 matmuls by hand, and the table says so."""
+    target, devices = h100
+    row = attention_on_target("pallas", 1024, target, devices)
+    forward = 2 * 32 * HEADS * 1024**2 * 64
+    assert forward <= row.counted_flops < row.flash_flops
+    assert row.bytes < 2 * 32 * HEADS * 1024**2  # no [B, H, S, S] scores held
