@@ -1,0 +1,193 @@
+"""Overlap by hand: a collective matmul, the all-gather cut into ring steps.
+
+With FSDP every weight is split along E over the "fsdp" axis, and each layer
+gathers it back before use. The MLP's first matmul, in the model's layout
+(sessions/sharding.py):
+
+    x     [B, S, E]   rows split over fsdp: each device holds B/N rows, all of E
+    w_in  [E, F]      split on E over fsdp: each device holds E/N rows of it
+    out   [B, S, F]   = x @ w_in, rows split like x
+
+The plain way, `allgather_matmul`, gathers all N shards of w and then
+multiplies once. While the bytes move the matmul units have nothing to do,
+and while they multiply the links are idle: the step pays for both, one
+after the other.
+
+The matmul does not need the whole weight at once. x @ w is a sum over E,
+
+    out = sum over shards k of  x[:, :, E-shard k] @ w[E-shard k, :]
+
+so a device can multiply the shard it holds while the next one travels in.
+`collective_matmul` passes the weight shards around the ring of fsdp devices
+with N-1 `ppermute`s: at each step a device sends the shard in hand on to its
+neighbour and, while it travels, multiplies it into its own output rows. Only
+the last step has nothing left to send; if a shard's multiply takes longer
+than its hop, all the traffic hides behind compute.
+
+Which operand travels: the weight. A device already holds its own rows of x
+with all of E, and its output rows are its own; all it lacks is the other
+E-shards of w. Passing x around instead would bring it other devices' rows,
+which its output does not use. (The mirror image, passing partial outputs
+around and adding as they go, is the reduce-scatter matmul of the backward
+pass's weight gradients.)
+
+The loop is unrolled in Python: N is the mesh's size, known when tracing, so
+each step's permute and matmul sit side by side in one straight program, and
+XLA's scheduler can place the permute's start before the matmul and its end
+after it without seeing through a loop. It also reads as the story above. A
+`jax.lax.fori_loop` would keep the program small for a large ring, at the
+cost of a loop body the scheduler must pipeline across trips.
+
+XLA does this on its own on TPU. Left to the partitioner (`auto_matmul`), the
+same matmul compiled for tpu-v5e:2x4 becomes a "windowed einsum": a loop that
+multiplies while it passes shards around, in both directions at once, two
+shards a matmul. The gpt2 step over `--mesh fsdp=8` has 145 of them (README.md,
+the gpt2 targets table). `schedule_summary` reads any compiled program and
+counts the permutes and matmuls it runs and how many permutes a matmul hides.
+"""
+
+import itertools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from roofline.hlo import parse
+from roofline.kinds import classify_hlo
+from sessions.sharding import ACTIVATION_SPECS, PARAM_SPECS
+
+RING = "fsdp"  # the mesh axis whose devices pass the weight shards around
+X_SPEC, W_SPEC, OUT_SPEC = ACTIVATION_SPECS["BSE"], PARAM_SPECS["w_in"], ACTIVATION_SPECS["BSF"]
+
+
+def allgather_matmul(x, w, mesh):
+    """x [B, S, E] @ w [E, F] -> [B, S, F]: gather every E-shard of w, then one matmul."""
+
+    def local(x, w):
+        w = jax.lax.all_gather(w, RING, axis=0, tiled=True)  # [E/N, F] -> [E, F]
+        return jnp.einsum("BSE,EF->BSF", x, w)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(X_SPEC, W_SPEC), out_specs=OUT_SPEC)(x, w)
+
+
+def collective_matmul(x, w, mesh):
+    """x [B, S, E] @ w [E, F] -> [B, S, F]: the same product, each E-shard of w
+    multiplied while it travels on around the ring."""
+    n = mesh.shape[RING]
+    # Each device sends to the next one around the ring, so receives from the one
+    # before: after k hops, device i holds the shard device i - k started with.
+    ring = [(i, (i + 1) % n) for i in range(n)]
+
+    def local(x, w):
+        me = jax.lax.axis_index(RING)
+        e = w.shape[0]  # E/N rows of the weight in each shard
+        out = 0.0
+        for k in range(n):
+            if k < n - 1:
+                w_next = jax.lax.ppermute(w, RING, ring)  # in flight during the matmul below
+            x_k = jax.lax.dynamic_slice_in_dim(x, (me - k) % n * e, e, axis=2)  # [B, S, E/N]
+            out = out + jnp.einsum("BSE,EF->BSF", x_k, w)
+            if k < n - 1:
+                w = w_next
+        return out
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(X_SPEC, W_SPEC), out_specs=OUT_SPEC)(x, w)
+
+
+def auto_matmul(x, w, mesh):
+    """x [B, S, E] @ w [E, F] -> [B, S, F] as the model writes it: one einsum, the
+    layout pinned, the communication left to XLA's partitioner."""
+    out = jnp.einsum("BSE,EF->BSF", x, w)
+    return jax.lax.with_sharding_constraint(out, NamedSharding(mesh, OUT_SPEC))
+
+
+def compiled_matmul(matmul, mesh, shape, dtype=jnp.bfloat16):
+    """The compiled program of matmul(x, w, mesh) for shape (B, S, E, F) over mesh:
+    x and w as shapes only, in the model's layout, so a chip this machine lacks
+    can be the target (mesh over compile-only devices, sessions/aot.py)."""
+    B, S, E, F = shape
+    x = jax.ShapeDtypeStruct((B, S, E), dtype, sharding=NamedSharding(mesh, X_SPEC))
+    w = jax.ShapeDtypeStruct((E, F), dtype, sharding=NamedSharding(mesh, W_SPEC))
+    with jax.set_mesh(mesh):
+        return jax.jit(lambda x, w: matmul(x, w, mesh)).lower(x, w).compile()
+
+
+class Schedule(NamedTuple):
+    """What one device runs, in the compiled order (loop bodies once a trip)."""
+
+    permutes: int  # collective-permutes (a start and its done count once)
+    all_gathers: int
+    matmuls: int  # dots and convolutions, fused or not
+    hidden: int  # permutes with a matmul between their start and their done
+    in_flight: int  # the most permutes started and not yet done at one time
+    alternate: bool  # a matmul between every two permutes sent, in every computation
+    loops: int  # XLA's own collective-matmul loops (windowed einsums)
+
+
+def _steps(computation, kinds):
+    """The computation's permutes, all-gathers and matmuls in the order they run:
+    ("start" | "done" | "permute" | "all-gather" | "matmul", instruction)."""
+    for op in computation.instructions:
+        if op.opcode.startswith("collective-permute"):
+            yield op.opcode.removeprefix("collective-permute").lstrip("-") or "permute", op
+        elif op.opcode.startswith("all-gather") and not op.opcode.endswith("done"):
+            yield "all-gather", op
+        elif kinds.get(op.name) == "collective" and "all-gather" in op.name:
+            yield "all-gather", op  # TPU: an asynchronous all-gather inside a fusion
+        elif kinds.get(op.name) == "matmul":
+            yield "matmul", op
+
+
+def _tally(computation, kinds):
+    """(permutes, all-gathers, matmuls, hidden, in flight, alternate) of one computation."""
+    steps = list(_steps(computation, kinds))
+    roles = [role for role, _ in steps]
+    started = {op.name: at for at, (role, op) in enumerate(steps) if role == "start"}
+    hidden = sum(
+        "matmul" in roles[started[op.operands[0]] : at]
+        for at, (role, op) in enumerate(steps)
+        if role == "done" and op.operands and op.operands[0] in started
+    )
+    flying = most = 0
+    for role in roles:
+        flying += (role == "start") - (role == "done")
+        most = max(most, flying)
+    sent = [role for role in roles if role in ("start", "permute", "matmul")]
+    alternate = all(a == "matmul" or b == "matmul" for a, b in itertools.pairwise(sent))
+    permutes = roles.count("start") + roles.count("permute")
+    return permutes, roles.count("all-gather"), roles.count("matmul"), hidden, most, alternate
+
+
+def schedule_summary(hlo_text):
+    """The Schedule of a compiled program's text (`compiled.as_text()`).
+
+    A compiled program is scheduled: each computation prints its instructions in
+    the order they run. The entry computation is read, and each loop body it runs
+    counts once a trip (`Module.trip_counts`); a matmul inside a fusion is found
+    by what the fusion holds (roofline/kinds.py)."""
+    module, kinds = parse(hlo_text), classify_hlo(hlo_text)
+    trips = module.trip_counts
+    bodies = [
+        op.calls["body"][0]
+        for op in module.entry.instructions
+        if op.opcode == "while" and "body" in op.calls
+    ]
+    tallies = [(1, _tally(module.entry, kinds))]
+    tallies += [(trips.get(b, 1), _tally(module.computations[b], kinds)) for b in bodies]
+    total = [sum(times * t[i] for times, t in tallies) for i in range(4)]
+    in_flight = max(t[4] for _, t in tallies)
+    alternate = all(t[5] for _, t in tallies)
+    loops = sum("windowed_dot_general" in b for b in bodies)
+    return Schedule(*total, in_flight, alternate, loops)
+
+
+def schedule_line(name, schedule):
+    """One line a session script prints for a Schedule."""
+    s = schedule
+    loops = f" in {s.loops} windowed-einsum loop(s)" if s.loops else ""
+    turns = "a matmul between every two" if s.alternate else "some back to back"
+    return (
+        f"{name}: {s.permutes} permutes, {s.all_gathers} all-gathers, {s.matmuls} matmuls{loops}; "
+        f"{s.hidden} permutes hidden behind a matmul, at most {s.in_flight} in flight, {turns}"
+    )
