@@ -82,15 +82,18 @@ def collective_matmul(x, w, mesh):
     def local(x, w):
         me = jax.lax.axis_index(RING)
         e = w.shape[0]  # E/N rows of the weight in each shard
+
+        def times(k, w):
+            """x's E-columns that match the shard held after k hops [B, S, E/N], times it."""
+            x_k = jax.lax.dynamic_slice_in_dim(x, (me - k) % n * e, e, axis=2)
+            return jnp.einsum("BSE,EF->BSF", x_k, w)
+
         out = 0.0
-        for k in range(n):
-            if k < n - 1:
-                w_next = jax.lax.ppermute(w, RING, ring)  # in flight during the matmul below
-            x_k = jax.lax.dynamic_slice_in_dim(x, (me - k) % n * e, e, axis=2)  # [B, S, E/N]
-            out = out + jnp.einsum("BSE,EF->BSF", x_k, w)
-            if k < n - 1:
-                w = w_next
-        return out
+        for k in range(n - 1):
+            w_next = jax.lax.ppermute(w, RING, ring)  # in flight while ...
+            out = out + times(k, w)  # ... the shard in hand is multiplied
+            w = w_next
+        return out + times(n - 1, w)  # the last shard: nothing left to send
 
     return jax.shard_map(local, mesh=mesh, in_specs=(X_SPEC, W_SPEC), out_specs=OUT_SPEC)(x, w)
 
