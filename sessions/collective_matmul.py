@@ -55,9 +55,13 @@ from jax.sharding import NamedSharding
 
 from roofline.hlo import parse
 from roofline.kinds import classify_hlo
+from sessions import aot
 from sessions.sharding import ACTIVATION_SPECS, PARAM_SPECS
 
 RING = "fsdp"  # the mesh axis whose devices pass the weight shards around
+# (B, S, E, F) of the gpt2 preset's first MLP matmul, a sequence of 1024 tokens a device
+# on an 8-device ring: big enough that XLA builds its own loop (auto_matmul) on a TPU.
+GPT2_MLP = (8, 1024, 768, 3072)
 X_SPEC, W_SPEC, OUT_SPEC = ACTIVATION_SPECS["BSE"], PARAM_SPECS["w_in"], ACTIVATION_SPECS["BSF"]
 
 
@@ -114,6 +118,16 @@ def compiled_matmul(matmul, mesh, shape, dtype=jnp.bfloat16):
     w = jax.ShapeDtypeStruct((E, F), dtype, sharding=NamedSharding(mesh, W_SPEC))
     with jax.set_mesh(mesh):
         return jax.jit(lambda x, w: matmul(x, w, mesh)).lower(x, w).compile()
+
+
+def programs_on(target_text, shape=GPT2_MLP):
+    """{name: compiled program text} of the three matmuls for a chip this machine
+    may lack ('tpu-v5e:2x4'), every device on the fsdp ring: what a session script
+    hands to `schedule_summary`."""
+    target, devices = aot.devices_for(target_text)
+    _, mesh = aot.target_mesh(f"fsdp={len(devices)}", target, devices)
+    matmuls = (allgather_matmul, collective_matmul, auto_matmul)
+    return {m.__name__: compiled_matmul(m, mesh, shape).as_text() for m in matmuls}
 
 
 class Schedule(NamedTuple):

@@ -15,12 +15,12 @@ from jax.sharding import NamedSharding
 
 from roofline.hlo import parse
 from roofline.kinds import classify_hlo
-from sessions import aot, sharding
+from sessions import sharding
 from sessions.collective_matmul import (
+    GPT2_MLP,
     allgather_matmul,
-    auto_matmul,
     collective_matmul,
-    compiled_matmul,
+    programs_on,
     schedule_line,
     schedule_summary,
 )
@@ -118,14 +118,10 @@ def test_a_permute_is_hidden_only_if_a_matmul_runs_while_it_flies(first, second,
 # Shorter rows make each shard's matmul too small to be worth hiding a permute
 # behind: at S=256 the scheduler runs the first three permutes back to back, and
 # the partitioner (auto_matmul) gathers the weight whole instead of looping.
-TPU_SHAPE = (8, 1024, 768, 3072)
-
-
 @pytest.fixture(scope="module")
-def tpu_mesh():
+def on_tpu():
     need("tpu")
-    _, devices = aot.devices_for("tpu-v5e:2x4")
-    return sharding.make_mesh({"data": 1, "fsdp": 8, "tp": 1}, devices=np.array(devices))
+    return programs_on("tpu-v5e:2x4", GPT2_MLP)
 
 
 def order_of(hlo_text):
@@ -140,8 +136,8 @@ def order_of(hlo_text):
     )
 
 
-def test_on_a_tpu_each_permute_flies_while_a_shard_is_multiplied(tpu_mesh):
-    text = compiled_matmul(collective_matmul, tpu_mesh, TPU_SHAPE).as_text()
+def test_on_a_tpu_each_permute_flies_while_a_shard_is_multiplied(on_tpu):
+    text = on_tpu["collective_matmul"]
     # 8 devices: 7 shards to receive, one permute each, and 8 shards to multiply.
     # Each permute starts, a matmul runs, the permute is done; the last shard's
     # matmul has nothing left to send beside it.
@@ -151,20 +147,20 @@ def test_on_a_tpu_each_permute_flies_while_a_shard_is_multiplied(tpu_mesh):
     assert s.alternate
 
 
-def test_on_a_tpu_the_plain_gather_leaves_nothing_to_hide_it(tpu_mesh):
-    s = schedule_summary(compiled_matmul(allgather_matmul, tpu_mesh, TPU_SHAPE).as_text())
+def test_on_a_tpu_the_plain_gather_leaves_nothing_to_hide_it(on_tpu):
+    s = schedule_summary(on_tpu["allgather_matmul"])
     assert (s.all_gathers, s.permutes, s.matmuls, s.hidden) == (1, 0, 1, 0)
 
 
-def test_on_a_tpu_xla_builds_its_own_collective_matmul(tpu_mesh):
+def test_on_a_tpu_xla_builds_its_own_collective_matmul(on_tpu):
     """Left to the partitioner, XLA writes the loop itself: a windowed einsum that
     sends shards both ways around the ring, two in flight, and multiplies the two
     that arrived in one matmul: N / 2 matmuls of two shards."""
-    s = schedule_summary(compiled_matmul(auto_matmul, tpu_mesh, TPU_SHAPE).as_text())
+    s = schedule_summary(on_tpu["auto_matmul"])
     assert s.loops == 1 and s.all_gathers == 0
     assert s.in_flight == 2 and not s.alternate
     assert s.matmuls == 8 // 2
     assert s.hidden >= s.permutes - 1  # all but the first, sent before any shard is in hand
     assert "windowed-einsum" in schedule_line("auto", s)
-    small = schedule_summary(compiled_matmul(auto_matmul, tpu_mesh, (8, 256, 768, 3072)).as_text())
+    small = schedule_summary(programs_on("tpu-v5e:2x4", (8, 256, 768, 3072))["auto_matmul"])
     assert (small.loops, small.all_gathers, small.permutes) == (0, 1, 0)  # too small to loop
