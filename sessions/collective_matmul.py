@@ -38,12 +38,32 @@ after it without seeing through a loop. It also reads as the story above. A
 `jax.lax.fori_loop` would keep the program small for a large ring, at the
 cost of a loop body the scheduler must pipeline across trips.
 
-XLA does this on its own on TPU. Left to the partitioner (`auto_matmul`), the
-same matmul compiled for tpu-v5e:2x4 becomes a "windowed einsum": a loop that
-multiplies while it passes shards around, in both directions at once, two
-shards a matmul. The gpt2 step over `--mesh fsdp=8` has 145 of them (README.md,
-the gpt2 targets table). `schedule_summary` reads any compiled program and
-counts the permutes and matmuls it runs and how many permutes a matmul hides.
+Hiding pays only where a shard's matmul lasts as long as its hop. The napkin
+on a v5e (roofline/chips.py: 197 TFLOP/s bf16, 400 GB/s of links a chip, both
+ways), for GPT2_MLP, one row of 1024 tokens a device on a ring of 8:
+
+    hop      a shard of w_in, 96 x 3072 bf16 = 0.59 MB at 200 GB/s   ~3.0 us
+    matmul   2 x 1024 x 96 x 3072 = 0.60 GFLOP at 197 TFLOP/s         ~3.1 us
+
+At 256 tokens the matmul is a quarter of the hop, and the compiled program
+shows it: the scheduler sends the first three shards back to back.
+
+Compiled for tpu-v5e:2x4 at GPT2_MLP (`programs_on`, `schedule_summary`;
+tests/test_collective_matmul.py checks each line):
+
+    allgather_matmul   1 all-gather, then 1 matmul: nothing beside the gather
+    collective_matmul  permute start, matmul, permute done, seven times, then
+                       the last shard's matmul: 7 permutes, all 7 hidden
+    auto_matmul        XLA's own loop, a "windowed einsum": one permute before
+                       it, then 2 trips of 4 permutes (2 each way round the
+                       ring, 2 in flight) and 2 matmuls of two shards each:
+                       9 permutes, 8 hidden, 4 matmuls
+
+So XLA does this on its own on TPU, in both directions at once (half the hops
+each way), once the matmul is big enough: at 256 tokens it gathers instead.
+The gpt2 step over `--mesh fsdp=8` has 145 such loops (README.md, the gpt2
+targets table). Writing it by hand is how to get it where the partitioner
+does not choose it, or to choose which operand travels.
 """
 
 import itertools
@@ -59,8 +79,8 @@ from sessions import aot
 from sessions.sharding import ACTIVATION_SPECS, PARAM_SPECS
 
 RING = "fsdp"  # the mesh axis whose devices pass the weight shards around
-# (B, S, E, F) of the gpt2 preset's first MLP matmul, a sequence of 1024 tokens a device
-# on an 8-device ring: big enough that XLA builds its own loop (auto_matmul) on a TPU.
+# (B, S, E, F) of the gpt2 preset's first MLP matmul, one sequence of 1024 tokens a
+# device on a ring of 8.
 GPT2_MLP = (8, 1024, 768, 3072)
 X_SPEC, W_SPEC, OUT_SPEC = ACTIVATION_SPECS["BSE"], PARAM_SPECS["w_in"], ACTIVATION_SPECS["BSF"]
 
