@@ -142,8 +142,11 @@ def compiled_matmul(matmul, mesh, shape, dtype=jnp.bfloat16):
 
 def programs_on(target_text, shape=GPT2_MLP):
     """{name: compiled program text} of the three matmuls for a chip this machine
-    may lack ('tpu-v5e:2x4'), every device on the fsdp ring: what a session script
-    hands to `schedule_summary`."""
+    may lack ('tpu-v5e:2x4'), every device on the fsdp ring. A session script prints
+
+        for name, text in programs_on("tpu-v5e:2x4").items():
+            print(schedule_line(name, schedule_summary(text)))
+    """
     target, devices = aot.devices_for(target_text)
     _, mesh = aot.target_mesh(f"fsdp={len(devices)}", target, devices)
     matmuls = (allgather_matmul, collective_matmul, auto_matmul)
@@ -222,9 +225,10 @@ def schedule_summary(hlo_text):
 def schedule_line(name, schedule):
     """One line a session script prints for a Schedule."""
     s = schedule
-    loops = f" in {s.loops} windowed-einsum loop(s)" if s.loops else ""
-    turns = "a matmul between every two" if s.alternate else "some back to back"
-    return (
-        f"{name}: {s.permutes} permutes, {s.all_gathers} all-gathers, {s.matmuls} matmuls{loops}; "
-        f"{s.hidden} permutes hidden behind a matmul, at most {s.in_flight} in flight, {turns}"
-    )
+    counts = [(s.permutes, "permute"), (s.all_gathers, "all-gather"), (s.matmuls, "matmul")]
+    line = ", ".join(f"{n} {what}{'s' * (n != 1)}" for n, what in counts if n)
+    if s.loops:
+        line += f" in {s.loops} windowed-einsum loop{'s' * (s.loops != 1)}"
+    if s.permutes:
+        line += f"; {s.hidden} of them hidden behind a matmul, {s.in_flight} at most in flight"
+    return f"{name}: {line}"

@@ -145,11 +145,15 @@ def test_on_a_tpu_each_permute_flies_while_a_shard_is_multiplied(on_tpu):
     s = schedule_summary(text)
     assert (s.permutes, s.matmuls, s.hidden, s.in_flight, s.all_gathers) == (7, 8, 7, 1, 0)
     assert s.alternate
+    assert schedule_line("by hand", s) == (
+        "by hand: 7 permutes, 8 matmuls; 7 of them hidden behind a matmul, 1 at most in flight"
+    )
 
 
 def test_on_a_tpu_the_plain_gather_leaves_nothing_to_hide_it(on_tpu):
     s = schedule_summary(on_tpu["allgather_matmul"])
     assert (s.all_gathers, s.permutes, s.matmuls, s.hidden) == (1, 0, 1, 0)
+    assert schedule_line("gathered", s) == "gathered: 1 all-gather, 1 matmul"
 
 
 def test_on_a_tpu_xla_builds_its_own_collective_matmul(on_tpu):
@@ -161,6 +165,6 @@ def test_on_a_tpu_xla_builds_its_own_collective_matmul(on_tpu):
     assert s.in_flight == 2 and not s.alternate
     assert s.matmuls == 8 // 2
     assert s.hidden >= s.permutes - 1  # all but the first, sent before any shard is in hand
-    assert "windowed-einsum" in schedule_line("auto", s)
+    assert "4 matmuls in 1 windowed-einsum loop;" in schedule_line("auto", s)
     small = schedule_summary(programs_on("tpu-v5e:2x4", (8, 256, 768, 3072))["auto_matmul"])
     assert (small.loops, small.all_gathers, small.permutes) == (0, 1, 0)  # too small to loop
