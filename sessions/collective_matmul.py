@@ -75,6 +75,7 @@ from jax.sharding import NamedSharding
 
 from roofline.hlo import parse
 from roofline.kinds import classify_hlo
+from roofline.program import collectives
 from sessions import aot
 from sessions.sharding import ACTIVATION_SPECS, PARAM_SPECS
 
@@ -166,21 +167,17 @@ class Schedule(NamedTuple):
 
 
 def _steps(computation, kinds):
-    """The computation's permutes, all-gathers and matmuls in the order they run:
-    ("start" | "done" | "permute" | "all-gather" | "matmul", instruction)."""
+    """The computation's permutes and matmuls in the order they run:
+    ("start" | "done" | "permute" | "matmul", instruction)."""
     for op in computation.instructions:
         if op.opcode.startswith("collective-permute"):
             yield op.opcode.removeprefix("collective-permute").lstrip("-") or "permute", op
-        elif op.opcode.startswith("all-gather") and not op.opcode.endswith("done"):
-            yield "all-gather", op
-        elif kinds.get(op.name) == "collective" and "all-gather" in op.name:
-            yield "all-gather", op  # TPU: an asynchronous all-gather inside a fusion
         elif kinds.get(op.name) == "matmul":
             yield "matmul", op
 
 
 def _tally(computation, kinds):
-    """(permutes, all-gathers, matmuls, hidden, in flight, alternate) of one computation."""
+    """(permutes, matmuls, hidden permutes, most in flight, alternate) of one computation."""
     steps = list(_steps(computation, kinds))
     roles = [role for role, _ in steps]
     started = {op.name: at for at, (role, op) in enumerate(steps) if role == "start"}
@@ -193,10 +190,10 @@ def _tally(computation, kinds):
     for role in roles:
         flying += (role == "start") - (role == "done")
         most = max(most, flying)
-    sent = [role for role in roles if role in ("start", "permute", "matmul")]
+    sent = [role for role in roles if role != "done"]
     alternate = all(a == "matmul" or b == "matmul" for a, b in itertools.pairwise(sent))
     permutes = roles.count("start") + roles.count("permute")
-    return permutes, roles.count("all-gather"), roles.count("matmul"), hidden, most, alternate
+    return permutes, roles.count("matmul"), hidden, most, alternate
 
 
 def schedule_summary(hlo_text):
@@ -205,7 +202,10 @@ def schedule_summary(hlo_text):
     A compiled program is scheduled: each computation prints its instructions in
     the order they run. The entry computation is read, and each loop body it runs
     counts once a trip (`Module.trip_counts`); a matmul inside a fusion is found
-    by what the fusion holds (roofline/kinds.py)."""
+    by what the fusion holds (roofline/kinds.py). All-gathers are counted as the
+    `--target` report counts them (roofline/program.py: a TPU spreads one over
+    several fusions that share its channel); permutes one a start, as the chain
+    of ours shares one channel."""
     module, kinds = parse(hlo_text), classify_hlo(hlo_text)
     trips = module.trip_counts
     bodies = [
@@ -215,11 +215,17 @@ def schedule_summary(hlo_text):
     ]
     tallies = [(1, _tally(module.entry, kinds))]
     tallies += [(trips.get(b, 1), _tally(module.computations[b], kinds)) for b in bodies]
-    total = [sum(times * t[i] for times, t in tallies) for i in range(4)]
-    in_flight = max(t[4] for _, t in tallies)
-    alternate = all(t[5] for _, t in tallies)
-    loops = sum("windowed_dot_general" in b for b in bodies)
-    return Schedule(*total, in_flight, alternate, loops)
+    permutes, matmuls, hidden = (sum(times * t[i] for times, t in tallies) for i in (0, 1, 2))
+    gathers = collectives(hlo_text, devices=1).get("all-gather")  # the group size: not needed
+    return Schedule(
+        permutes=permutes,
+        all_gathers=gathers.count if gathers else 0,
+        matmuls=matmuls,
+        hidden=hidden,
+        in_flight=max(t[3] for _, t in tallies),
+        alternate=all(t[4] for _, t in tallies),
+        loops=sum("windowed_dot_general" in b for b in bodies),
+    )
 
 
 def schedule_line(name, schedule):
