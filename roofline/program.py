@@ -95,6 +95,7 @@ def collectives(hlo_text, devices, in_loops=None):
     with the same channel_id: counted once."""
     module = parse(hlo_text)
     times = module.trip_counts
+    fused = {name for _, op in module.instructions() for name in op.calls.get("calls", ())}
     done_types, found, seen = {}, [], set()
     for computation, op in module.instructions():
         kind, phase = collective_kind(op.opcode)
@@ -105,7 +106,9 @@ def collectives(hlo_text, devices, in_loops=None):
                 done_types[op.operands[0]] = op.type_text
             continue
         repeat = times.get(computation.name, 1)
-        channel = op.attributes.get("channel_id")
+        # Only the pieces inside fusions share a collective's channel; a chain of
+        # permutes written out by hand may share one too, and each of them runs.
+        channel = op.attributes.get("channel_id") if computation.name in fused else None
         if channel:
             if (kind, channel, repeat) in seen:
                 continue

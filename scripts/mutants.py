@@ -428,6 +428,18 @@ MUTANTS = [
         (('"matmul" in roles[started[op.operands[0]] : at]', "True"),),
         (f"{CMATMUL_TEST}::test_a_permute_is_hidden_only_if_a_matmul_runs_while_it_flies",),
     ),
+    Mutant(
+        "channel-once",
+        "collectives sharing a channel counted once even outside fusions: a ring of 7 hops reads 1",
+        "roofline/program.py",
+        (
+            (
+                'channel = op.attributes.get("channel_id") if computation.name in fused else None',
+                'channel = op.attributes.get("channel_id")',
+            ),
+        ),
+        (f"{CMATMUL_TEST}::test_a_chain_of_permutes_on_one_channel_is_every_hop",),
+    ),
 ]
 
 

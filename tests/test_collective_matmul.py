@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding
 
 from roofline.hlo import parse
 from roofline.kinds import classify_hlo
+from roofline.program import collectives
 from sessions import sharding
 from sessions.collective_matmul import (
     GPT2_MLP,
@@ -113,6 +114,26 @@ def test_a_permute_is_hidden_only_if_a_matmul_runs_while_it_flies(first, second,
     assert s.alternate  # one permute sent, then matmuls: never two sends in a row
 
 
+CHAIN = """\
+ENTRY %main (p0: f32[8,8]) -> f32[8,8] {
+  %p0 = f32[8,8]{1,0} parameter(0)
+  %hop = (f32[8,8]{1,0}, f32[8,8]{1,0}) collective-permute-start(%p0), channel_id=1, \
+source_target_pairs={{0,1},{1,0}}
+  %in = f32[8,8]{1,0} collective-permute-done(%hop)
+  %hop.1 = (f32[8,8]{1,0}, f32[8,8]{1,0}) collective-permute-start(%in), channel_id=1, \
+source_target_pairs={{0,1},{1,0}}
+  ROOT %in.1 = f32[8,8]{1,0} collective-permute-done(%hop.1)
+}
+"""
+
+
+def test_a_chain_of_permutes_on_one_channel_is_every_hop():
+    """XLA gives our unrolled ring's permutes one channel_id; each still runs, and
+    the --target report (roofline/program.py) counts each, 8*8 float32 a hop."""
+    assert collectives(CHAIN, 2) == {"collective-permute": (2, 2 * 256, 2 * 256)}
+    assert schedule_summary(CHAIN).permutes == 2
+
+
 # Compiled for a v5e-8 (tpu-v5e:2x4), the MLP's first matmul at the gpt2 preset's
 # widths and length (E=768, F=3072, S=1024), a row a device: compile-only, seconds.
 # Shorter rows make each shard's matmul too small to be worth hiding a permute
@@ -145,6 +166,8 @@ def test_on_a_tpu_each_permute_flies_while_a_shard_is_multiplied(on_tpu):
     s = schedule_summary(text)
     assert (s.permutes, s.matmuls, s.hidden, s.in_flight, s.all_gathers) == (7, 8, 7, 1, 0)
     assert s.alternate
+    hop = 768 // 8 * 3072 * 2  # a shard of w_in in bf16
+    assert collectives(text, 8)["collective-permute"][:2] == (7, 7 * hop)  # as --target says
     assert schedule_line("by hand", s) == (
         "by hand: 7 permutes, 8 matmuls; 7 of them hidden behind a matmul, 1 at most in flight"
     )
