@@ -61,9 +61,15 @@ tests/test_collective_matmul.py checks each line):
 
 So XLA does this on its own on TPU, in both directions at once (half the hops
 each way), once the matmul is big enough: at 256 tokens it gathers instead.
-The gpt2 step over `--mesh fsdp=8` has 145 such loops (README.md, the gpt2
-targets table). Writing it by hand is how to get it where the partitioner
-does not choose it, or to choose which operand travels.
+In the gpt2 step over `--mesh fsdp=8` (README.md, the gpt2 targets table) it
+builds 145 such loops: a layer's q, k and v projections gather their weights
+in loops, forward and backward, and six weight gradients are reduce-scattered
+in loops (the mirror image), plus the embedding's gradient. The MLP's w_in and
+w_out it gathers whole instead, asynchronously, started while the attention's
+loops run. `schedule_summary` of that step: 1305 permutes, 122 all-gathers and
+690 matmuls, 1085 of the permutes hidden behind a matmul, at most 5 in flight.
+Writing the loop by hand puts it where the partitioner does not, and says
+which operand travels.
 """
 
 import itertools
