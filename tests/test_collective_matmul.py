@@ -45,7 +45,7 @@ def operands():
 def test_the_ring_computes_what_the_gathered_weight_does(mesh_text):
     mesh = mesh_for(mesh_text)
     x, w = operands()
-    expected = np.einsum("bse,ef->bsf", np.float64(x), np.float64(w))  # one device, no mesh
+    expected = np.einsum("BSE,EF->BSF", np.float64(x), np.float64(w))  # one device, no mesh
     with jax.set_mesh(mesh):
         gathered = jax.jit(lambda x, w: allgather_matmul(x, w, mesh))(x, w)
         ring = jax.jit(lambda x, w: collective_matmul(x, w, mesh))(x, w)
@@ -67,9 +67,9 @@ def test_gradients_through_the_ring_equal_the_gathered_ones(mesh_text):
         dx, dw = loss(collective_matmul)(x, w)
         dx_gathered, dw_gathered = loss(allgather_matmul)(x, w)
     # By hand: d sum(sin(x @ w)) = cos(x @ w), then back through the matmul.
-    dout = np.cos(np.einsum("bse,ef->bsf", np.float64(x), np.float64(w)))
-    np.testing.assert_allclose(dx, np.einsum("bsf,ef->bse", dout, w), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(dw, np.einsum("bsf,bse->ef", dout, x), rtol=1e-4, atol=1e-4)
+    dout = np.cos(np.einsum("BSE,EF->BSF", np.float64(x), np.float64(w)))
+    np.testing.assert_allclose(dx, np.einsum("BSF,EF->BSE", dout, w), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, np.einsum("BSF,BSE->EF", dout, x), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dx, dx_gathered, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dw, dw_gathered, rtol=1e-5, atol=1e-5)
 
