@@ -92,9 +92,13 @@ def collectives(hlo_text, devices, in_loops=None):
 
     A TPU's async collective fusions spread one collective over several fusions
     (its start and the pieces that overlap compute), each naming the collective
-    with the same channel_id: counted once."""
+    with the same channel_id: counted once. Outside fusions each instruction is
+    a collective of its own, whatever its channel: XLA gives the permutes of a
+    ring written out by hand (sessions/collective_matmul.py) one channel, and
+    each of them runs."""
     module = parse(hlo_text)
     times = module.trip_counts
+    fused = {name for _, op in module.instructions() for name in op.calls.get("calls", ())}
     done_types, found, seen = {}, [], set()
     for computation, op in module.instructions():
         kind, phase = collective_kind(op.opcode)
@@ -105,7 +109,7 @@ def collectives(hlo_text, devices, in_loops=None):
                 done_types[op.operands[0]] = op.type_text
             continue
         repeat = times.get(computation.name, 1)
-        channel = op.attributes.get("channel_id")
+        channel = op.attributes.get("channel_id") if computation.name in fused else None
         if channel:
             if (kind, channel, repeat) in seen:
                 continue

@@ -44,6 +44,8 @@ POD_ORDER = "tests/test_pod_order.py"
 KERNELS = "tests/test_exercises/test_session_kernels.py"
 DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_discord_at_the_boundary"
 WRITE = "                meter.write(record)\n"
+CMATMUL = "sessions/collective_matmul.py"
+CMATMUL_TEST = "tests/test_collective_matmul.py"
 
 MUTANTS = [
     Mutant(
@@ -405,6 +407,85 @@ MUTANTS = [
             ),
         ),
         (f"{KERNELS}::test_ring_matmul_equals_the_product_with_permutes_only",),
+    ),
+    Mutant(
+        "ring-backwards",
+        "the weight shards sent the other way round the ring than the slices of x assume",
+        CMATMUL,
+        (
+            (
+                "ring = [(i, (i + 1) % n) for i in range(n)]",
+                "ring = [(i, (i - 1) % n) for i in range(n)]",
+            ),
+        ),
+        (f"{CMATMUL_TEST}::test_the_ring_computes_what_the_gathered_weight_does",),
+    ),
+    Mutant(
+        "shard-off-by-one",
+        "each shard multiplied by the columns of x of the shard one hop further on",
+        CMATMUL,
+        (("(me - k) % n * e", "(me - k - 1) % n * e"),),
+        (
+            f"{CMATMUL_TEST}::test_the_ring_computes_what_the_gathered_weight_does",
+            f"{CMATMUL_TEST}::test_gradients_through_the_ring_equal_the_gathered_ones",
+        ),
+    ),
+    Mutant(
+        "own-columns",
+        "every arriving shard multiplied by the device's own columns of x",
+        CMATMUL,
+        (("(me - k) % n * e", "me * e"),),
+        (f"{CMATMUL_TEST}::test_the_ring_computes_what_the_gathered_weight_does",),
+    ),
+    Mutant(
+        "last-shard-dropped",
+        "the ring stops one shard short: the last arrival is never multiplied",
+        CMATMUL,
+        (("return out + times(n - 1, w)", "return out"),),
+        (f"{CMATMUL_TEST}::test_the_ring_computes_what_the_gathered_weight_does",),
+    ),
+    Mutant(
+        "gather-after-all",
+        "collective_matmul gathers the weight whole: right numbers, nothing overlapped",
+        CMATMUL,
+        (("    n = mesh.shape[RING]\n", "    return allgather_matmul(x, w, mesh)\n"),),
+        (
+            f"{CMATMUL_TEST}::test_each_device_receives_the_shards_it_lacks_one_hop_each",
+            f"{CMATMUL_TEST}::test_on_a_tpu_each_permute_flies_while_a_shard_is_multiplied",
+        ),
+    ),
+    Mutant(
+        "send-after-multiply",
+        "each shard sent on only once its matmul is done: right numbers, the permutes exposed",
+        CMATMUL,
+        (
+            (
+                "            w_next = jax.lax.ppermute(w, RING, ring)  # in flight while ...\n"
+                "            out = out + times(k, w)  # ... the shard in hand is multiplied\n",
+                "            out, w = jax.lax.optimization_barrier((out + times(k, w), w))\n"
+                "            w_next = jax.lax.ppermute(w, RING, ring)\n",
+            ),
+        ),
+        (f"{CMATMUL_TEST}::test_on_a_tpu_each_permute_flies_while_a_shard_is_multiplied",),
+    ),
+    Mutant(
+        "hidden-any-order",
+        "a permute counted as hidden whatever runs between its start and its done",
+        CMATMUL,
+        (('"matmul" in roles[started[op.operands[0]] : at]', "True"),),
+        (f"{CMATMUL_TEST}::test_a_permute_is_hidden_only_if_a_matmul_runs_while_it_flies",),
+    ),
+    Mutant(
+        "channel-once",
+        "collectives sharing a channel counted once even outside fusions: a ring of 7 hops reads 1",
+        "roofline/program.py",
+        (
+            (
+                'channel = op.attributes.get("channel_id") if computation.name in fused else None',
+                'channel = op.attributes.get("channel_id")',
+            ),
+        ),
+        (f"{CMATMUL_TEST}::test_a_chain_of_permutes_on_one_channel_is_every_hop",),
     ),
 ]
 
