@@ -1,0 +1,166 @@
+"""Session 4, a level deeper: our own flash-attention kernel in Pallas, and the
+collectives of FSDP and of a collective matmul written by hand with jax.shard_map.
+
+Sessions 2 and 3 used other people's kernels (cuDNN's, JAX's splash) and let
+the partitioner insert every collective. Here we write both, check each against
+the reference on this machine, then compile them for a chip it may lack:
+
+    1. the online softmax (one pass over key blocks) == softmax
+    2. our Pallas kernel == einsum attention, forward and gradients
+    3. FSDP by hand == the partitioner's FSDP, step for step, collectives counted
+    4. a collective matmul (ppermute around the ring) == all-gather, then matmul
+    5. attention's memory and time on the target chip: einsum, ours, the vendor's
+
+    python sessions/s4_kernels.py                       # every check, then h100:1's table
+    python sessions/s4_kernels.py --target tpu-v5e:2x2  # the table for another chip
+
+The checks run on the CPU's 8 simulated devices when there is no accelerator
+(our kernel then runs interpreted: slow, the same arithmetic); on a GPU or TPU
+the kernel runs compiled.
+"""
+
+import os
+import sys
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    # Before JAX starts: the multichip checks need 8 devices, simulated on the CPU.
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from roofline.program import collectives_table
+from roofline.targets import EXTRAS, missing_extras, parse_target
+from sessions import aot, attention_targets, collective_matmul, flash, manual_fsdp, sharding
+from sessions.attention import einsum_attention
+from sessions.cli import run_main
+from sessions.errors import UsageError
+
+VENDOR = {"gpu": "cudnn", "tpu": "splash"}  # the chip maker's (or JAX's) flash kernel
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=2, help="the kernel check's B")
+    parser.add_argument("--seq", type=int, default=200, help="its S (any length: padded)")
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=64, choices=flash.HEAD_DIMS)
+    parser.add_argument("--fsdp-steps", type=int, default=4, help="steps of each FSDP run")
+    parser.add_argument("--target", default="h100:1", help="the chip of step 5's table")
+    parser.add_argument("--no-target", action="store_true", help="skip step 5")
+    return parser.parse_args(argv)
+
+
+def report(name, error, tolerance):
+    """One check's line; returns whether it held."""
+    held = bool(error <= tolerance)
+    print(f"  {'ok ' if held else 'FAIL'} {name}: largest difference {error:.2e} (within {tolerance:.0e})")
+    return held
+
+
+def biggest(a, b):
+    return float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
+
+
+def check_online_softmax(key):
+    """1. Keep a running max, sum and weighted sum; rescale when the max grows."""
+    print("1. online softmax: 128 queries over 512 keys, 4 key blocks of 128")
+    q, k, v = 4 * jax.random.normal(key, (3, 512, 64))  # x4: later blocks raise the max
+    q = q[:128]
+    reference = jax.nn.softmax(q @ k.T / 8.0, axis=-1) @ v  # 8 = sqrt(64)
+    return report("online softmax == softmax", biggest(flash.online_softmax(q, k, v, 128), reference), 1e-5)
+
+
+def check_kernel(args, key):
+    """2. Our kernel against the einsums, the output and all three gradients."""
+    B, S, H, D = args.batch, args.seq, args.heads, args.head_dim
+    tiles = flash.default_tiles(S)
+    where = jax.default_backend()
+    how = "interpreted" if where == "cpu" else "compiled"
+    print(f"2. our flash kernel, B={B} S={S} H={H} D={D}, tiles {tiles[0]} x {tiles[1]}, {how} on {where}")
+    q, k, v, cotangent = jax.random.normal(key, (4, B, S, H, D))
+
+    def loss(attend):
+        return lambda q, k, v: jnp.sum(attend(q, k, v) * cotangent)
+
+    ours = jax.value_and_grad(loss(flash.flash_attention), argnums=(0, 1, 2))(q, k, v)
+    theirs = jax.value_and_grad(loss(einsum_attention), argnums=(0, 1, 2))(q, k, v)
+    held = report("forward == einsum attention", biggest(flash.flash_attention(q, k, v), einsum_attention(q, k, v)), 1e-4)
+    for name, a, b in zip(("dq", "dk", "dv"), ours[1], theirs[1]):
+        held &= report(f"{name} == einsum attention's", biggest(a, b), 1e-3)
+    return held
+
+
+def check_fsdp(steps):
+    """3. The same training, its collectives written by hand or by the partitioner."""
+    held = True
+    for mesh_text in ("fsdp=8", "data=2,fsdp=4"):
+        print(f"3. FSDP over {mesh_text} (8 simulated CPU devices, the tiny preset, {steps} steps)")
+        runs = manual_fsdp.train_both_ways(mesh_text, steps, jax.devices("cpu")[:8])
+        (auto_losses, auto_program), (losses, program) = runs["auto"], runs["manual"]
+        print(f"     auto   losses {' '.join(f'{x:.4f}' for x in auto_losses)}")
+        print(f"     manual losses {' '.join(f'{x:.4f}' for x in losses)}")
+        error = max(abs(a - b) / abs(a) for a, b in zip(losses, auto_losses))
+        held &= report("manual == auto, step for step (relative)", error, 1e-5)
+        for line in collectives_table({"manual": program, "auto": auto_program}, 8):
+            print(f"     {line}")
+    return held
+
+
+def check_collective_matmul(key):
+    """4. N - 1 hops of the weight's shards, each behind a shard's matmul."""
+    print("4. collective matmul over fsdp=8: x [8, 16, 64] @ w_in [64, 96]")
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 8, "tp": 1}, jax.devices("cpu")[:8])
+    x, w = jax.random.normal(key, (8, 16, 64)), jax.random.normal(key, (64, 96))
+    plain = collective_matmul.allgather_matmul(x, w, mesh)
+    ours = collective_matmul.collective_matmul(x, w, mesh)
+    return report("ring of ppermutes == all-gather, then matmul", biggest(ours, plain), 1e-4)
+
+
+def target_tables(target_text):
+    """5. What each attention needs and takes on the chip, as its compiler plans it."""
+    chip, _ = parse_target(target_text)
+    missing = missing_extras(chip.platform)
+    if missing:
+        print(f"5. skipped: compiling for {target_text} needs {missing}: pip install -r {EXTRAS}")
+        return
+    target, devices = aot.devices_for(target_text)
+    impls = ("einsum", "pallas", VENDOR[chip.platform])
+    print(f"5. attention compiled for {target.name}: einsum, ours (pallas) and {impls[2]}'s")
+    rows = [
+        attention_targets.attention_on_target(impl, seq, target, devices)
+        for seq in attention_targets.SEQUENCES
+        for impl in impls
+    ]
+    for line in attention_targets.attention_table_lines(rows, target):
+        print(f"   {line}")
+    wall = [r.seq for r in rows if r.impl == "einsum" and (r.bytes is None or r.bytes > target.hbm_per_device)]
+    if wall:
+        print(f"   einsum attention stops fitting at S = {wall[0]:,}; the flash kernels hold O(S)")
+    if not missing_extras("tpu"):
+        print("   the collective matmul compiled for tpu-v5e:2x4, gpt2's MLP (schedule_summary):")
+        for name, text in collective_matmul.programs_on("tpu-v5e:2x4").items():
+            print(f"     {collective_matmul.schedule_line(name, collective_matmul.schedule_summary(text))}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.seq < 1 or args.batch < 1 or args.heads < 1 or args.fsdp_steps < 1:
+        raise UsageError("--batch, --seq, --heads and --fsdp-steps must be positive")
+    keys = jax.random.split(jax.random.key(0), 3)
+    held = check_online_softmax(keys[0])
+    held &= check_kernel(args, keys[1])
+    held &= check_fsdp(args.fsdp_steps)
+    held &= check_collective_matmul(keys[2])
+    if not args.no_target:
+        target_tables(args.target)
+    print("every check held" if held else "a check failed: see FAIL above")
+    return 0 if held else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
