@@ -92,9 +92,11 @@ def collectives(hlo_text, devices, in_loops=None):
 
     A TPU's async collective fusions spread one collective over several fusions
     (its start and the pieces that overlap compute), each naming the collective
-    with the same channel_id: counted once."""
+    with the same channel_id: counted once. Collectives outside fusions are each
+    counted: `jax.shard_map` gives every one it writes the same channel_id."""
     module = parse(hlo_text)
     times = module.trip_counts
+    fused = fusion_bodies(module)
     done_types, found, seen = {}, [], set()
     for computation, op in module.instructions():
         kind, phase = collective_kind(op.opcode)
@@ -106,7 +108,7 @@ def collectives(hlo_text, devices, in_loops=None):
             continue
         repeat = times.get(computation.name, 1)
         channel = op.attributes.get("channel_id")
-        if channel:
+        if channel and computation.name in fused:
             if (kind, channel, repeat) in seen:
                 continue
             seen.add((kind, channel, repeat))
@@ -121,6 +123,13 @@ def collectives(hlo_text, devices, in_loops=None):
         t[1] += repeat * out
         t[2] += repeat * link_bytes(kind, out, n)
     return {kind: Collective(*t) for kind, t in sorted(totals.items())}
+
+
+def fusion_bodies(module):
+    """Names of the computations that fusion instructions call."""
+    return {
+        name for _, op in module.instructions() if op.opcode == "fusion" for name in op.called
+    }
 
 
 def collective_kind(opcode):

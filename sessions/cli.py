@@ -125,6 +125,13 @@ def train_flags(argv=None):
         help="einsum by hand (default on CPU); fused: the chip's fastest, cuDNN's flash "
         "kernel on NVIDIA, Pallas splash on TPU, else jax.nn.dot_product_attention",
     )
+    parser.add_argument(
+        "--collectives",
+        choices=["auto", "manual"],
+        default="auto",
+        help="FSDP's collectives: inserted by the partitioner (auto), or written by hand "
+        "under jax.shard_map (manual: meshes over data and fsdp, tp=1)",
+    )
     for flag in ("--no-attention", "--no-positions", "--no-jit", "--show-sharding"):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--no-overlap", action="store_true", help="load each batch in the loop")
