@@ -127,9 +127,7 @@ def collectives(hlo_text, devices, in_loops=None):
 
 def fusion_bodies(module):
     """Names of the computations that fusion instructions call."""
-    return {
-        name for _, op in module.instructions() if op.opcode == "fusion" for name in op.called
-    }
+    return {name for _, op in module.instructions() if op.opcode == "fusion" for name in op.called}
 
 
 def collective_kind(opcode):

@@ -106,9 +106,7 @@ def main(argv=None):
     # loop from shapes alone (--no-jit: op by op, as session 1 ran).
     jit = not args.no_jit
     if args.collectives == "manual":  # every collective written out (sessions/manual_fsdp.py)
-        step_fn = make_manual_step(
-            cfg, optimizer, tc.clip, shardings, batch_sharding, jit=jit
-        )
+        step_fn = make_manual_step(cfg, optimizer, tc.clip, shardings, batch_sharding, jit=jit)
     else:
         step_fn = make_train_step(
             cfg, optimizer, jit=jit, state_shardings=shardings, batch_sharding=batch_sharding
