@@ -85,10 +85,12 @@ class Collective(NamedTuple):
     bytes: int  # bytes each device sends over its links (ring model), per step
 
 
-def collectives(hlo_text, devices, in_loops=None):
+def collectives(hlo_text, devices, in_loops=None, by_group=False):
     """{kind: Collective} for the collectives in a compiled (partitioned) HLO
     module, per step: one inside a loop counts once per trip (hlo trip_counts).
     in_loops=True keeps only those inside a while loop, False those outside any.
+    by_group=True: keyed by (kind, devices per group) instead, which tells the
+    mesh axes apart: on data=2,fsdp=4 an all-reduce over data has groups of 2.
 
     A TPU's async collective fusions spread one collective over several fusions
     (its start and the pieces that overlap compute), each naming the collective
@@ -118,7 +120,7 @@ def collectives(hlo_text, devices, in_loops=None):
     for name, kind, phase, type_text, n, repeat in found:
         # An async start's own type holds its operands too; its -done holds the result.
         out = array_bytes(done_types.get(name, type_text) if phase else type_text)
-        t = totals[kind]
+        t = totals[(kind, n) if by_group else kind]
         t[0] += repeat
         t[1] += repeat * out
         t[2] += repeat * link_bytes(kind, out, n)
