@@ -132,7 +132,7 @@ def splash_attention(q, k, v, segment_ids=None):
         )
 
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
+    if mesh.empty or mesh.are_all_axes_manual:  # one device, or already one device's part
         return local(q, k, v, segment_ids)
     qkv = P(("data", "fsdp"), None, "tp", None)
     ids = None if segment_ids is None else P(("data", "fsdp"), None)

@@ -18,10 +18,12 @@ gradient of that copy sums what every device computed back onto the shard's owne
 Kept or gathered again? Gathered again: each layer runs under `jax.checkpoint` keeping
 only its matmuls' outputs (`dots_saveable`), so the backward all-gathers its weights a
 second time and redoes the layer's few elementwise ops (norms, ReLU, softmax), never a
-matmul. Keeping them instead would hold every layer's whole weights from forward to
-backward: the unsharded model on every device (4·P bytes in float32), the memory FSDP
-exists to save. The embedding and positions are gathered once and kept, as they are used
-at both ends of the model: (V + S)·E values per device.
+matmul. (XLA's CPU compiler then merges each second gather with the first, the same
+instruction on the same shard, and keeps the weights after all; a TPU's keeps them apart.)
+Keeping them would hold every layer's whole weights on every device from forward to
+backward, fsdp times their shards, the memory FSDP exists to save. The embedding and
+positions are gathered once and kept, as they are used at both ends of the model:
+(V + S)·E values per device.
 
 Only meshes with tp=1: with tp > 1 the shards of a weight would also be split over
 heads, F and V, a different program (left to the partitioner, `--collectives auto`).

@@ -8,8 +8,9 @@ import functools
 import jax
 import numpy as np
 import pytest
-from helpers import s2_in_process
+from helpers import need, run_script, s2_in_process
 
+from roofline.hlo import parse
 from roofline.program import collectives
 from sessions import data, sharding
 from sessions.config import PRESETS
@@ -125,3 +126,31 @@ def test_manual_collectives_with_tp_is_one_line_and_exit_2(tmp_path, capsys):
     code, err = s2_in_process([*argv, "--run-dir", str(tmp_path)], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "tp=1" in err and "not tp=2" in err
+
+
+def test_s2_train_runs_the_manual_step_and_says_so(tmp_path, capsys):
+    argv = ["--preset", "tiny", "--steps", "2", "--log-every", "1", "--mesh", "fsdp=8"]
+    argv += ["--collectives", "manual", "--sample-bytes", "0", "--run-dir", str(tmp_path)]
+    code, out, err = run_script("sessions/s2_train.py", argv, capsys)
+    assert code == 0, err
+    assert "collectives: manual" in out
+
+
+def test_tpu_gathers_the_weights_again_in_the_backward(tmp_path, capsys):
+    # Compiled for a TPU slice (nothing runs): there the backward's all-gathers stay
+    # apart from the forward's (JAX names them checkpoint/rematted_computation), so no
+    # layer's whole weights are kept from forward to backward.
+    need("tpu")
+    hlo = tmp_path / "step.hlo"
+    argv = ["--target", "tpu-v5e:2x4", "--preset", "tiny", "--mesh", "fsdp=8"]
+    argv += ["--collectives", "manual", "--hlo-out", str(hlo)]
+    code, out, err = run_script("sessions/s2_train.py", argv, capsys)
+    assert code == 0, err
+    assert "collectives: manual" in out
+    names = {
+        op.attributes.get("metadata", "")
+        for _, op in parse(hlo.read_text()).instructions()
+        if op.opcode.startswith("all-gather")
+    }
+    assert any("rematted_computation/all_gather" in n for n in names)
+    assert any("jvp()/all_gather" in n and "rematted" not in n for n in names)
