@@ -145,6 +145,25 @@ def collectives_summary(found):
     return {kind: c._asdict() for kind, c in found.items()}
 
 
+def collectives_table(programs, devices):
+    """Lines comparing the collectives of compiled programs of one step, side by side:
+    programs {label: jax.stages.Compiled or its HLO text}, e.g. {"manual": ..., "auto":
+    ...}. One row per kind: ops per step and MiB each device sends (ring model)."""
+    found = {
+        label: collectives(p if isinstance(p, str) else p.as_text(), devices)
+        for label, p in programs.items()
+    }
+    kinds = sorted({kind for f in found.values() for kind in f})
+    lines = [f"{'collective':<20}" + "".join(f"{label:>23}" for label in found)]
+    for kind in kinds:
+        row = f"{kind:<20}"
+        for f in found.values():
+            c = f.get(kind, Collective(0, 0, 0))
+            row += f"{c.count:>7} ops {c.bytes / 2**20:>7.3f} MiB"
+        lines.append(row)
+    return lines
+
+
 def kernels(hlo_text):
     """{custom call target: count}, leaving out sharding and layout markers."""
     targets = (op.target for _, op in parse(hlo_text).instructions() if op.target)

@@ -11,7 +11,7 @@ import pytest
 from helpers import need, run_script, s2_in_process
 
 from roofline.hlo import parse
-from roofline.program import collectives
+from roofline.program import collectives, collectives_table
 from sessions import data, sharding
 from sessions.config import PRESETS
 from sessions.manual_fsdp import make_manual_step
@@ -119,6 +119,16 @@ def test_manual_moves_no_more_bytes_than_the_partitioner(both):
         return sum(c.bytes for c in collectives(text, 8).values())
 
     assert total(hlo) <= total(auto_hlo), mesh_text
+
+
+def test_the_table_sets_the_two_programs_side_by_side(both):
+    _, (_, _, auto_hlo), (_, _, hlo) = both
+    lines = collectives_table({"manual": hlo, "auto": auto_hlo}, 8)
+    assert lines[0].split() == ["collective", "manual", "auto"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    # The partitioner writes no reduce-scatter here; manual none of its all-to-alls.
+    assert rows["reduce-scatter"][0] == str(2 + 6 * CFG.layers) and rows["reduce-scatter"][4] == "0"
+    assert set(rows) == set(collectives(hlo, 8)) | set(collectives(auto_hlo, 8))
 
 
 def test_manual_collectives_with_tp_is_one_line_and_exit_2(tmp_path, capsys):
