@@ -42,9 +42,7 @@ from sessions.model import block, cast, embed, unembed
 from sessions.sharding import BATCH, PARAM_SPECS
 from sessions.train import cross_entropy
 
-# What a layer keeps for its backward: matmul outputs; not the gathered weights. (Keeping
-# everything but values named "gathered" would keep them anyway: `dense` keeps the weight
-# reshaped to 2-D, a value of its own.)
+# What a layer keeps for its backward: its matmuls' outputs, never its gathered weights.
 REGATHER = jax.checkpoint_policies.dots_saveable
 
 
@@ -103,6 +101,7 @@ def device_loss(params, batch, cfg):
 
 
 def is_split(path):
+    """Whether the weight at `path` (in the params or their gradients) is split over fsdp."""
     return fsdp_dim(path[-1].key) is not None
 
 
@@ -120,8 +119,9 @@ def device_step(state, batch, *, cfg, optimizer, clip):
     {"loss", "grad_norm"}), the same as sessions.train.train_step."""
     params = state["params"]
     n_fsdp = jax.lax.axis_size("fsdp")
-    # The reduce-scatter sums the fsdp group's gradients; dividing the loss by the group's
-    # size first makes that sum the group's mean.
+    # The backward is the transpose of the forward: of each all-gather, a reduce-scatter
+    # (jax.lax.psum_scatter) over fsdp that sums the group's gradients onto each shard's
+    # owner. Dividing the loss by the group's size first makes that sum the group's mean.
     loss, grads = jax.value_and_grad(lambda p: device_loss(p, batch, cfg) / n_fsdp)(params)
     # Replicated vectors got no reduce-scatter: their sum over fsdp is an all-reduce.
     grads = jax.tree_util.tree_map_with_path(
