@@ -71,7 +71,7 @@ def fsdp_dim(name):
     return spec.index("fsdp") if "fsdp" in spec else None
 
 
-def gather(weights):
+def gather_weights(weights):
     """{name: local shard} -> {name: whole weight}: one all-gather over fsdp per split weight."""
     whole = {}
     for name, w in weights.items():
@@ -91,9 +91,9 @@ def device_loss(params, batch, cfg):
 
     @functools.partial(jax.checkpoint, policy=REGATHER)
     def layer(shards, x):
-        return block(gather(shards), x, cfg, causal)[0]
+        return block(gather_weights(shards), x, cfg, causal)[0]
 
-    ends = gather({name: w for name, w in p.items() if name != "layers"})
+    ends = gather_weights({name: w for name, w in p.items() if name != "layers"})
     x = embed(ends, batch["inputs"], cfg)
     for shards in p["layers"]:
         x = layer(shards, x)
