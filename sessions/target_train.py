@@ -128,7 +128,7 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
         seq=cfg.seq,
         dtype=cfg.dtype,
         attention_impl=cfg.attention_impl,
-        collectives=collectives,
+        collectives_mode=collectives,  # "collectives" holds what the compiler wrote
         compile_seconds=seconds,
     )
     if not p.fits:
