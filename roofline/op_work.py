@@ -152,7 +152,8 @@ def _links(module, op, devices, seen, count):
     """Bytes one device sends for the collectives an op runs (fused ones included).
     A TPU spreads one collective over several fusions, each naming it with the
     same channel_id (roofline.program.collectives): counted at the first; the
-    (kind, channel, executions per step) already counted are in `seen`."""
+    (kind, channel, executions per step) already counted are in `seen`. An op that
+    is itself a collective counts: `jax.shard_map` gives all its collectives one channel."""
     candidates = [op]
     for called in op.calls.get("calls", ()):
         body = module.computations.get(called)
@@ -163,7 +164,7 @@ def _links(module, op, devices, seen, count):
         if kind is None or phase == "-done":
             continue
         channel = c.attributes.get("channel_id")
-        if channel:
+        if channel and c is not op:
             if (kind, channel, count) in seen:
                 continue
             seen.add((kind, channel, count))

@@ -85,20 +85,22 @@ class Collective(NamedTuple):
     bytes: int  # bytes each device sends over its links (ring model), per step
 
 
-def collectives(hlo_text, devices, in_loops=None):
+def collectives(hlo_text, devices, in_loops=None, by_group=False):
     """{kind: Collective} for the collectives in a compiled (partitioned) HLO
     module, per step: one inside a loop counts once per trip (hlo trip_counts).
     in_loops=True keeps only those inside a while loop, False those outside any.
+    by_group=True: keyed by (kind, devices per group) instead, which tells the
+    mesh axes apart: on data=2,fsdp=4 an all-reduce over data has groups of 2.
 
     A TPU's async collective fusions spread one collective over several fusions
     (its start and the pieces that overlap compute), each naming the collective
     with the same channel_id: counted once. Outside fusions each instruction is
-    a collective of its own, whatever its channel: XLA gives the permutes of a
-    ring written out by hand (sessions/collective_matmul.py) one channel, and
-    each of them runs."""
+    a collective of its own, whatever its channel: `jax.shard_map` gives every
+    collective it writes one channel, and the permutes of a ring written out by
+    hand (sessions/collective_matmul.py) share one; each of them runs."""
     module = parse(hlo_text)
     times = module.trip_counts
-    fused = {name for _, op in module.instructions() for name in op.calls.get("calls", ())}
+    fused = fusion_bodies(module)
     done_types, found, seen = {}, [], set()
     for computation, op in module.instructions():
         kind, phase = collective_kind(op.opcode)
@@ -109,8 +111,8 @@ def collectives(hlo_text, devices, in_loops=None):
                 done_types[op.operands[0]] = op.type_text
             continue
         repeat = times.get(computation.name, 1)
-        channel = op.attributes.get("channel_id") if computation.name in fused else None
-        if channel:
+        channel = op.attributes.get("channel_id")
+        if channel and computation.name in fused:
             if (kind, channel, repeat) in seen:
                 continue
             seen.add((kind, channel, repeat))
@@ -120,11 +122,16 @@ def collectives(hlo_text, devices, in_loops=None):
     for name, kind, phase, type_text, n, repeat in found:
         # An async start's own type holds its operands too; its -done holds the result.
         out = array_bytes(done_types.get(name, type_text) if phase else type_text)
-        t = totals[kind]
+        t = totals[(kind, n) if by_group else kind]
         t[0] += repeat
         t[1] += repeat * out
         t[2] += repeat * link_bytes(kind, out, n)
     return {kind: Collective(*t) for kind, t in sorted(totals.items())}
+
+
+def fusion_bodies(module):
+    """Names of the computations that fusion instructions call."""
+    return {name for _, op in module.instructions() if op.opcode == "fusion" for name in op.called}
 
 
 def collective_kind(opcode):
@@ -138,6 +145,25 @@ def collective_kind(opcode):
 def collectives_summary(found):
     """{kind: Collective} as JSON-ready values."""
     return {kind: c._asdict() for kind, c in found.items()}
+
+
+def collectives_table(programs, devices):
+    """Lines comparing the collectives of compiled programs of one step, side by side:
+    programs {label: jax.stages.Compiled or its HLO text}, e.g. {"manual": ..., "auto":
+    ...}. One row per kind: ops per step and MiB each device sends (ring model)."""
+    found = {
+        label: collectives(p if isinstance(p, str) else p.as_text(), devices)
+        for label, p in programs.items()
+    }
+    kinds = sorted({kind for f in found.values() for kind in f})
+    lines = [f"{'collective':<20}" + "".join(f"{label:>23}" for label in found)]
+    for kind in kinds:
+        row = f"{kind:<20}"
+        for f in found.values():
+            c = f.get(kind, Collective(0, 0, 0))
+            row += f"{c.count:>7} ops {c.bytes / 2**20:>7.3f} MiB"
+        lines.append(row)
+    return lines
 
 
 def kernels(hlo_text):

@@ -23,6 +23,7 @@ from roofline.targets import TargetError, compile_only_devices
 from sessions import inference, sharding
 from sessions.decode_layout import abstract_decode_weights
 from sessions.errors import UsageError
+from sessions.manual_fsdp import make_manual_step
 from sessions.model import init_params
 from sessions.train import abstract_batch, abstract_state, make_train_step
 
@@ -68,13 +69,17 @@ def target_mesh(mesh_text, target, devices):
     return sizes, sharding.make_mesh(sizes, devices=np.array(devices))
 
 
-def train_step_program(cfg, tc, mesh):
+def train_step_program(cfg, tc, mesh, collectives="auto"):
     """(step, (abstract state, abstract batch), {}): the train step as s2_train.py
-    jits it over `mesh`, with its shardings, and the shapes it is compiled for."""
+    jits it over `mesh` (--collectives auto or manual), with its shardings, and the
+    shapes it is compiled for."""
     optimizer, _, state = abstract_state(cfg, tc, mesh)
     shardings = jax.tree.map(lambda x: x.sharding, state)
     rows = sharding.batch_sharding(mesh)
-    step = make_train_step(cfg, optimizer, state_shardings=shardings, batch_sharding=rows)
+    if collectives == "manual":
+        step = make_manual_step(cfg, optimizer, tc.clip, shardings, rows)
+    else:
+        step = make_train_step(cfg, optimizer, state_shardings=shardings, batch_sharding=rows)
     return step, (state, abstract_batch(tc.batch, cfg.seq, rows)), {}
 
 

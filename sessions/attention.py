@@ -121,7 +121,7 @@ def on_each_device(local, q, k, v, segment_ids):
     as the activations are laid out (sessions/sharding.py): a Pallas kernel is one
     device's program, which XLA's partitioner cannot split."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
+    if mesh.empty or mesh.are_all_axes_manual:  # one device, or already one device's part
         return local(q, k, v, segment_ids)
     qkv = P(("data", "fsdp"), None, "tp", None)
     ids = None if segment_ids is None else P(("data", "fsdp"), None)

@@ -126,6 +126,13 @@ def train_flags(argv=None):
         "kernel on NVIDIA, Pallas splash on TPU, else jax.nn.dot_product_attention; "
         "pallas: our own flash kernel (sessions/flash.py; interpreted on a CPU, slow)",
     )
+    parser.add_argument(
+        "--collectives",
+        choices=["auto", "manual"],
+        default="auto",
+        help="FSDP's collectives: inserted by the partitioner (auto), or written by hand "
+        "under jax.shard_map (manual: meshes over data and fsdp, tp=1)",
+    )
     for flag in ("--no-attention", "--no-positions", "--no-jit", "--show-sharding"):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--no-overlap", action="store_true", help="load each batch in the loop")

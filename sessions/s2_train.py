@@ -33,6 +33,7 @@ from roofline.profile import TraceWindow
 from sessions import checkpoint, data, multihost, preemption, sample, sharding, target_train
 from sessions.accelerator import check_accelerator_visible
 from sessions.cli import PROMPT, resolve, run_main, train_flags
+from sessions.manual_fsdp import check_collectives, collectives_line, make_manual_step
 from sessions.meter import Meter
 from sessions.prefetch import Prefetcher, Synchronous
 from sessions.report import header_lines, plot_loss, summarize, summary_lines
@@ -68,6 +69,7 @@ def main(argv=None):
     # Multichip: a mesh over every device of every process, checked before use.
     sizes = sharding.parse_mesh(args.mesh, jax.device_count())
     sharding.check_divisible(cfg, B, sizes, jax.process_count())
+    check_collectives(args.collectives, sizes)
     mesh = sharding.make_mesh(sizes, multihost.mesh_devices())
     batch_sharding = sharding.batch_sharding(mesh)
     directory = args.checkpoint_dir or os.path.join(args.run_dir, "checkpoints")
@@ -91,6 +93,7 @@ def main(argv=None):
     if mesh.size > 1 or args.show_sharding:
         for line in sharding.describe(state["params"], shardings["params"], mesh):
             say(line)
+    say(collectives_line(args.collectives))
     if jax.process_count() > 1:
         say(sharding.rows_line(batch_sharding, B, S))
     held, total = sharding.bytes_per_device(state, shardings)
@@ -102,9 +105,12 @@ def main(argv=None):
     # The step: forward, backward and AdamW as one program, compiled before the
     # loop from shapes alone (--no-jit: op by op, as session 1 ran).
     jit = not args.no_jit
-    step_fn = make_train_step(
-        cfg, optimizer, jit=jit, state_shardings=shardings, batch_sharding=batch_sharding
-    )
+    if args.collectives == "manual":  # every collective written out (sessions/manual_fsdp.py)
+        step_fn = make_manual_step(cfg, optimizer, tc.clip, shardings, batch_sharding, jit=jit)
+    else:
+        step_fn = make_train_step(
+            cfg, optimizer, jit=jit, state_shardings=shardings, batch_sharding=batch_sharding
+        )
     if jit:
         with jax.set_mesh(mesh):
             step_fn = compile_ahead(step_fn, state, abstract_batch(B, S, batch_sharding), say)

@@ -64,8 +64,10 @@ def constrain(x, letters):
     """Pin activation x to the layout named by its letters, e.g. "BSE".
 
     A no-op outside a mesh context (`jax.set_mesh`), so the model runs
-    unchanged on one device."""
-    if jax.sharding.get_abstract_mesh().empty:
+    unchanged on one device, and inside `jax.shard_map` (sessions/manual_fsdp.py),
+    where each device's arrays are its own and there is nothing to place."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.are_all_axes_manual:
         return x
     return jax.lax.with_sharding_constraint(x, ACTIVATION_SPECS[letters])
 

@@ -17,6 +17,7 @@ from roofline.training_plan import plan_lines, plan_summary, training_plan
 from sessions import aot, sharding
 from sessions.cli import resolve
 from sessions.errors import UsageError
+from sessions.manual_fsdp import check_collectives, collectives_line
 
 
 def plan_training(args, say=print):
@@ -25,7 +26,7 @@ def plan_training(args, say=print):
     UsageError when the step does not fit (after the summary is written)."""
     target, devices = aot.devices_for(args.target)
     run = resolve(args, platform=target.chip.platform)
-    planned = plan_target(args.mesh, run, target, devices, say)
+    planned = plan_target(args.mesh, run, target, devices, say, args.collectives)
     return aot.write_plan(args, planned.compiled, planned.summary)
 
 
@@ -51,14 +52,16 @@ class Planned(NamedTuple):
     state_bytes_per_device: int  # params + optimizer state, by the sharding rules
 
 
-def plan_target(mesh_text, run, target, devices, say=print):
+def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
     """Compile the step of `run` (sessions.cli.Resolved) for `target` over the mesh `mesh_text`
-    ('fsdp=4,tp=2', None: all on fsdp), print its report, and return it as
+    ('fsdp=4,tp=2', None: all on fsdp), its collectives "auto" (the partitioner's)
+    or "manual" (sessions/manual_fsdp.py), print its report, and return it as
     Planned. Raises UsageError for a mesh the target cannot hold or a step the
     compiler refuses for want of memory."""
     cfg, tc = run.model, run.train
     sizes, mesh = aot.target_mesh(mesh_text, target, devices)
     sharding.check_divisible(cfg, tc.batch, sizes)
+    check_collectives(collectives, sizes)
     chip = target.chip
     say(
         f"target: {target.name}, {target.devices} x {devices[0].device_kind} "
@@ -72,7 +75,8 @@ def plan_target(mesh_text, run, target, devices, say=print):
         say(f"attention: {run.attention_note}")
     say(f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens")
 
-    step, (state, batch), _ = aot.train_step_program(cfg, tc, mesh)
+    say(collectives_line(collectives))
+    step, (state, batch), _ = aot.train_step_program(cfg, tc, mesh, collectives)
     shardings = jax.tree.map(lambda x: x.sharding, state)
     for line in sharding.describe(state["params"], shardings["params"], mesh):
         say(line)
@@ -123,6 +127,7 @@ def plan_target(mesh_text, run, target, devices, say=print):
         seq=cfg.seq,
         dtype=cfg.dtype,
         attention_impl=cfg.attention_impl,
+        collectives_mode=collectives,  # "collectives" holds what the compiler wrote
         compile_seconds=seconds,
     )
     if not p.fits:

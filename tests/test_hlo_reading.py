@@ -63,6 +63,28 @@ def test_collectives_read_from_hlo_text():
     assert found["reduce-scatter"] == (1, 512, 1536)
 
 
+SHARD_MAP_HLO = """
+ENTRY %main (a: f32[2,32], b: f32[3,32]) -> (f32[8,32], f32[12,32]) {
+  %a = f32[2,32]{1,0} parameter(0)
+  %b = f32[3,32]{1,0} parameter(1)
+  %ga = f32[8,32]{1,0} all-gather(%a), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={0}
+  %gb = f32[12,32]{1,0} all-gather(%b), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={0}
+  %r = f32[32]{0} all-reduce(%x), channel_id=1, replica_groups={{0,1},{2,3}}, to_apply=%add
+  ROOT %t = (f32[8,32]{1,0}, f32[12,32]{1,0}) tuple(%ga, %gb)
+}
+"""
+
+
+def test_collectives_that_share_a_channel_outside_fusions_each_count():
+    # jax.shard_map gives every collective it writes channel_id=1: two all-gathers of
+    # two weights are two, not one piece of a TPU's async collective fusion.
+    found = collectives(SHARD_MAP_HLO, devices=4)
+    assert found["all-gather"].count == 2
+    assert found["all-gather"].output_bytes == (8 + 12) * 32 * 4
+    by_group = collectives(SHARD_MAP_HLO, devices=4, by_group=True)
+    assert set(by_group) == {("all-gather", 4), ("all-reduce", 2)}
+
+
 def test_matmul_dtypes_look_up_named_operands():
     assert matmul_dtypes(HLO) == {("bf16", "bf16", "f32"): 1}
 
