@@ -163,3 +163,42 @@ def make_manual_step(cfg, optimizer, clip, state_shardings, batch_sharding, *, j
         out_shardings=(state_shardings, None),
         donate_argnums=0,
     )
+
+
+def train_both_ways(mesh_text, steps, devices, preset="tiny"):
+    """{"auto" | "manual": (losses, compiled step)}: the same `steps` steps of
+    `preset` over `mesh_text` on `devices`, from the same initial state and
+    batches, once with the partitioner's collectives and once with ours."""
+    from sessions import data, sharding  # the loop's parts, needed only here
+    from sessions.config import PRESETS
+    from sessions.train import init_state, make_optimizer, make_train_step
+
+    cfg, tc = PRESETS[preset].model, PRESETS[preset].train
+    optimizer = make_optimizer(tc, steps)
+    tokens = data.split(data.default_corpus(), cfg.seq)[0]
+    mesh = sharding.make_mesh(sharding.parse_mesh(mesh_text, len(devices)), devices)
+    runs = {}
+    with jax.set_mesh(mesh):
+        rows = sharding.batch_sharding(mesh)
+        init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
+        for mode in ("auto", "manual"):
+            state, shardings = sharding.init_sharded(init, jax.random.key(tc.seed), mesh)
+            if mode == "manual":
+                step = make_manual_step(cfg, optimizer, tc.clip, shardings, rows)
+            else:
+                step = make_train_step(
+                    cfg, optimizer, state_shardings=shardings, batch_sharding=rows
+                )
+            batches = [
+                sharding.place_batch(
+                    data.get_batch(tokens, i, batch=tc.batch, seq=cfg.seq, seed=tc.seed), rows
+                )
+                for i in range(steps)
+            ]
+            compiled = step.lower(state, batches[0]).compile()
+            losses = []
+            for batch in batches:
+                state, metrics = compiled(state, batch)
+                losses.append(float(metrics["loss"]))
+            runs[mode] = (losses, compiled)
+    return runs

@@ -31,11 +31,11 @@ import argparse
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from roofline.program import collectives_table
-from roofline.targets import EXTRAS, missing_extras, parse_target
+from roofline.targets import EXTRAS, compile_only_devices, missing_extras, parse_target
 from sessions import aot, attention_targets, collective_matmul, flash, manual_fsdp, sharding
+from sessions.accelerator import check_accelerator_visible, unseen_accelerator
 from sessions.attention import einsum_attention
 from sessions.cli import run_main
 from sessions.errors import UsageError
@@ -58,7 +58,8 @@ def parse_args(argv):
 def report(name, error, tolerance):
     """One check's line; returns whether it held."""
     held = bool(error <= tolerance)
-    print(f"  {'ok ' if held else 'FAIL'} {name}: largest difference {error:.2e} (within {tolerance:.0e})")
+    mark = "ok  " if held else "FAIL"
+    print(f"  {mark} {name}: largest difference {error:.2e} (within {tolerance:.0e})")
     return held
 
 
@@ -72,7 +73,8 @@ def check_online_softmax(key):
     q, k, v = 4 * jax.random.normal(key, (3, 512, 64))  # x4: later blocks raise the max
     q = q[:128]
     reference = jax.nn.softmax(q @ k.T / 8.0, axis=-1) @ v  # 8 = sqrt(64)
-    return report("online softmax == softmax", biggest(flash.online_softmax(q, k, v, 128), reference), 1e-5)
+    error = biggest(flash.online_softmax(q, k, v, 128), reference)
+    return report("online softmax == softmax", error, 1e-5)
 
 
 def check_kernel(args, key):
@@ -81,7 +83,8 @@ def check_kernel(args, key):
     tiles = flash.default_tiles(S)
     where = jax.default_backend()
     how = "interpreted" if where == "cpu" else "compiled"
-    print(f"2. our flash kernel, B={B} S={S} H={H} D={D}, tiles {tiles[0]} x {tiles[1]}, {how} on {where}")
+    shapes = f"B={B} S={S} H={H} D={D}, tiles {tiles[0]} x {tiles[1]}"
+    print(f"2. our flash kernel, {shapes}, {how} on {where}")
     q, k, v, cotangent = jax.random.normal(key, (4, B, S, H, D))
 
     def loss(attend):
@@ -89,7 +92,8 @@ def check_kernel(args, key):
 
     ours = jax.value_and_grad(loss(flash.flash_attention), argnums=(0, 1, 2))(q, k, v)
     theirs = jax.value_and_grad(loss(einsum_attention), argnums=(0, 1, 2))(q, k, v)
-    held = report("forward == einsum attention", biggest(flash.flash_attention(q, k, v), einsum_attention(q, k, v)), 1e-4)
+    forward = biggest(flash.flash_attention(q, k, v), einsum_attention(q, k, v))
+    held = report("forward == einsum attention", forward, 1e-4)
     for name, a, b in zip(("dq", "dk", "dv"), ours[1], theirs[1]):
         held &= report(f"{name} == einsum attention's", biggest(a, b), 1e-3)
     return held
@@ -121,14 +125,27 @@ def check_collective_matmul(key):
     return report("ring of ppermutes == all-gather, then matmul", biggest(ours, plain), 1e-4)
 
 
-def target_tables(target_text):
-    """5. What each attention needs and takes on the chip, as its compiler plans it."""
-    chip, _ = parse_target(target_text)
+def target_devices(text):
+    """(Target, compile-only devices) for step 5, found before JAX starts a
+    backend (aot.devices_for keeps this machine's to the CPU), or None when the
+    chip compilers are missing (said on one line)."""
+    chip, _ = parse_target(text)
     missing = missing_extras(chip.platform)
     if missing:
-        print(f"5. skipped: compiling for {target_text} needs {missing}: pip install -r {EXTRAS}")
-        return
-    target, devices = aot.devices_for(target_text)
+        print(f"(step 5 needs the chip compilers for {text}: pip install -r {EXTRAS})")
+        return None
+    if unseen_accelerator() is None:  # no chip here: the checks run on the CPU's devices
+        return aot.devices_for(text)
+    try:  # a GPU or TPU here runs the checks; the table is compiled beside it
+        return compile_only_devices(text)
+    except Exception as e:
+        print(f"(step 5 cannot compile for {text} beside this machine's chip: {e})")
+        return None
+
+
+def target_tables(target, devices):
+    """5. What each attention needs and takes on the chip, as its compiler plans it."""
+    chip = target.chip
     impls = ("einsum", "pallas", VENDOR[chip.platform])
     print(f"5. attention compiled for {target.name}: einsum, ours (pallas) and {impls[2]}'s")
     rows = [
@@ -138,26 +155,30 @@ def target_tables(target_text):
     ]
     for line in attention_targets.attention_table_lines(rows, target):
         print(f"   {line}")
-    wall = [r.seq for r in rows if r.impl == "einsum" and (r.bytes is None or r.bytes > target.hbm_per_device)]
+    hbm = target.hbm_per_device
+    wall = [r.seq for r in rows if r.impl == "einsum" and (r.bytes is None or r.bytes > hbm)]
     if wall:
         print(f"   einsum attention stops fitting at S = {wall[0]:,}; the flash kernels hold O(S)")
     if not missing_extras("tpu"):
         print("   the collective matmul compiled for tpu-v5e:2x4, gpt2's MLP (schedule_summary):")
         for name, text in collective_matmul.programs_on("tpu-v5e:2x4").items():
-            print(f"     {collective_matmul.schedule_line(name, collective_matmul.schedule_summary(text))}")
+            schedule = collective_matmul.schedule_summary(text)
+            print(f"     {collective_matmul.schedule_line(name, schedule)}")
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.seq < 1 or args.batch < 1 or args.heads < 1 or args.fsdp_steps < 1:
         raise UsageError("--batch, --seq, --heads and --fsdp-steps must be positive")
+    planned = None if args.no_target else target_devices(args.target)
+    check_accelerator_visible()
     keys = jax.random.split(jax.random.key(0), 3)
     held = check_online_softmax(keys[0])
     held &= check_kernel(args, keys[1])
     held &= check_fsdp(args.fsdp_steps)
     held &= check_collective_matmul(keys[2])
-    if not args.no_target:
-        target_tables(args.target)
+    if planned:
+        target_tables(*planned)
     print("every check held" if held else "a check failed: see FAIL above")
     return 0 if held else 1
 
