@@ -43,7 +43,7 @@ from sessions.errors import UsageError
 VENDOR = {"gpu": "cudnn", "tpu": "splash"}  # the chip maker's (or JAX's) flash kernel
 
 
-def parse_args(argv):
+def kernel_flags(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=2, help="the kernel check's B")
     parser.add_argument("--seq", type=int, default=200, help="its S (any length: padded)")
@@ -167,7 +167,7 @@ def target_tables(target, devices):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = kernel_flags(argv)
     if args.seq < 1 or args.batch < 1 or args.heads < 1 or args.fsdp_steps < 1:
         raise UsageError("--batch, --seq, --heads and --fsdp-steps must be positive")
     planned = None if args.no_target else target_devices(args.target)
