@@ -40,7 +40,7 @@ from sessions.attention import attention
 from sessions.errors import UsageError
 from sessions.model import block, cast, embed, unembed
 from sessions.sharding import BATCH, PARAM_SPECS
-from sessions.train import cross_entropy
+from sessions.train import cross_entropy, jit_step
 
 # What a layer keeps for its backward: its matmuls' outputs, never its gathered weights.
 REGATHER = jax.checkpoint_policies.dots_saveable
@@ -155,14 +155,7 @@ def make_manual_step(cfg, optimizer, clip, state_shardings, batch_sharding, *, j
     step = jax.shard_map(
         step, mesh=mesh, in_specs=(specs, rows), out_specs=(specs, P()), check_vma=False
     )
-    if not jit:
-        return step
-    return jax.jit(
-        step,
-        in_shardings=(state_shardings, batch_sharding),
-        out_shardings=(state_shardings, None),
-        donate_argnums=0,
-    )
+    return jit_step(step, state_shardings, batch_sharding) if jit else step
 
 
 def train_both_ways(mesh_text, steps, devices, preset="tiny"):

@@ -103,8 +103,11 @@ def make_train_step(cfg, optimizer, *, jit=True, state_shardings=None, batch_sha
     """The step function the loop calls: jitted with the state donated, or
     (jit=False, session 1's way) run op by op."""
     step = functools.partial(train_step, cfg=cfg, optimizer=optimizer)
-    if not jit:
-        return step
+    return jit_step(step, state_shardings, batch_sharding) if jit else step
+
+
+def jit_step(step, state_shardings, batch_sharding):
+    """step(state, batch) -> (state, metrics), jitted over these shardings."""
     return jax.jit(
         step,
         in_shardings=(state_shardings, batch_sharding),
