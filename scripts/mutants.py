@@ -479,12 +479,7 @@ MUTANTS = [
         "channel-once",
         "collectives sharing a channel counted once even outside fusions: a ring of 7 hops reads 1",
         "roofline/program.py",
-        (
-            (
-                'channel = op.attributes.get("channel_id") if computation.name in fused else None',
-                'channel = op.attributes.get("channel_id")',
-            ),
-        ),
+        (("        if channel and computation.name in fused:\n", "        if channel:\n"),),
         (f"{CMATMUL_TEST}::test_a_chain_of_permutes_on_one_channel_is_every_hop",),
     ),
 ]

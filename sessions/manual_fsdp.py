@@ -18,8 +18,9 @@ gradient of that copy sums what every device computed back onto the shard's owne
 Kept or gathered again? Gathered again: each layer runs under `jax.checkpoint` keeping
 only its matmuls' outputs (`dots_saveable`), so the backward all-gathers its weights a
 second time and redoes the layer's few elementwise ops (norms, ReLU, softmax), never a
-matmul. (XLA's CPU compiler then merges each second gather with the first, the same
-instruction on the same shard, and keeps the weights after all; a TPU's keeps them apart.)
+matmul. (JAX 0.10.2's CPU compiler then merges each second gather with the first, the
+same instruction on the same shard, and keeps the weights after all; JAX 0.12's, like
+a TPU's, keeps them apart.)
 Keeping them would hold every layer's whole weights on every device from forward to
 backward, fsdp times their shards, the memory FSDP exists to save. The embedding and
 positions are gathered once and kept, as they are used at both ends of the model:

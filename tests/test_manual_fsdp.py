@@ -75,10 +75,11 @@ def hand_collectives(cfg, sizes):
     o [E, H, D] and the MLP's [E, F], [F, E]; replicated: 2 norm scales [E] per
     layer and the final one. Forward: one all-gather per split weight, with the
     whole weight as its result. Backward: one reduce-scatter each, with the shard.
-    (On a CPU each weight is gathered once: the backward's second gather is the
-    same instruction on the same shard, and XLA's CPU pipeline drops the
-    checkpoint's optimisation barrier before it merges equal instructions. A TPU
-    keeps both: test_tpu_gathers_the_weights_again_in_the_backward.)
+    The backward gathers each layer's weights again (6 per layer), unless the
+    compiler merges that gather with the forward's, the same instruction on the
+    same shard: JAX 0.10.2's CPU pipeline drops the checkpoint's optimisation
+    barrier and merges them; JAX 0.12's keeps them apart, as a TPU does
+    (test_tpu_gathers_the_weights_again_in_the_backward). Either is allowed here.
     Then all-reduces, None ops where XLA's all-reduce combiner merges them: over
     fsdp the norm scales' gradients, the loss and the squared norm of the
     gradient shards (two scalars); over data every gradient shard and the loss."""
@@ -87,8 +88,9 @@ def hand_collectives(cfg, sizes):
     whole = f32 * (V * E + S * E + L * (4 * E * H * D + 2 * E * F))
     split = 2 + 6 * L
     norms = f32 * (2 * L + 1) * E
+    layer_weights = f32 * L * (4 * E * H * D + 2 * E * F)
     expected = {
-        ("all-gather", fsdp): (split, whole),
+        ("all-gather", fsdp): {(split, whole), (split + 6 * L, whole + layer_weights)},
         ("reduce-scatter", fsdp): (split, whole // fsdp),
         ("all-reduce", fsdp): (None, norms + 2 * f32),
     }
@@ -103,6 +105,9 @@ def test_the_compiled_manual_step_holds_the_collectives_written_and_no_others(bo
     found = collectives(hlo, 8, by_group=True)
     expected = hand_collectives(CFG, sizes)
     assert set(found) == set(expected), mesh_text
+    gathered = found[("all-gather", sizes["fsdp"])]
+    allowed = expected.pop(("all-gather", sizes["fsdp"]))
+    assert (gathered.count, gathered.output_bytes) in allowed, mesh_text
     for key, (ops, out_bytes) in expected.items():
         assert found[key].output_bytes == out_bytes, (mesh_text, key)
         if ops is not None:
