@@ -25,12 +25,16 @@ def test_every_check_holds_and_is_printed(capsys):
 
 
 def test_a_failed_check_fails_the_run(capsys, monkeypatch):
-    """A kernel that drifts from the reference: FAIL printed, exit status 1."""
-    from sessions import flash
+    """Manual FSDP drifting from the partitioner's (faked here, so no step compiles):
+    FAIL printed, the other checks still run, exit status 1."""
+    from sessions import manual_fsdp
 
-    real = flash.flash_attention
-    monkeypatch.setattr(flash, "flash_attention", lambda q, k, v: 1.01 * real(q, k, v))
-    argv = ["--no-target", "--seq", "40", "--fsdp-steps", "1"]
+    def drifting(mesh_text, steps, devices):
+        return {"auto": ([6.29, 6.22], ""), "manual": ([6.29, 6.23], "")}
+
+    monkeypatch.setattr(manual_fsdp, "train_both_ways", drifting)
+    argv = ["--no-target", "--seq", "40", "--fsdp-steps", "2"]
     code, out, _ = run_script("sessions/s4_kernels.py", argv, capsys)
-    assert code == 1 and "FAIL forward == einsum attention" in out
+    assert code == 1 and "FAIL manual == auto, step for step (relative)" in out
+    assert "ok   ring of ppermutes == all-gather, then matmul" in out
     assert out.rstrip().endswith("a check failed: see FAIL above")
