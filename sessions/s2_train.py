@@ -93,7 +93,8 @@ def main(argv=None):
     if mesh.size > 1 or args.show_sharding:
         for line in sharding.describe(state["params"], shardings["params"], mesh):
             say(line)
-    say(collectives_line(args.collectives))
+    if mesh.size > 1 or args.collectives == "manual":  # one device has no collectives
+        say(collectives_line(args.collectives))
     if jax.process_count() > 1:
         say(sharding.rows_line(batch_sharding, B, S))
     held, total = sharding.bytes_per_device(state, shardings)
