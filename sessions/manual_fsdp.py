@@ -37,11 +37,19 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from sessions import data, sharding
 from sessions.attention import attention
+from sessions.config import PRESETS
 from sessions.errors import UsageError
 from sessions.model import block, cast, embed, unembed
 from sessions.sharding import BATCH, PARAM_SPECS
-from sessions.train import cross_entropy, jit_step
+from sessions.train import (
+    cross_entropy,
+    init_state,
+    jit_step,
+    make_optimizer,
+    make_train_step,
+)
 
 # What a layer keeps for its backward: its matmuls' outputs, never its gathered weights.
 REGATHER = jax.checkpoint_policies.dots_saveable
@@ -163,10 +171,6 @@ def train_both_ways(mesh_text, steps, devices, preset="tiny"):
     """{"auto" | "manual": (losses, compiled step)}: the same `steps` steps of
     `preset` over `mesh_text` on `devices`, from the same initial state and
     batches, once with the partitioner's collectives and once with ours."""
-    from sessions import data, sharding  # the loop's parts, needed only here
-    from sessions.config import PRESETS
-    from sessions.train import init_state, make_optimizer, make_train_step
-
     cfg, tc = PRESETS[preset].model, PRESETS[preset].train
     optimizer = make_optimizer(tc, steps)
     tokens = data.split(data.default_corpus(), cfg.seq)[0]
