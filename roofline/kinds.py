@@ -136,13 +136,15 @@ def kind_from_category(category):
 
 
 def kind_from_name(op_name):
-    """A guess from an op's name alone, for traces without their HLO."""
+    """A guess from an op's name alone, for traces without their HLO. A GPU
+    kernel from a library names its library: cuBLAS's (nvjet_*, cutlass,
+    *xmma*) and cuDNN's (cudnn*, *sdpa*) are matmuls, NCCL's collectives."""
     name = op_name.lower()
-    if re.search(r"\bdot|conv|gemm|cublas|matmul", name):
+    if re.search(r"\bdot|conv|gemm|cublas|matmul|nvjet|cutlass|xmma|cudnn|sdpa|fmha", name):
         return "matmul"
-    if any(p in name for p in COLLECTIVE_PREFIXES):
+    if "nccl" in name or any(p in name for p in COLLECTIVE_PREFIXES):
         return "collective"
-    if "copy" in name or "transpose" in name:
+    if re.search(r"copy|transpose|memcpy|memset", name):
         return "copy/transpose"
     if "gather" in name or "scatter" in name:
         return "other"

@@ -10,6 +10,7 @@ as the sum of its ops' times.
 """
 
 import dataclasses
+import textwrap
 
 from roofline.op_report import prediction_summary
 from roofline.op_roofline import OpRoofs, chip_roofs, group_alike, predict_ops
@@ -50,6 +51,68 @@ def op_roofs(
 def predict_step(hlo_text, dtype, devices, **roofs):
     """The OpPrediction of a compiled step's HLO on op_roofs(dtype, **roofs)."""
     return predict_ops(hlo_text, op_roofs(dtype, **roofs), devices)
+
+
+# Measured at or above this many times its prediction, an op broke the roofline's
+# assumptions (every byte moved once at full bandwidth, every FLOP at the peak).
+BROKEN = 10
+LOW_PRECISION = ("bf16", "f16", "f8")
+
+
+def why_slow(group):
+    """In words, what a roofline does not model that makes this op group slow."""
+    if "scatter" in f"{group.source} {group.name}":
+        words = (
+            "A scatter-add whose indices repeat sums the updates of one address with "
+            "atomic adds, one after another; the roof assumes every byte moves once, "
+            "all at full bandwidth"
+        )
+        if group.shape.startswith(LOW_PRECISION):
+            words += (
+                f". In {group.shape.split('[')[0]} the atomic sum is also inexact (an update "
+                "below half a unit in the last place of the sum is lost): sum in float32"
+            )
+        return words
+    return (
+        "Something the roofline does not model set its pace (a kernel far from its "
+        "roof, launch overhead, contention): open it in the trace viewer"
+    )
+
+
+def measured_groups(c, top=5):
+    """[(OpGroup or None, names, measured seconds)] of the op groups that took
+    most time in the trace, slowest first; ops the prediction lacks, one a row."""
+    seconds = c.trace.op_seconds()
+    rows = [(g, g.ops, sum(seconds.get(n, 0.0) for n in g.ops)) for g in group_alike(c.ops.ops)]
+    predicted = {n for g in group_alike(c.ops.ops) for n in g.ops}
+    rows += [(None, (n,), s) for n, s in seconds.items() if n not in predicted]
+    return sorted(rows, key=lambda row: -row[2])[:top]
+
+
+def measured_lines(c, top=5):
+    """The op groups that took most, measured, beside their prediction; each
+    BROKEN times its prediction or more is said so in words."""
+    lines = [
+        f"  the {top} ops that took most, measured (ops alike as one row; measured / predicted):",
+        f"    {'measured':>12}{'predicted':>12}{'ratio':>10}  {'kind':<15}op",
+    ]
+    broken = []
+    for g, names, seconds in measured_groups(c, top):
+        ratio = seconds / g.seconds if g and g.seconds else None
+        flag = ratio is not None and ratio >= BROKEN
+        lines.append(
+            f"    {ms(seconds):>12}{ms(g.seconds) if g else '-':>12}"
+            f"{f'{ratio:,.1f}x' if ratio else '-':>10}  {g.kind if g else '?':<15}"
+            + (f"{g.label}: {g.source or '?'} {g.shape[:40]}" if g else names[0])
+            + ("  <- over 10x its prediction" if flag else "")
+        )
+        if flag:
+            words = (
+                f"{g.label} took {ratio:,.0f}x its prediction ({ms(seconds)} against "
+                f"{ms(g.seconds)}): the prediction's assumptions broke there. {why_slow(g)}."
+            )
+            broken += textwrap.wrap(words, 96, initial_indent="  ", subsequent_indent="    ")
+    return lines + broken
 
 
 def measured_seconds(trace, names):
@@ -118,7 +181,7 @@ def op_lines(c, top=10):
             f"{g.flops / 1e9:>8,.2f}{g.bytes / 1e6:>8,.1f}  {g.label}: {g.source or '?'}"
             f" {g.shape[:40]}"
         )
-    return lines
+    return lines + (measured_lines(c) if t else [])
 
 
 def op_summary(c, top=10):
@@ -126,6 +189,7 @@ def op_summary(c, top=10):
     predicted_mfu, predicted_seconds_by_kind, top_ops (each with the trace's
     measured_seconds), predicted_roof; each None without a prediction."""
     keys = ("predicted_step_seconds", "predicted_mfu", "predicted_seconds_by_kind", "top_ops")
+    keys += ("top_measured_ops",)
     if c.ops is None:
         return {**dict.fromkeys(keys), "predicted_roof": None, "best_case_step_seconds": None}
     found = prediction_summary(c.ops, c.ledger.exact / c.devices, top)
@@ -133,6 +197,19 @@ def op_summary(c, top=10):
     for row in found["top_ops"]:
         row["measured_seconds"] = sum(seconds.get(n, 0.0) for n in row["ops"]) if seconds else None
     best = c.best_ops or c.ops
+    found["top_measured_ops"] = None
+    if c.trace:
+        found["top_measured_ops"] = [
+            {
+                "name": g.label if g else names[0],
+                "ops": list(names),
+                "kind": g.kind if g else None,
+                "measured_seconds": seconds,
+                "predicted_seconds": g.seconds if g else None,
+                "broken": bool(g and g.seconds and seconds >= BROKEN * g.seconds),
+            }
+            for g, names, seconds in measured_groups(c, top)
+        ]
     return {**found, "predicted_roof": c.ops.roofs.name, "best_case_step_seconds": best.step_s}
 
 

@@ -9,6 +9,7 @@ from roofline.flops import model_line
 from roofline.kinds import KIND_NOTES, KINDS
 from roofline.op_table import op_lines
 from roofline.profile import open_command
+from roofline.units import ms
 
 
 def _g(flops):
@@ -108,6 +109,11 @@ def table_lines(c):
             f"where the time went (mean step, {t.devices} device(s); ops of "
             + f"{t.module} classified by {t.classified_by}):",
         ]
+        if t.buffered_kernels:
+            lines.append(
+                f"  {t.buffered_kernels:,.0f} kernels a step ran in command buffers (CUDA graphs), "
+                f"each matched to its HLO op by {t.buffered_by} (roofline/kernel_ops.py)"
+            )
         seconds, fractions = t.kind_seconds(), t.kind_fractions()
         # The per-op prediction's seconds of each kind beside the trace's; it has
         # no idle time (no host in it), and its waits count to what is waited for.
@@ -117,9 +123,9 @@ def table_lines(c):
         for kind in sorted(KINDS, key=lambda k: -seconds[k]):
             beside = ""
             if predicted is not None:
-                beside = f"  {_seconds(predicted[kind]) if kind in predicted else '-':>10}"
+                beside = f"  {ms(predicted[kind]) if kind in predicted else '-':>10}"
             lines.append(
-                f"  {kind:<16}{_pct(fractions[kind]):>7}  {_seconds(seconds[kind]):>10}"
+                f"  {kind:<16}{_pct(fractions[kind]):>7}  {ms(seconds[kind]):>10}"
                 f"{beside}   {KIND_NOTES[kind]}"
             )
         lines.append(

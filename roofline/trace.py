@@ -22,6 +22,7 @@ import collections
 import dataclasses
 import statistics
 
+from roofline.kernel_ops import COMMAND_BUFFER, attribute, named_op
 from roofline.kinds import KINDS, classify_hlo, hlo_from_trace, kind_from_category, kind_from_name
 from roofline.trace_ops import PS, latest_run, load_ops
 
@@ -61,21 +62,28 @@ def _executions(ops, markers):
 
 
 def _self_times(ops):
-    """Each op's time minus the time of ops nested inside it on the same line
-    (a while loop's event encloses its body's). One number per op, picoseconds."""
+    """Each op's own time: its time minus what the ops nested inside it on the
+    same line cover (a while loop's event encloses its body's). Nested means
+    starting and ending within it: on a GPU, consecutive kernels of one stream
+    overlap by up to a few microseconds in the trace's timestamps (seen on an
+    H100: 0.1-4.3 us), and such a pair is one op after another, not a parent
+    and its child. What the nested ops cover is their union, so no op's own
+    time is negative. One number per op, picoseconds."""
     own = [op.end_ps - op.start_ps for op in ops]
-    by_line = collections.defaultdict(list)
+    by_line, inside = collections.defaultdict(list), collections.defaultdict(list)
     for i, op in enumerate(ops):
         by_line[op.line].append(i)
     for indices in by_line.values():
         indices.sort(key=lambda i: (ops[i].start_ps, -ops[i].end_ps))
-        stack = []
+        stack = []  # each op on it holds the one above it
         for i in indices:
-            while stack and ops[stack[-1]].end_ps <= ops[i].start_ps:
+            while stack and ops[stack[-1]].end_ps < ops[i].end_ps:
                 stack.pop()
             if stack:
-                own[stack[-1]] -= ops[i].end_ps - ops[i].start_ps
+                inside[stack[-1]].append(ops[i])
             stack.append(i)
+    for parent, children in inside.items():
+        own[parent] -= _busy(children)
     return own
 
 
@@ -149,6 +157,8 @@ class TraceProfile:
     steps: tuple  # of StepProfile
     classified_by: str  # "HLO", "the TPU's op categories" or "op names"
     other_modules: tuple = ()  # programs that also ran in the window, not counted
+    buffered_kernels: float = 0.0  # kernels a step and device run from command buffers
+    buffered_by: str = ""  # how they were matched to their ops
 
     @property
     def step_s(self):
@@ -191,12 +201,12 @@ def read_trace(logdir, hlo_text=None):
     module = time_by_module.most_common(1)[0][0]
     ops = [op for op in ops if op.module == module]
 
-    op_names = {op.name for op in ops}
+    op_names = _names_said(ops)
     known = classify_hlo(hlo_text) if hlo_text else {}
     categories = any(op.category for op in ops)
     if len(op_names & known.keys()) < 0.9 * len(op_names):  # not the program that ran
-        text = None if categories else hlo_from_trace(run_dir, module, op_names)
-        known = classify_hlo(text) if text else {}
+        hlo_text = None if categories else hlo_from_trace(run_dir, module, op_names)
+        known = classify_hlo(hlo_text) if hlo_text else {}
 
     def kind_of(op):
         if op.name in known:
@@ -204,9 +214,11 @@ def read_trace(logdir, hlo_text=None):
         return kind_from_category(op.category) if op.category else kind_from_name(op.name)
 
     by = "HLO" if known else "the TPU's op categories" if categories else "op names"
-    steps = tuple(
-        step_profile(n, step_ops, kind_of) for n, step_ops in _executions(ops, markers).items()
-    )
+    executions = _executions(ops, markers)
+    buffered = sum(bool(COMMAND_BUFFER.match(op.name)) for op in ops)
+    if buffered:
+        executions = {n: _name_kernels(step_ops, hlo_text) for n, step_ops in executions.items()}
+    steps = tuple(step_profile(n, step_ops, kind_of) for n, step_ops in executions.items())
     return TraceProfile(
         run_dir=run_dir,
         platform=platform,
@@ -215,4 +227,32 @@ def read_trace(logdir, hlo_text=None):
         steps=steps,
         classified_by=by,
         other_modules=tuple(sorted(m for m in time_by_module if m != module)),
+        buffered_kernels=buffered / max(len(steps), 1) / max(len({op.device for op in ops}), 1),
+        buffered_by="the program's schedule" if buffered and hlo_text else "kernel names",
     )
+
+
+def _names_said(ops):
+    """The op names the trace gives: the runtime's, or for a kernel run from a
+    command buffer the op its own name says (a library's kernel says none)."""
+    names = {named_op(op.kernel) if COMMAND_BUFFER.match(op.name) else op.name for op in ops}
+    return names - {None}
+
+
+def _name_kernels(ops, hlo_text):
+    """ops, each kernel run from a command buffer renamed after its HLO op:
+    found by the program's schedule (roofline/kernel_ops.py), or without the
+    program's HLO, by what its name says (a library's kernel keeps its own)."""
+    by_device = collections.defaultdict(list)
+    for op in ops:
+        by_device[op.device].append(op)
+    named = []
+    for mine in by_device.values():
+        mine.sort(key=lambda op: op.start_ps)
+        found = attribute([(op.kernel, op.name) for op in mine], hlo_text) if hlo_text else {}
+        for i, op in enumerate(mine):
+            name = found.get(i, op.name)
+            if COMMAND_BUFFER.match(name):
+                name = named_op(op.kernel) or op.kernel
+            named.append(dataclasses.replace(op, name=name))
+    return named

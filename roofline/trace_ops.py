@@ -8,10 +8,13 @@ chip that ran them:
        the stats hlo_op, hlo_module, run_id (one per execution of a program) and
        device_ordinal (xla/backends/cpu/runtime/thunk_executor.cc).
   GPU  plane "/device:GPU:N", one line per CUDA stream, "Stream #S(...)": the
-       kernels CUPTI saw, with the annotation XLA pushed around each launch
-       parsed into stats hlo_op, hlo_module, program_id, and a correlation_id;
-       no run_id (xla/backends/profiler/gpu/cupti_collector.cc, CreateXEvent;
-       xla/backends/gpu/runtime/annotation.cc writes the annotations).
+       kernels CUPTI saw, each named by itself, with the annotation XLA pushed
+       around each launch parsed into stats hlo_op, hlo_module, program_id, and a
+       correlation_id; no run_id (xla/backends/profiler/gpu/cupti_collector.cc,
+       CreateXEvent; xla/backends/gpu/runtime/annotation.cc writes the
+       annotations). Kernels launched from a command buffer (a CUDA graph) carry
+       the buffer's annotation, hlo_op "command_buffer_N", and a
+       cuda_graph_node_id: roofline/kernel_ops.py finds their ops.
   TPU  plane "/device:TPU:N": line "XLA Ops", one event per op, shown by its HLO
        instruction's name, with hlo_category, program_id, flops on its metadata
        and no hlo_op; line "XLA Modules", one event per execution, named
@@ -69,6 +72,7 @@ class Op:
     end_ps: int
     execution: object = None  # which execution of the program, where the runtime says
     category: str | None = None  # the TPU's hlo_category
+    kernel: str = ""  # a GPU kernel's own name ("nvjet_sm90_...", "loop_add_fusion_3")
 
 
 def _tpu_ops(host, plane):
@@ -105,6 +109,7 @@ def _gpu_ops(host, plane):
                     line.name,
                     e.start_ps,
                     e.end_ps,
+                    kernel=e.long_name,
                 )
 
 

@@ -46,6 +46,7 @@ DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_disc
 WRITE = "                meter.write(record)\n"
 CMATMUL = "sessions/collective_matmul.py"
 CMATMUL_TEST = "tests/test_collective_matmul.py"
+TRUTH = "tests/test_trace_truth.py"
 
 MUTANTS = [
     Mutant(
@@ -481,6 +482,55 @@ MUTANTS = [
         "roofline/program.py",
         (("        if channel and computation.name in fused:\n", "        if channel:\n"),),
         (f"{CMATMUL_TEST}::test_a_chain_of_permutes_on_one_channel_is_every_hop",),
+    ),
+    Mutant(
+        "overlap-nests",
+        "a kernel that starts before the last one ends is taken as nested in it (the H100's "
+        "negative times)",
+        "roofline/trace.py",
+        (
+            (
+                "            while stack and ops[stack[-1]].end_ps < ops[i].end_ps:\n",
+                "            while stack and ops[stack[-1]].end_ps <= ops[i].start_ps:\n",
+            ),
+        ),
+        (
+            f"{TRUTH}::test_random_nested_and_overlapping_events_keep_the_invariants",
+            f"{TRUTH}::test_a_kernel_that_starts_before_the_last_one_ends_is_not_nested_in_it",
+        ),
+    ),
+    Mutant(
+        "children-summed",
+        "nested ops subtracted one by one, not as their union: overlapping children count twice",
+        "roofline/trace.py",
+        (
+            (
+                "        own[parent] -= _busy(children)\n",
+                "        own[parent] -= sum(o.end_ps - o.start_ps for o in children)\n",
+            ),
+        ),
+        (f"{TRUTH}::test_random_nested_and_overlapping_events_keep_the_invariants",),
+    ),
+    Mutant(
+        "any-library",
+        "a library's kernel fits any library call: cuBLAS's kernels go to cuDNN's calls",
+        "roofline/kernel_ops.py",
+        (("    return WRONG if op_family in", "    return FAMILY if op_family in"),),
+        (f"{TRUTH}::test_a_library_s_kernels_go_to_a_call_of_that_library",),
+    ),
+    Mutant(
+        "buffer-lumped",
+        "kernels of a command buffer left under command_buffer_1",
+        "roofline/trace.py",
+        (("    if buffered:\n", "    if False:\n"),),
+        (f"{TRUTH}::test_command_buffer_kernels_go_to_their_ops_and_agree_with_the_early_trace",),
+    ),
+    Mutant(
+        "silent-10x",
+        "an op measured at 1,000x its prediction is not called out",
+        "roofline/op_table.py",
+        (("        flag = ratio is not None and ratio >= BROKEN\n", "        flag = False\n"),),
+        (f"{TRUTH}::test_compare_names_the_scatter_as_the_slowest_op_and_says_why",),
     ),
 ]
 
