@@ -163,18 +163,20 @@ def compare(
     )
 
 
-def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=None):
-    """The Comparison for a training run traced into logdir.
+def local_comparison(cfg, batch, compiled=None, peak=None, *, devices=None, logdir=None):
+    """The Comparison of a training step run on this machine, on its roofs.
 
     compiled: the compiled step (`jax.jit(step).lower(...).compile()`), or its
     `cost_analysis()` (per device of a program partitioned over `devices`), or
     (FLOPs, bytes) of the whole step, for the XLA column; None leaves it empty.
-    peak: the (FLOP/s per device, source) pair the training log computed its
-    MFU with (roofline.hardware.local_peak_flops). Also writes
-    LOGDIR/roofline.json (roofline/record.py), with the chip this runs on and the
-    roofs measured on it, and the compiled step's HLO (step.hlo.txt, for the
-    per-op prediction), so `python -m roofline compare LOGDIR` can redo the
-    table on any machine."""
+    A compiled step also gives the per-op prediction. peak: the (FLOP/s per
+    device, source) pair the training log computed its MFU with
+    (roofline.hardware.local_peak_flops). logdir: where a run was traced; its
+    trace fills the measured column, and LOGDIR/roofline.json (roofline/record.py:
+    the chip this runs on and the roofs measured on it) and the compiled step's
+    HLO (step.hlo.txt) are written beside it, so `python -m roofline compare
+    LOGDIR` can redo the table on any machine. Without logdir (scripts/bench.py),
+    no trace and nothing written."""
     devices = devices or jax.device_count()
     if compiled is None or isinstance(compiled, tuple):
         cost = compiled
@@ -186,11 +188,15 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
     if hlo_text and roofs.datasheet is None:  # a CPU: time each matmul shape of the step
         measured = calibrate.matmul_rates(matmul_shapes(hlo_text))
         rates = {shape: flops / roofs.share for shape, flops in measured.items()}
-    record = chip_record(cfg.dtype, devices, roofs.peak_flops, roofs.bandwidth, roofs.cache, rates)
-    save_metadata(logdir, cfg, batch, cost, devices, record)
-    if hlo_text:
-        save_hlo(logdir, hlo_text)
-    trace = read_trace(logdir, hlo_text=hlo_text)
+    trace = None
+    if logdir is not None:
+        record = chip_record(
+            cfg.dtype, devices, roofs.peak_flops, roofs.bandwidth, roofs.cache, rates
+        )
+        save_metadata(logdir, cfg, batch, cost, devices, record)
+        if hlo_text:
+            save_hlo(logdir, hlo_text)
+        trace = read_trace(logdir, hlo_text=hlo_text)
     return compare(
         cfg,
         batch,
@@ -210,6 +216,6 @@ def profile_comparison(logdir, cfg, batch, compiled=None, peak=None, *, devices=
 def profile_table(logdir, cfg, batch, compiled=None, peak=None, *, devices=None, chart=True):
     """The table for a training run traced into logdir, as lines to print; what
     `s2_train.py --profile DIR` prints at the end. Arguments as for
-    `profile_comparison`; also writes LOGDIR/roofline.png (the chart)."""
-    c = profile_comparison(logdir, cfg, batch, compiled, peak, devices=devices)
+    `local_comparison`; also writes LOGDIR/roofline.png (the chart)."""
+    c = local_comparison(cfg, batch, compiled, peak, devices=devices, logdir=logdir)
     return report_lines(c, logdir, chart)

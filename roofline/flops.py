@@ -126,9 +126,8 @@ def activations_per_token(cfg):
         attention: the normed input E; q, k, v 3·H·D; the heads' output H·D
         MLP:       the normed input E; ReLU's input F and output F
     and after the last layer the final normed stream E. The score matrix
-    (H·S per token) and the float32 logits (V per token) are counted apart,
-    in `train_bytes`, because their dtype and existence depend on the
-    attention implementation."""
+    (H·S per token) and the logits (V per token) are counted apart, in
+    `train_bytes`: the scores exist only without a flash kernel."""
     E, F, H, D = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim
     attention = E + 4 * H * D if cfg.attention else 0
     mlp = E + 2 * F
@@ -146,8 +145,8 @@ def train_bytes(cfg, batch, opt_states=2):
     Activations (compute dtype, cfg.dtype): `activations_per_token` values per
     token, plus the softmax probabilities [B, H, S, S] unless attention runs in
     a flash kernel (cuDNN's, Pallas splash), which recomputes them instead, plus
-    float32 logits [B, S, V]; each written in the forward pass and read in the
-    backward pass (x2).
+    the logits [B, S, V] (compute dtype too: sessions/model.py's unembed); each
+    written in the forward pass and read in the backward pass (x2).
 
     Everything else a compiler might spill between kernels is not counted:
     that is what makes this a lower bound. XLA's own count
@@ -160,7 +159,7 @@ def train_bytes(cfg, batch, opt_states=2):
     kept = tokens * activations_per_token(cfg) * act_bytes
     if cfg.attention and not flash_kernel(cfg):
         kept += cfg.layers * batch * cfg.heads * cfg.seq * cfg.seq * act_bytes
-    kept += tokens * cfg.vocab * 4  # logits are float32 (preferred_element_type)
+    kept += tokens * cfg.vocab * act_bytes
     return StepBytes(
         weights=param_bytes * P,
         gradients=param_bytes * P,

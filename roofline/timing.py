@@ -49,3 +49,16 @@ def time_calls(call, repeats=10, warmup=1):
         jax.block_until_ready(call())
         times.append(time.perf_counter() - start)
     return Timing(tuple(times))
+
+
+def steadiness(window_seconds):
+    """How steady a run is: max |window - median| / median of the windows'
+    seconds after the first (which holds compilation or warm-up), each window
+    the same number of steps; 0.0 with fewer than two windows after the first.
+    A step whose cost follows the values it computes on (an atomic bf16 sum did,
+    on an H100) shows here before anywhere else."""
+    later = list(window_seconds)[1:]
+    if len(later) < 2:
+        return 0.0
+    middle = statistics.median(later)
+    return max(abs(t - middle) for t in later) / middle

@@ -1,8 +1,11 @@
 """Time the jitted training step of a preset: tokens/s, achieved TFLOP/s,
-MFU and memory; with --compare naive, also the same step written as plainly
-as possible (scripts/naive_step.py), in the same run, and the ratio; with
---compare flax, the same model and step as Flax NNX writes them
-(sessions/flax_model.py), and the ratio.
+MFU and memory, held against the per-op prediction and the whole-step bound
+of the same compiled step on this chip's roofs (roofline/compare.py), and how
+steady the step is over windows of steps run as training runs them. With
+--compare naive, also the same step written as plainly as possible
+(scripts/naive_step.py), in the same run, and the ratio; with --compare flax,
+the same model and step as Flax NNX writes them (sessions/flax_model.py), and
+the ratio.
 
     python scripts/bench.py                            # course shapes, batch 32 on a CPU
     python scripts/bench.py --compare naive
@@ -11,14 +14,17 @@ as possible (scripts/naive_step.py), in the same run, and the ratio; with
 """
 
 import sys
+import time
 
 import jax
 
 from roofline.calibrate import measured
+from roofline.compare import local_comparison
 from roofline.flops import napkin_train_flops, train_flops
 from roofline.hardware import local_peak_flops
 from roofline.memory import step_memory
-from roofline.timing import Timing, time_calls
+from roofline.timing import Timing, steadiness, time_calls
+from roofline.units import ms
 from scripts.naive_step import make_naive_step
 from sessions import data
 from sessions.attention import IMPLEMENTATIONS
@@ -38,6 +44,10 @@ def parse_args(argv):
     parser.add_argument("--attention-impl", choices=sorted(IMPLEMENTATIONS))
     parser.add_argument("--repeats", type=positive_int, default=10)
     parser.add_argument("--warmup", type=positive_int, default=2)
+    parser.add_argument("--windows", type=positive_int, default=6, help="for the steadiness")
+    parser.add_argument(
+        "--window-steps", type=positive_int, help="steps a window (default: 2 on a CPU, else 20)"
+    )
     parser.add_argument("--compare", choices=["naive", "flax"], help="also time this step")
     return parser.parse_args(argv)
 
@@ -62,6 +72,21 @@ def time_step(step, state, batch, args):
     return time_calls(call, repeats=args.repeats, warmup=args.warmup)
 
 
+def time_windows(step, state, batches, windows, steps):
+    """Seconds of each of `windows` windows of `steps` steps, run as the training
+    loop runs them: dispatched back to back on fresh batches, the host waiting
+    only at a window's end (the loop's log step)."""
+    seconds, done = [], 0
+    for _ in range(windows):
+        start = time.perf_counter()
+        for _ in range(steps):
+            state, metrics = step(state, batches[done % len(batches)])
+            done += 1
+        jax.block_until_ready(metrics["loss"])
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 def main(argv=None):
     args = parse_args(argv)
     cfg, tc = configure(args)
@@ -69,7 +94,11 @@ def main(argv=None):
     device = jax.local_devices()[0]
     optimizer = make_optimizer(tc, 1000)
     train_tokens, _ = data.split(data.default_corpus(), S)
-    batch = jax.device_put(data.get_batch(train_tokens, 0, batch=B, seq=S, seed=0), device)
+    batches = [
+        jax.device_put(data.get_batch(train_tokens, i, batch=B, seq=S, seed=0), device)
+        for i in range(8)
+    ]
+    batch = batches[0]
 
     def fresh():
         return init_state(jax.random.key(0), cfg=cfg, optimizer=optimizer)
@@ -103,6 +132,15 @@ def main(argv=None):
         )
     if memory is not None:
         print(f"memory          {memory / 2**20:,.1f} MiB per device ({memory_source})")
+    held_against(compiled, cfg, B, ours)
+    k = args.window_steps or (2 if device.platform == "cpu" else 20)
+    windows = time_windows(compiled, fresh(), batches, args.windows, k)
+    print(
+        f"steadiness      {100 * steadiness(windows):.1f}%: max |window - median| / median over "
+        f"{args.windows - 1} windows of {k} steps after the first ("
+        + ", ".join(f"{B * S * k / t:,.0f}" for t in windows)
+        + " tokens/s)"
+    )
 
     if args.compare == "naive":
         naive = time_step(make_naive_step(cfg, optimizer), fresh(), batch, args)
@@ -118,6 +156,24 @@ def main(argv=None):
     if args.compare == "flax":
         compare_flax(cfg, optimizer, fresh, batch, compiled, args)
     return 0
+
+
+def held_against(compiled, cfg, B, ours):
+    """Our measured tokens/s beside two predictions of the same compiled step
+    on this chip's roofs: the per-op one (each op on its roof, in the
+    compiler's order) and the whole-step bound (exact FLOPs at the peak, the
+    least bytes at full bandwidth)."""
+    c = local_comparison(cfg, B, compiled, devices=1)
+    tokens = B * cfg.seq
+    print(f"held against the same compiled step on this chip's roofs ({c.roof_name}):")
+    for name, seconds in (
+        ("per-op prediction", c.ops.step_s),
+        ("whole-step bound", c.napkin.step_s),
+    ):
+        print(
+            f"  {name:<20}{ms(seconds):>10} a step {tokens / seconds:>14,.0f} tokens/s"
+            f"   ours {seconds / ours.median:.2f}x of it"
+        )
 
 
 def compare_flax(cfg, optimizer, fresh, batch, compiled, args):

@@ -24,8 +24,8 @@ which on a CPU is the slower program (see sessions/model.py's `dense`), and the
 timing in scripts/bench.py would then measure that, not the library.
 
 The tied embedding is one `nnx.Embed` read twice: its `embedding` Param looks
-tokens up and is the output projection. `Embed.attend` does the same product,
-but returns logits in the compute dtype; ours keeps them in float32 for the loss.
+tokens up and is the output projection, giving logits in the compute dtype, as
+`Embed.attend` and sessions/model.py's `unembed` do.
 """
 
 import functools
@@ -118,7 +118,7 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """tokens: int [B, S] -> logits float32 [B, S, V], as sessions.model.forward."""
+    """tokens: int [B, S] -> logits [B, S, V], as sessions.model.forward."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         E, V = cfg.embed, cfg.vocab
@@ -146,7 +146,7 @@ class Transformer(nnx.Module):
             x = block(x, segment_ids)
         x = self.final_norm(x)
         table = self.embed.embedding[...].astype(dtype)  # the tied output projection
-        logits = jnp.einsum("BSE,VE->BSV", x, table, preferred_element_type=jnp.float32)
+        logits = jnp.einsum("BSE,VE->BSV", x, table)
         return constrain(logits, "BSV")
 
 

@@ -133,7 +133,7 @@ def decode_step(w, cache, token, pos, cfg, live=True):
         attend = _attend_with_cache(cache[i], pos, live) if cfg.attention else None
         x, new = block(layer, x, cfg, attend, dense=dense_out_in)
         written.append(new)
-    return unembed(w, x)[:, 0], written if cfg.attention else cache
+    return unembed(w, x)[:, 0].astype(jnp.float32), written if cfg.attention else cache
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
@@ -151,7 +151,7 @@ def prefill(params, prompts, cfg):
         x, kv = block(layer, x, cfg, keep)
         if cfg.attention:  # without attention no token reads another: nothing to keep
             cache[i] = write(cache[i], *kv, 0)
-    return unembed(p, x[:, -1:])[:, 0], cache
+    return unembed(p, x[:, -1:])[:, 0].astype(jnp.float32), cache
 
 
 def pick(logits, key, pos, temperature, greedy):

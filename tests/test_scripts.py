@@ -42,6 +42,28 @@ def test_bench_compares_with_naive_on_equal_numbers(capsys, monkeypatch):
     assert "speed-up        2.50x" in out
     memory = float(re.search(r"memory\s+([\d,.]+) MiB per device", out).group(1).replace(",", ""))
     assert memory * 2**20 > 12 * P  # at least the params and Adam's two moments
+    # Each prediction's tokens/s and our ratio to it follow from its step time.
+    for name in ("per-op prediction", "whole-step bound"):
+        found = re.search(
+            name + r"\s+([\d.]+) (ms|us) a step\s+([\d,]+) tokens/s\s+ours ([\d.]+)x", out
+        )
+        seconds = float(found.group(1)) * (1e-3 if found.group(2) == "ms" else 1e-6)
+        assert int(found.group(3).replace(",", "")) == pytest.approx(2048 / seconds, rel=1e-3)
+        assert float(found.group(4)) == pytest.approx(seconds / 0.5, abs=0.006)
+    steady = re.search(r"steadiness\s+([\d.]+)%: .* after the first \(([\d, ]+) tokens/s\)", out)
+    per_window = [float(x.replace(",", "")) for x in steady.group(2).split(", ")]
+    assert len(per_window) == 6  # --windows 6
+    seconds = [1 / x for x in per_window[1:]]  # a window's seconds, up to its tokens
+    middle = sorted(seconds)[2]
+    expected = max(abs(t - middle) for t in seconds) / middle
+    assert float(steady.group(1)) == pytest.approx(100 * expected, abs=0.1)
+
+
+def test_steadiness_by_hand():
+    """Windows of 1.0 (warm-up, not counted), then 0.2, 0.21, 0.19, 0.25 s:
+    the median of the four is 0.205, the farthest 0.25, (0.25 - 0.205) / 0.205."""
+    assert timing.steadiness([1.0, 0.2, 0.21, 0.19, 0.25]) == pytest.approx(0.045 / 0.205)
+    assert timing.steadiness([1.0, 0.3]) == 0.0  # one window after the first: nothing to compare
 
 
 def test_ladder_prints_every_rung_as_markdown():

@@ -40,7 +40,7 @@ from xspace_fixtures import Plane, Ref, U, write_run
 
 from roofline import compare as compare_module
 from roofline import record
-from roofline.compare import profile_comparison
+from roofline.compare import local_comparison
 from roofline.flops import train_flops
 from roofline.hardware import LocalRoofs
 from roofline.profile import TraceWindow, capture
@@ -440,10 +440,10 @@ def test_compare_holds_a_tpu_trace_against_the_tpu_datasheet(tmp_path, monkeypat
 def test_a_cpu_trace_read_elsewhere_keeps_the_capture_machine_s_roofs(
     cpu_trace, monkeypatch, capsys
 ):
-    """profile_comparison records this CPU and the roofs measured on it; read on
+    """local_comparison records this CPU and the roofs measured on it; read on
     another machine, `compare` holds the trace against those, and says whose."""
     roofs_here(monkeypatch, 1e11, 1e10)
-    profile_comparison(cpu_trace, COMPARED, 16, devices=1)
+    local_comparison(COMPARED, 16, devices=1, logdir=cpu_trace)
     with open(os.path.join(cpu_trace, "roofline.json")) as f:
         chip = json.load(f)["chip"]
     device = jax.local_devices()[0]
