@@ -4,19 +4,26 @@
    model over the whole [1, S] window for every byte and waited on the host
    after each (kept below as the baseline): cpu preset, batch 1, greedy, the
    same tokens; goal >= 10x;
-2. decode MBU at batch 1 for gpt2 shapes in float32, against the read-only
-   bandwidth measured in this run; goal >= 70%;
+2. decode MBU at batch 1 for gpt2 shapes in the run's dtype (bfloat16 on a
+   GPU or TPU, float32 on a CPU, as s2_train.py trains; --dtype), against the
+   read-only bandwidth (a chip's datasheet, a CPU's measured in this run);
+   goal >= 70%;
 3. decode tokens/s against batch, beside the roofline's rate: at gpt2 shapes,
    whose weights (340 MB) stream from memory as the roofline assumes, and at
    the cpu preset, whose weights (3.3 MB) sit in the L3 cache, where the
    roofline's memory bound does not hold and XLA's choice of matmul
    routine decides (README, "Session 3").
 
+Goal 1 compares two algorithms on the same tokens, so it runs in float32:
+in bfloat16 two programs that round in different orders may break a tie of
+the greedy argmax differently.
+
 python scripts/bench_decode.py
 python scripts/bench_decode.py --preset tiny --mbu-preset tiny --batches 1,2 \\
         --cache-batches 1,2  # seconds
 """
 
+import argparse
 import dataclasses
 import itertools
 import json
@@ -29,7 +36,7 @@ from roofline.hardware import local_roofs
 from roofline.timing import time_calls
 from scripts.naive_step import uncached_generate
 from sessions import inference, sharding
-from sessions.cli import PROMPT, ArgumentParser, positive_int, run_main
+from sessions.cli import PROMPT, ArgumentParser, positive_int, resolve, run_main
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
 from sessions.model import init_params
@@ -44,12 +51,15 @@ def parse_args(argv):
     parser.add_argument("--cache-batches", default="1,4,16,64", help="for 3, at --preset")
     parser.add_argument("--new-tokens", type=positive_int, default=64)
     parser.add_argument("--repeats", type=positive_int, default=5)
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], help="for 2 and 3 (default: the platform's)"
+    )
     parser.add_argument("--summary-out", help="write the goals' figures here, as JSON")
     return parser.parse_args(argv)
 
 
-def model(preset):
-    cfg = dataclasses.replace(PRESETS[preset].model, dtype="float32")
+def model(preset, dtype="float32"):
+    cfg = dataclasses.replace(PRESETS[preset].model, dtype=dtype)
     return cfg, init_params(cfg, jax.random.key(0))
 
 
@@ -97,22 +107,24 @@ def main(argv=None):
     batches = [int(b) for b in args.batches.split(",")]
     cache_batches = [int(b) for b in args.cache_batches.split(",")]
     prompt = text_to_tokens(PROMPT)
-    print(f"{jax.devices()[0].device_kind}, JAX {jax.__version__}, float32")
+    # The dtype s2_train.py trains in here (sessions/cli.py: the one home of platform defaults).
+    dtype = resolve(argparse.Namespace(preset=args.mbu_preset, dtype=args.dtype)).model.dtype
+    print(f"{jax.devices()[0].device_kind}, JAX {jax.__version__}, {dtype} (goal 1: float32)")
     ratio, same = against_uncached(args, prompt)
 
     # The roofs measured in this run, under the same load as the steps (a CPU's
     # figures vary with what else runs; an accelerator's come from its datasheet).
-    measured_now = local_roofs("float32", stream="read", devices=1, fresh=True)
+    measured_now = local_roofs(dtype, stream="read", devices=1, fresh=True)
     peak, bandwidth = measured_now.peak_flops, measured_now.bandwidth
     roofs = peak, bandwidth
-    print(f"roofs: {peak / 1e12:.3f} TFLOP/s float32, {bandwidth / 1e9:.1f} GB/s read-only")
+    print(f"roofs: {peak / 1e12:.3f} TFLOP/s {dtype}, {bandwidth / 1e9:.1f} GB/s read-only")
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, jax.devices()[:1])
     with jax.set_mesh(mesh):
-        cfg, params = model(args.mbu_preset)
+        cfg, params = model(args.mbu_preset, dtype)
         print(f"2, 3. {args.mbu_preset} shapes: bytes per step = weights + batch x cache")
         rows = decode_table(cfg, params, prompt, sorted({1, *batches}), args, roofs, mesh)
         at_one = rows[0][1]
-        cfg, params = model(args.preset)
+        cfg, params = model(args.preset, dtype)
         print(f"   {args.preset} preset, its weights in the L3 cache: tokens/s against batch")
         cached = decode_table(cfg, params, prompt, cache_batches, args, roofs, mesh)
     growing = all(a.tokens_per_s < b.tokens_per_s for (_, a), (_, b) in itertools.pairwise(rows))
@@ -132,6 +144,7 @@ def main(argv=None):
             json.dump(
                 {
                     "device_kind": jax.devices()[0].device_kind,
+                    "dtype": dtype,
                     "cached_over_uncached": ratio,
                     "same_tokens": same,
                     "mbu_preset": args.mbu_preset,

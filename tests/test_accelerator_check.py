@@ -47,5 +47,6 @@ def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, caps
     assert f"s3 decode, batch {first['batch']}" in out
     assert f"MBU {100 * first['mbu']:.1f}%" in out
     assert f"MBU {100 * bench['mbu_batch_1']:.1f}%" in out
+    assert bench["dtype"] == "float32"  # on a CPU, the dtype s2_train.py trains in
     assert (tmp_path / "checkpoints").is_dir()  # s3 decoded the checkpoint s2 kept
     assert "checkpoint at step 6" in (tmp_path / "s3.log").read_text()
