@@ -174,3 +174,31 @@ def test_every_mutant_still_fits_the_tree():
     fit = re.search(r"(\d+) of (\d+) mutants fit the tree", result.stdout)
     assert result.returncode == 0 and fit, result.stdout
     assert fit.group(1) == fit.group(2)
+
+
+@pytest.mark.parametrize(
+    ("limit", "unit", "start", "expected"), [(363, 1, 32, 363), (100, 8, 8, 96)]
+)
+def test_the_largest_batch_is_found_by_doubling_then_bisecting(limit, unit, start, expected):
+    """A plan that fits up to `limit` sequences: the search finds the largest
+    multiple of the mesh's unit below it, asking only about multiples of the unit."""
+    from scripts.max_batch import largest_batch
+
+    asked = []
+
+    def fits(batch):
+        asked.append(batch)
+        return batch <= limit
+
+    assert largest_batch(fits, unit, start) == expected
+    assert all(b % unit == 0 for b in asked)
+    assert len(asked) <= 2 * (limit // unit).bit_length()  # doubling, then bisecting
+
+
+def test_a_gpu_plans_for_the_memory_jax_preallocates(monkeypatch):
+    from scripts.max_batch import usable_fraction
+
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert (usable_fraction("gpu"), usable_fraction("tpu")) == (0.75, 1.0)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")
+    assert usable_fraction("gpu") == 0.9

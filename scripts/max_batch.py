@@ -1,0 +1,96 @@
+"""The largest batch whose training step fits a chip, read from the compiler's
+memory plan: the step compiled for the chip (deviceless, as `s2_train.py
+--target` compiles it), never run, so nothing is learned by running out of
+memory. The batch doubles until the plan no longer fits the chip's HBM, then
+the last gap is bisected, in steps the mesh can split (data x fsdp).
+
+On a GPU the limit is not the whole HBM: JAX's client preallocates 75% of it
+for arrays (XLA_PYTHON_CLIENT_MEM_FRACTION, default .75:
+docs.jax.dev/en/latest/gpu_memory_allocation.html), and XLA's compiler plans
+for that much too (its rematerialization aims below it). A TPU's HBM counts whole.
+
+    python scripts/max_batch.py --target h100:1 --preset gpt2 --vocab 50304
+    python scripts/max_batch.py --target tpu-v5e:2x4 --preset course --mesh fsdp=8
+
+The other flags are s2_train.py's (the shapes, --dtype, --mesh, ...). Each
+candidate is one compile (seconds each for gpt2 on h100:1); the compiler may
+also refuse a batch outright (out of memory), which counts as not fitting.
+"""
+
+import dataclasses
+import os
+import sys
+
+from roofline.program import planned_bytes
+from sessions import aot
+from sessions.cli import resolve, run_main, train_flags
+from sessions.errors import UsageError
+
+
+def plan_bytes(run, batch, target, devices, mesh_text):
+    """Bytes per device of the step at this batch, by the compiler's plan; None
+    when the compiler itself refuses it for want of memory."""
+    tc = dataclasses.replace(run.train, batch=batch)
+    _, mesh = aot.target_mesh(mesh_text, target, devices)
+    step, args, static = aot.train_step_program(run.model, tc, mesh)
+    compiled, _, _ = aot.compile_or_oom(step, args, static, mesh, target.chip, lambda *a: None)
+    return None if compiled is None else planned_bytes(compiled.memory_analysis())
+
+
+def usable_fraction(platform):
+    """The share of a device's HBM a JAX program may plan for."""
+    if platform != "gpu":
+        return 1.0
+    return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
+
+
+def largest_batch(fits, unit, start):
+    """The largest multiple of `unit` for which fits(batch) holds, from `start`
+    (a multiple of unit that fits): doubling, then bisecting; fits is assumed
+    to hold below any batch where it holds."""
+    good, bad = start, None
+    while bad is None:
+        if fits(2 * good):
+            good *= 2
+        else:
+            bad = 2 * good
+    while bad - good > unit:
+        middle = (good + bad) // 2 // unit * unit
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return good
+
+
+def main(argv=None):
+    args = train_flags(argv)
+    if not args.target:
+        raise UsageError(
+            "max_batch.py needs --target CHIP[:SHAPE] (e.g. h100:1): its HBM is the limit"
+        )
+    target, devices = aot.devices_for(args.target)
+    run = resolve(args, platform=target.chip.platform)
+    sizes, _ = aot.target_mesh(args.mesh, target, devices)
+    unit = sizes["data"] * sizes["fsdp"]
+    hbm = target.hbm_per_device * usable_fraction(target.chip.platform)
+
+    def fits(batch):
+        used = plan_bytes(run, batch, target, devices, args.mesh)
+        shown = "refused by the compiler" if used is None else f"{used / 1e9:.2f} GB"
+        print(f"  batch {batch:>6,}: {shown} of {hbm / 1e9:.2f} GB usable per device")
+        return used is not None and used <= hbm
+
+    print(f"{run.preset} on {target.name}: seq {run.model.seq}, {run.model.dtype}, mesh {sizes}")
+    start = max(unit, run.train.batch // unit * unit)
+    while not fits(start):
+        if start == unit:
+            raise UsageError(f"not even a batch of {unit} fits {target.name}")
+        start = max(unit, start // 2 // unit * unit)
+    batch = largest_batch(fits, unit, start)
+    print(
+        f"largest batch that fits: {batch:,} sequences ({batch * run.model.seq:,} tokens a step), "
+        "by XLA's memory plan of the compiled step"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
