@@ -329,6 +329,32 @@ MUTANTS = [
         ("tests/test_train.py::test_the_summary_by_hand",),
     ),
     Mutant(
+        "gap-one-batch",
+        "the final gap against the one noisy batch logged at the evaluation's step",
+        "sessions/report.py",
+        (
+            (
+                "    logged = history[max(last - 1, 0) : last + 1]",
+                "    logged = history[last : last + 1]",
+            ),
+        ),
+        ("tests/test_train.py::test_the_final_gap_by_hand",),
+    ),
+    Mutant(
+        "gap-first-val",
+        "the final gap taken at the first validation, not the last",
+        "sessions/report.py",
+        (("    last = evaluated[-1]", "    last = evaluated[0]"),),
+        ("tests/test_train.py::test_the_final_gap_by_hand",),
+    ),
+    Mutant(
+        "gap-warning",
+        "a run whose validation is within noise of its training loss told it memorized",
+        "sessions/report.py",
+        (('        if s["val_gap"] > data.MAX_GAP:', '        if s["val_gap"] > 0:'),),
+        ("tests/test_train.py::test_the_final_gap_by_hand",),
+    ),
+    Mutant(
         "token-unit",
         "the header counts token files' tokens as bytes",
         "sessions/report.py",
