@@ -311,7 +311,7 @@ MUTANTS = [
     ),
     Mutant(
         "chip-corpus",
-        "a GPU or TPU defaults to the docs, which its default run passes over 156 times",
+        "a GPU or TPU defaults to the docs, which its default run passes over 62 times",
         "sessions/cli.py",
         (("(DOCS if on_cpu else STDLIB)", "DOCS"),),
         ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
@@ -353,6 +353,13 @@ MUTANTS = [
         "sessions/report.py",
         (('        if s["val_gap"] > data.MAX_GAP:', '        if s["val_gap"] > 0:'),),
         ("tests/test_train.py::test_the_final_gap_by_hand",),
+    ),
+    Mutant(
+        "chip-passes",
+        "the course preset's 2,000 steps again: 9.3 passes over the smallest stdlib seen",
+        "sessions/config.py",
+        (("TrainConfig(steps=800, batch=256,", "TrainConfig(steps=2000, batch=256,"),),
+        ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
     ),
     Mutant(
         "token-unit",
