@@ -355,6 +355,15 @@ MUTANTS = [
         ("tests/test_train.py::test_the_final_gap_by_hand",),
     ),
     Mutant(
+        "readme-table",
+        "the accelerator table's rows renamed, the README's H100 table left as it was",
+        "scripts/accelerator_check.py",
+        (('                "s2 training run",', '                "s2 run",'),),
+        (
+            "tests/test_accelerator_check.py::test_the_readme_shows_the_table_the_h100_check_printed",
+        ),
+    ),
+    Mutant(
         "chip-passes",
         "the course preset's 2,000 steps again: 9.3 passes over the smallest stdlib seen",
         "sessions/config.py",
