@@ -3,6 +3,7 @@ default path, on whatever accelerator this machine has, in one table.
 
     python scripts/accelerator_check.py                 # a GPU box or a TPU VM: about 10 minutes
     python scripts/accelerator_check.py --cpu -- --preset tiny --steps 8   # a rehearsal, here
+    python scripts/accelerator_check.py --table RUN_DIR/check.json          # a past check's table
 
 In order, each a process of its own (so each gets the chip to itself, as a
 student's run would: libtpu lets one process hold a TPU, and this parent
@@ -49,6 +50,11 @@ def parse_args(argv):
     parser.add_argument("--s3-args", default="", help="flags for s3_infer.py (e.g. '--batches 1')")
     parser.add_argument(
         "--bench-args", default="", help="flags for bench_decode.py (e.g. '--mbu-preset tiny')"
+    )
+    parser.add_argument(
+        "--table",
+        metavar="CHECK_JSON",
+        help="print the table of an earlier check from its check.json, and run nothing",
     )
     parser.add_argument(
         "s2_args",
@@ -145,6 +151,16 @@ def table(chip, s2, compared, s3, bench):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.table:
+        check = read_json(args.table)
+        if not check:
+            print(f"error: {args.table}: no check.json to read", file=sys.stderr)
+            return 2
+        for line in table(
+            check["chip"], check["s2"], check["compare"], check["s3"], check["bench"]
+        ):
+            print(line)
+        return 0
     os.makedirs(args.run_dir, exist_ok=True)
     probe = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True)
     if probe.returncode:

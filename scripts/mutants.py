@@ -311,7 +311,7 @@ MUTANTS = [
     ),
     Mutant(
         "chip-corpus",
-        "a GPU or TPU defaults to the docs, which its default run passes over 156 times",
+        "a GPU or TPU defaults to the docs, which its default run passes over 62 times",
         "sessions/cli.py",
         (("(DOCS if on_cpu else STDLIB)", "DOCS"),),
         ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
@@ -327,6 +327,48 @@ MUTANTS = [
             ),
         ),
         ("tests/test_train.py::test_the_summary_by_hand",),
+    ),
+    Mutant(
+        "gap-one-batch",
+        "the final gap against the one noisy batch logged at the evaluation's step",
+        "sessions/report.py",
+        (
+            (
+                "    logged = history[max(last - 1, 0) : last + 1]",
+                "    logged = history[last : last + 1]",
+            ),
+        ),
+        ("tests/test_train.py::test_the_final_gap_by_hand",),
+    ),
+    Mutant(
+        "gap-first-val",
+        "the final gap taken at the first validation, not the last",
+        "sessions/report.py",
+        (("    last = evaluated[-1]", "    last = evaluated[0]"),),
+        ("tests/test_train.py::test_the_final_gap_by_hand",),
+    ),
+    Mutant(
+        "gap-warning",
+        "a run whose validation is within noise of its training loss told it memorized",
+        "sessions/report.py",
+        (('        if s["val_gap"] > data.MAX_GAP:', '        if s["val_gap"] > 0:'),),
+        ("tests/test_train.py::test_the_final_gap_by_hand",),
+    ),
+    Mutant(
+        "readme-table",
+        "the accelerator table's rows renamed, the README's H100 table left as it was",
+        "scripts/accelerator_check.py",
+        (('                "s2 training run",', '                "s2 run",'),),
+        (
+            "tests/test_accelerator_check.py::test_the_readme_shows_the_table_the_h100_check_printed",
+        ),
+    ),
+    Mutant(
+        "chip-passes",
+        "the course preset's 2,000 steps again: 9.3 passes over the smallest stdlib seen",
+        "sessions/config.py",
+        (("TrainConfig(steps=800, batch=256,", "TrainConfig(steps=2000, batch=256,"),),
+        ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
     ),
     Mutant(
         "token-unit",

@@ -212,6 +212,7 @@ def main(argv=None):
         platform=mesh.devices.flat[0].platform,
         memory=step_memory(step_fn if jit else None),
         allocator=allocator_peak(),
+        corpus=corpus.name,
     )
     for line in summary_lines(summary):
         say(line)

@@ -206,31 +206,40 @@ def test_passes_in_the_header_and_a_warning_past_the_threshold():
 
 # Training-split sizes, measured on CPython's own builds (pyenv): the docs and the
 # stdlib as data.py cuts them. The row of the Python running the test is checked
-# against its real corpora below, so the table cannot drift from the code.
+# against its real corpora below, so the table cannot drift from the code. A
+# distribution's Python ships part of the library in other packages, so its row
+# is named for where it was seen and never matched to the Python running the test.
 TRAIN_SPLIT = {
     "3.11.7": {"docs": 419_646, "stdlib": 8_857_769},
     "3.12.1": {"docs": 444_150, "stdlib": 8_322_187},
     "3.13.0": {"docs": 460_753, "stdlib": 8_124_289},
+    # The smallest stdlib seen: the H100 machine's Python (393 files, 8.0 MB), from
+    # the header of its accelerator check's s2.log (../shared/h100-run, 2026-11-24).
+    "3.12.3 on the H100": {"stdlib": 7_044_568},
 }
 DEFAULT_PLATFORM = {"tiny": "cpu", "cpu": "cpu", "course": "gpu", "gpt2": "gpu"}
 
 
 @pytest.mark.parametrize("preset", sorted(DEFAULT_PLATFORM))
 def test_every_preset_s_default_run_stays_below_the_threshold(preset):
+    """A CPU preset's default run stays under the warning over the docs; a chip's
+    (GPU or TPU) within the passes that are worth nearly fresh data, over the
+    stdlib, on every Python measured."""
     platform_here = DEFAULT_PLATFORM[preset]
     run = resolve(train_flags(["--preset", preset]), platform=platform_here)
     assert run.data == ("docs" if platform_here == "cpu" else "stdlib")
     assert resolve(train_flags(["--preset", preset]), platform="tpu").data == run.data or (
         platform_here == "cpu"  # a TPU, like a GPU, gets the stdlib
     )
+    bound = data.MAX_PASSES if platform_here == "cpu" else data.FRESH_PASSES
     tokens = run.train.steps * run.train.batch * run.model.seq
-    sizes = dict(TRAIN_SPLIT)
+    sizes = {python: size[run.data] for python, size in TRAIN_SPLIT.items() if run.data in size}
     here = platform.python_version()
     if platform.python_implementation() == "CPython" and here in sizes:
-        assert len(data.open_corpus(run.data, run.model.seq).train) == sizes[here][run.data]
+        assert len(data.open_corpus(run.data, run.model.seq).train) == sizes[here]
     for python, size in sizes.items():
-        passes = tokens / size[run.data]
-        assert passes <= data.MAX_PASSES, (python, preset, run.data, passes)
+        passes = tokens / size
+        assert passes <= bound, (python, preset, run.data, passes)
 
 
 def test_a_batch_of_token_files_is_the_batch_of_their_tokens_in_memory(tmp_path):

@@ -292,6 +292,76 @@ def test_the_summary_by_hand():
     assert "memory      3.0 MiB per device (a plan)" in text
 
 
+def logged(losses, val):
+    """Meter records as s2_train.py's loop writes them: {step: loss}, and val_loss
+    at the steps in `val`."""
+    history = [
+        meter_module.make_record(step, loss, 0.1, 1024, 1e9, 1e10, 1)
+        for step, loss in losses.items()
+    ]
+    for r in history:
+        if r["step"] in val:
+            r["val_loss"] = val[r["step"]]
+    return history
+
+
+def summary_of(history, corpus):
+    s = summarize(
+        history,
+        train_seconds=1.0,
+        tokens_per_step=1024,
+        flops_per_step=1e9,
+        peak=(1e10, "a datasheet"),
+        n_devices=1,
+        unigram=3.15,
+        first_step=0,
+        corpus=corpus,
+    )
+    return json.loads(json.dumps(s))  # what --summary-out writes
+
+
+def test_the_final_gap_by_hand():
+    """The last validation loss less the mean of the train losses logged at its step
+    and the log step before: the H100's 2,000-step course run (s2.log of
+    ../shared/h100-run/accelerator-check) ends 1.011 - (0.641 + 0.621) / 2 = 0.380
+    nats/byte, past 0.1, and the summary says it memorized."""
+    h100 = {1500: 0.723, 1600: 0.696, 1700: 0.669, 1800: 0.665, 1900: 0.641, 2000: 0.621}
+    stdlib = "stdlib (CPython 3.12.3 source, 393 files, 8.0 MB; whole files held out)"
+    s = summary_of(logged(h100, {1500: 1.005, 2000: 1.011}), stdlib)
+    assert s["val_gap"] == pytest.approx(0.380)
+    assert (s["val_gap_train_loss"], s["val_gap_train_steps"]) == (
+        pytest.approx(0.631),
+        [1900, 2000],
+    )
+    text = "\n".join(summary_lines(s))
+    assert (
+        "  val - train +0.380 nats/byte (train loss 0.631, the mean at steps 1,900 and 2,000)"
+        in text
+    )
+    (warning,) = [line for line in summary_lines(s) if "warning" in line]
+    assert "begun to memorize" in warning and "past a gap of 0.1 nats/byte" in warning
+    assert "fewer --steps" in warning and "--data PATH" in warning
+    assert "--data stdlib" not in warning  # it is on the stdlib already
+    on_docs = summary_lines(summary_of(logged(h100, {2000: 1.011}), "docs (pydoc_data.topics)"))
+    assert "--data stdlib" in next(line for line in on_docs if "warning" in line)
+
+    # The last validation counts, not the first; 2.40 - (2.35 + 2.33) / 2 = 0.06: no warning.
+    s = summary_of(logged({20: 2.9, 30: 2.35, 40: 2.33, 50: 2.3}, {20: 3.5, 40: 2.4}), stdlib)
+    assert s["val_gap"] == pytest.approx(0.06)
+    assert (s["val_gap_train_loss"], s["val_gap_train_steps"]) == (pytest.approx(2.34), [30, 40])
+    lines = summary_lines(s)
+    assert "  val - train +0.060 nats/byte (train loss 2.340, the mean at steps 30 and 40)" in lines
+    assert not [line for line in lines if "warning" in line]
+
+    # One logged step, validated: its own loss. No validation: no gap.
+    s = summary_of(logged({10: 2.5}, {10: 2.45}), stdlib)
+    assert s["val_gap"] == pytest.approx(-0.05) and s["val_gap_train_steps"] == [10]
+    assert "  val - train -0.050 nats/byte (train loss 2.500, step 10)" in summary_lines(s)
+    s = summary_of(logged({10: 2.5, 20: 2.4}, {}), stdlib)
+    assert (s["val_gap"], s["val_gap_train_loss"], s["val_gap_train_steps"]) == (None, None, [])
+    assert not [line for line in summary_lines(s) if "val - train" in line]
+
+
 def _adam_moments(opt_state):
     (adam,) = [
         s
