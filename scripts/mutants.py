@@ -311,7 +311,7 @@ MUTANTS = [
     ),
     Mutant(
         "chip-corpus",
-        "a GPU or TPU defaults to the docs, which its default run passes over 62 times",
+        "a GPU or TPU defaults to the docs, which its default run passes over 35 times",
         "sessions/cli.py",
         (("(DOCS if on_cpu else STDLIB)", "DOCS"),),
         ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
@@ -367,7 +367,7 @@ MUTANTS = [
         "chip-passes",
         "the course preset's 2,000 steps again: 9.3 passes over the smallest stdlib seen",
         "sessions/config.py",
-        (("TrainConfig(steps=800, batch=256,", "TrainConfig(steps=2000, batch=256,"),),
+        (("TrainConfig(steps=450, batch=256,", "TrainConfig(steps=2000, batch=256,"),),
         ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
     ),
     Mutant(

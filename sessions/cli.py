@@ -239,7 +239,7 @@ def resolve(args, platform=None, **model_overrides):
     else:
         impl, note = choose(flag("attention_impl"), platform, model, train.batch)
     # The docs on a CPU, whose losses the README quotes; on a chip, whose default
-    # run would pass over the docs 62 times, the standard library's source.
+    # run would pass over the docs 35 times, the standard library's source.
     corpus = flag("data") or (DOCS if on_cpu else STDLIB)
     return Resolved(preset, dataclasses.replace(model, attention_impl=impl), train, note, corpus)
 
