@@ -103,6 +103,8 @@ def table(chip, s2, compared, s3, bench):
                 f"MFU {mfu} of {s2['peak_tflops_per_device']:.1f} TFLOP/s ({s2['peak_source']})",
             )
         )
+        if s2.get("steadiness") is not None:  # checks before it kept no such figure
+            rows.append(("  its steadiness", pct(s2["steadiness"]), "of the median log interval"))
     if compared:
         measured, bound = compared["measured_step_seconds"], compared["bound_step_seconds"]
         xla = compared.get("xla_step_seconds")

@@ -8,6 +8,7 @@ import numpy as np
 
 from roofline.decode_cost import compute_bound_batch, decode_step_cost, flops_per_sequence
 from roofline.flops import model_line, napkin_train_flops, param_count
+from roofline.timing import steadiness
 from sessions import data
 from sessions.meter import impossible_mfu
 
@@ -66,6 +67,8 @@ def summarize(
     peak_flops, peak_source = peak
     mfu = achieved / (peak_flops * n_devices)
     gap, gap_train, gap_steps = final_gap(history)
+    # Each log interval's seconds per token: equal intervals, so as their seconds.
+    intervals = [1 / r["tokens_per_sec"] for r in history if r.get("tokens_per_sec")]
     return {
         "platform": platform,
         "n_devices": n_devices,
@@ -75,6 +78,8 @@ def summarize(
         "tflops_per_device": achieved / n_devices / 1e12,
         "mfu": mfu,  # kept as computed; the flag says when it is no result
         "mfu_exceeds_peak": impossible_mfu(mfu),
+        # max |interval - median| / median of the log intervals after the first
+        "steadiness": steadiness(intervals) if len(intervals) > 2 else None,
         "peak_tflops_per_device": peak_flops / 1e12,
         "peak_source": peak_source,
         "train_loss": history[-1]["loss"],
@@ -128,7 +133,13 @@ def summary_lines(s):
             f"({s['peak_source']}) is wrong for this chip"
         )
     unit = s["unit"]
-    lines = ["summary", throughput, mfu, f"  train loss  {s['train_loss']:.3f} nats/{unit}"]
+    lines = ["summary", throughput, mfu]
+    if s.get("steadiness") is not None:
+        lines.append(
+            f"  steadiness  {100 * s['steadiness']:.1f}%: the log interval farthest from their "
+            "median, after the first"
+        )
+    lines.append(f"  train loss  {s['train_loss']:.3f} nats/{unit}")
     if s["val_loss"] is not None:
         best = f"best {s['best_val_loss']:.3f} at step {s['best_val_step']:,}"
         lines.append(f"  val loss    {s['val_loss']:.3f} nats/{unit} ({best})")

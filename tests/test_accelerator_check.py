@@ -32,6 +32,8 @@ def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, caps
         "tiny",
         "--steps",
         "6",
+        "--log-every",
+        "2",
     ]
     code, out, err = run_script("scripts/accelerator_check.py", argv, capsys)
     assert code == 0, (out, err)
@@ -41,6 +43,7 @@ def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, caps
     assert s2["steps"] == 6
     # The table shows what the scripts wrote, each figure on its row.
     assert f"{s2['tokens_per_sec']:,.0f} tokens/s" in out
+    assert f"| {'  its steadiness':<28} | {100 * s2['steadiness']:.1f}%" in out  # 3 intervals
     assert f"{compared['measured_step_seconds'] * 1e3:,.2f} ms" in out
     assert f"roofline bound {compared['bound_step_seconds'] * 1e3:,.2f} ms" in out
     assert compared["bound_step_seconds"] <= compared["measured_step_seconds"]  # a lower bound

@@ -362,6 +362,21 @@ def test_the_final_gap_by_hand():
     assert not [line for line in summary_lines(s) if "val - train" in line]
 
 
+def test_steadiness_in_the_summary_by_hand():
+    """Log intervals at 1,000 (the first: compile and warm-up, not counted), then
+    500, 400, 500 and 625 tokens/s: 2.0, 2.5, 2.0 and 1.6 ms a token, median 2.0;
+    the farthest, 2.5, is 25% off it. Two intervals give no figure."""
+    history = logged({10: 3.0, 20: 2.9, 30: 2.8, 40: 2.7, 50: 2.6}, {})
+    for r, rate in zip(history, (1000, 500, 400, 500, 625)):
+        r["tokens_per_sec"] = rate
+    s = summary_of(history, "docs")
+    assert s["steadiness"] == pytest.approx(0.25)
+    assert "  steadiness  25.0%: the log interval farthest from their median, after the first" in (
+        summary_lines(s)
+    )
+    assert summary_of(history[:2], "docs")["steadiness"] is None
+
+
 def _adam_moments(opt_state):
     (adam,) = [
         s
