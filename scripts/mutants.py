@@ -112,7 +112,7 @@ MUTANTS = [
         "positions-reversed",
         "position s gets pos[S-1-s]",
         "sessions/positions.py",
-        (('jnp.ones((B,), x.dtype), pos)', "jnp.ones((B,), x.dtype), pos[::-1])"),),
+        (("jnp.ones((B,), x.dtype), pos)", "jnp.ones((B,), x.dtype), pos[::-1])"),),
         (
             "tests/test_model.py::test_zero_blocks_are_the_identity_and_position_s_gets_pos_s",
             "tests/test_model.py::test_forward_equals_the_plain_reference",
