@@ -47,6 +47,7 @@ WRITE = "                meter.write(record)\n"
 CMATMUL = "sessions/collective_matmul.py"
 CMATMUL_TEST = "tests/test_collective_matmul.py"
 TRUTH = "tests/test_trace_truth.py"
+PLANS = "tests/test_step_plans.py"
 
 MUTANTS = [
     Mutant(
@@ -524,6 +525,63 @@ MUTANTS = [
         "roofline/program.py",
         (("        if channel and computation.name in fused:\n", "        if channel:\n"),),
         (f"{CMATMUL_TEST}::test_a_chain_of_permutes_on_one_channel_is_every_hop",),
+    ),
+    Mutant(
+        "bf16-scatter",
+        "the token embedding looked up in the bf16 table: its gradient summed in bf16 "
+        "(the H100's atomics, 0.12x PyTorch)",
+        "sessions/model.py",
+        (
+            (
+                '    x = p["embed"][tokens].astype(cfg.dtype)\n',
+                '    x = p["embed"].astype(cfg.dtype)[tokens]\n',
+            ),
+        ),
+        (
+            "tests/test_model.py::test_the_embedding_gradient_sums_in_float32",
+            f"{PLANS}::test_gradients_sum_in_float32_on_a_gpu_and_a_tpu",
+        ),
+    ),
+    Mutant(
+        "positions-reduce",
+        "the positions' gradient a reduction over the batch: the H100 step transposes its "
+        "residual stream at every norm",
+        "sessions/positions.py",
+        (
+            (
+                '    return x + jnp.einsum("B,SE->BSE", jnp.ones((B,), x.dtype), pos)\n',
+                "    return x + pos[None]\n",
+            ),
+        ),
+        (f"{PLANS}::test_the_course_step_on_h100_moves_no_residual_stream_around",),
+    ),
+    Mutant(
+        "picked-by-index",
+        "the target's logit picked by take_along_axis: a scatter into [B, S, V] in the backward",
+        "sessions/train.py",
+        (
+            (
+                "jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)",
+                "jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]",
+            ),
+        ),
+        (f"{PLANS}::test_no_scatter_writes_the_logits",),
+    ),
+    Mutant(
+        "f32-logits",
+        "the logits written in float32 (preferred_element_type): twice the bytes of the "
+        "step's largest array",
+        "sessions/model.py",
+        (
+            (
+                'jnp.einsum("BSE,VE->BSV", x, p["embed"])\n',
+                'jnp.einsum("BSE,VE->BSV", x, p["embed"], preferred_element_type=jnp.float32)\n',
+            ),
+        ),
+        (
+            "tests/test_model.py::test_bfloat16_forward_is_close_to_float32",
+            f"{PLANS}::test_bf16_step_runs_its_matmuls_in_bf16",
+        ),
     ),
     Mutant(
         "overlap-nests",

@@ -124,13 +124,9 @@ class Transformer(nnx.Module):
         E, V = cfg.embed, cfg.vocab
         self.cfg = cfg
         embed_init = nnx.initializers.normal(E**-0.5)  # std 1/sqrt(E): see init_params
-        self.embed = nnx.Embed(
-            V,
-            E,
-            dtype=jnp.dtype(cfg.dtype),
-            embedding_init=partitioned(embed_init, "embed"),
-            rngs=rngs,
-        )
+        # No compute dtype on the Embed: nnx.Embed would cast its table before the
+        # lookup, and the lookup's gradient must sum in float32 (model.py, embed).
+        self.embed = nnx.Embed(V, E, embedding_init=partitioned(embed_init, "embed"), rngs=rngs)
         self.pos = param(rngs, "pos", (cfg.seq, E), 0.01) if cfg.positions else None
         # nnx.List, not a plain list: NNX then treats the blocks as state to trace.
         self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.layers)])
@@ -138,7 +134,7 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens, segment_ids=None):
         dtype = jnp.dtype(self.cfg.dtype)
-        x = self.embed(tokens)  # [B, S, E]: a gather, in the compute dtype
+        x = self.embed(tokens).astype(dtype)  # [B, S, E]: a gather from the float32 table
         if self.pos is not None:
             x = add_positions(x, self.pos[...].astype(dtype))
         x = constrain(x, "BSE")

@@ -93,7 +93,7 @@ def gather_weights(weights):
 
 def device_loss(params, batch, cfg):
     """This device's loss: the mean over its own rows, from its shards of the params."""
-    p = cast(params, cfg)  # cast the shard, then gather: bfloat16 halves the bytes sent
+    p = cast(params, cfg)  # cast the shards, then gather: bfloat16 halves the bytes sent
 
     def causal(q, k, v):
         return attention(q, k, v, impl=cfg.attention_impl), None
@@ -102,11 +102,14 @@ def device_loss(params, batch, cfg):
     def layer(shards, x):
         return block(gather_weights(shards), x, cfg, causal)[0]
 
-    ends = gather_weights({name: w for name, w in p.items() if name != "layers"})
+    # The ends are gathered in float32: the embedding's lookup must sum its
+    # gradient in float32 (sessions/model.py, embed); the output projection
+    # then reads them cast.
+    ends = gather_weights({name: w for name, w in params.items() if name != "layers"})
     x = embed(ends, batch["inputs"], cfg)
     for shards in p["layers"]:
         x = layer(shards, x)
-    return cross_entropy(unembed(ends, x), batch["targets"])
+    return cross_entropy(unembed(cast(ends, cfg), x), batch["targets"])
 
 
 def is_split(path):

@@ -131,8 +131,23 @@ def cast(params, cfg: ModelConfig):
 
 
 def embed(p, tokens, cfg: ModelConfig, start=0):
-    """tokens: int [B, S] at positions start..start+S-1 -> x [B, S, E]."""
-    x = p["embed"][tokens]  # a gather, no FLOPs
+    """tokens: int [B, S] at positions start..start+S-1 -> x [B, S, E] in the
+    compute dtype, looked up in p["embed"] (training passes the float32 master).
+
+    The lookup is a gather, no FLOPs; its gradient is a scatter-add: each
+    position's gradient added into its token's row, 32,768 rows a course step
+    onto a [256, 512] table, about 9,400 of them onto the space byte's row.
+    That sum must run in float32. Looked up in a bf16 table (the params cast
+    first), it ran on an H100 as bf16 atomic adds: 4.6 ms at step 1, 58-146 ms a
+    step after 600 steps, against 0.3 ms for the same sum in float32 and 8.9 ms
+    for all else in the step. Its cost follows the values (timed alone: 1 ms
+    while the updates are too small to change the bf16 sum, which then loses
+    them; 200-300 ms when they are not). Looked up in the float32 table and cast
+    after, the run went from 0.12x PyTorch's tokens/s to 0.89x (3.60M), steady
+    within 0.3% (../shared/h100-run, 2026-11-24). A one-hot matmul would sum in
+    float32 too, at 2·B·S·V·E FLOPs a step: little at V=256, at GPT-2's 50,304
+    a fifth of the step's FLOPs."""
+    x = p["embed"][tokens].astype(cfg.dtype)
     if cfg.positions:
         x = add_positions(x, p["pos"], start)
     return constrain(x, "BSE")
@@ -154,13 +169,14 @@ def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
     segment_ids (optional, int [B, S]): packed documents; tokens attend only
     within their own segment."""
     # Mixed precision: the float32 master weights are cast once per step to
-    # the compute dtype; gradients flow back through the cast in float32.
+    # the compute dtype; gradients flow back through the cast in float32. The
+    # lookups read the masters themselves: their gradients are sums (embed).
     p = cast(params, cfg)
 
     def causal(q, k, v):
         return attention(q, k, v, segment_ids, impl=cfg.attention_impl), None
 
-    x = embed(p, tokens, cfg)
+    x = embed(params, tokens, cfg)
     for layer in p["layers"]:
         x, _ = block(layer, x, cfg, causal)
     return unembed(p, x)

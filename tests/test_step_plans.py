@@ -8,11 +8,15 @@ that installs them; CI installs it and sets HPLLM_REQUIRE_AOT=1, which turns
 those skips into failures. Each program is compiled once per module.
 """
 
+import math
+
 import jax
 import pytest
 from helpers import need
 
 from roofline.flops import attention_flops, param_count, train_flops
+from roofline.hlo import parse
+from roofline.program import scatters
 from sessions import aot
 from sessions.cli import resolve, train_flags
 from sessions.target_train import plan_target
@@ -49,6 +53,12 @@ def tpu_data():
 def tpu_tp():
     need("tpu")
     return compile_step("tpu-v5e:2x2", mesh="tp=4", **ONE_LAYER)
+
+
+@pytest.fixture(scope="module")
+def h100_one():
+    need("gpu")
+    return compile_step("h100:1", preset="course")
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +192,40 @@ def test_float32_on_h100_is_held_against_the_tf32_peak():
     with jax.default_matmul_precision("highest"):
         planned, _, _ = compile_step("h100:1", dtype="float32")
     assert planned.plan.peak == 67e12
+
+
+def test_gradients_sum_in_float32_on_a_gpu_and_a_tpu(h100_one, tpu_fsdp):
+    """The embedding's gradient is a scatter-add, the lookup's transpose. Looked
+    up in a bf16 table, an H100 summed it with bf16 atomics: 0.12x PyTorch's
+    speed, and the frequent bytes' updates lost (../shared/h100-run). In the
+    course step compiled for both chips every scatter sums in float32, and
+    there is one to check: the compiled program, not the source."""
+    for planned, cfg, _ in (h100_one, tpu_fsdp):
+        found = scatters(planned.compiled.as_text())
+        assert found, "no scatter: the embedding's gradient should be one"
+        assert {dtype for _, dtype, _ in found} == {"f32"}, found
+        assert (cfg.vocab, cfg.embed) in {shape for _, _, shape in found}  # the table's
+
+
+def test_the_course_step_on_h100_moves_no_residual_stream_around(h100_one):
+    """No transpose or copy as big as the residual stream [B, S, E]. When the
+    positions' gradient was a reduction over the batch, XLA's GPU layout laid
+    the stream out batch-minor and transposed it at every norm: 35 kernels,
+    1.5 ms of the H100's 8.9 ms step (sessions/positions.py)."""
+    planned, cfg, tc = h100_one
+    stream = tc.batch * cfg.seq * cfg.embed
+    module = parse(planned.compiled.as_text())
+    moved = [
+        (op.name, op.type_text)
+        for _, op in module.instructions()
+        if op.opcode in ("transpose", "copy") and math.prod(op.shape or ()) >= stream
+    ]
+    assert not moved
+
+
+def test_no_scatter_writes_the_logits(h100_one):
+    """The target's logit is picked by a compare: the loss's gradient writes no
+    scatter into a [B, S, V] array (take_along_axis's transpose would)."""
+    planned, cfg, tc = h100_one
+    logits = tc.batch * cfg.seq * cfg.vocab
+    assert all(math.prod(shape) < logits for _, _, shape in scatters(planned.compiled.as_text()))
