@@ -543,6 +543,15 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "lookup-cast-first",
+        "the exercise's solution casts the table before the lookup",
+        "solutions/bug_bf16_scatter.py",
+        (("    return table[tokens].astype(dtype)\n", "    return table.astype(dtype)[tokens]\n"),),
+        (
+            "tests/test_exercises/test_session_bugs.py::test_the_lookup_sums_its_gradient_in_float32",
+        ),
+    ),
+    Mutant(
         "positions-reduce",
         "the positions' gradient a reduction over the batch: the H100 step transposes its "
         "residual stream at every norm",

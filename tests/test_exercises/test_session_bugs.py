@@ -29,6 +29,8 @@ workers_needed = exercise("bug_slow_loader.workers_needed")
 parallel_loader = exercise("bug_slow_loader.parallel_loader")
 xla_flops = exercise("bug_attention_flops.xla_flops")
 attention_flops = exercise("bug_attention_flops.attention_flops")
+lookup = exercise("bug_bf16_scatter.lookup")
+scatter_dtypes = exercise("bug_bf16_scatter.scatter_dtypes")
 
 
 class Compiles:
@@ -271,3 +273,61 @@ def test_attention_flops_by_hand_and_against_xla(record_property):
     )
     # XLA also counts the softmax: a few FLOPs per score against 4*D.
     assert attention_flops(B, S, T, H, D) == pytest.approx(xla, rel=0.1)
+
+
+# An embedding whose gradient is summed in bf16.
+
+
+def skewed_batch(vocab=256, embed=48):
+    """A table, tokens with the space byte (32) at 30% of 1,024 positions, and a
+    cotangent for the lookup's output, exact in bf16."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, vocab, (16, 64))
+    tokens[rng.random(tokens.shape) < 0.3] = 32
+    table = jnp.asarray(rng.standard_normal((vocab, embed)), jnp.float32)
+    cotangent = jnp.asarray(rng.standard_normal((*tokens.shape, embed)), jnp.bfloat16)
+    return table, jnp.asarray(tokens), cotangent
+
+
+def float64_sum(tokens, cotangent, vocab, embed):
+    expected = np.zeros((vocab, embed))
+    np.add.at(expected, np.asarray(tokens), np.asarray(cotangent.astype(jnp.float32), np.float64))
+    return expected
+
+
+@pytest.mark.exercise("bug_bf16_scatter.lookup")
+def test_the_lookup_sums_its_gradient_in_float32():
+    table, tokens, cotangent = skewed_batch()
+    x, vjp = jax.vjp(lambda w: lookup(w, tokens, jnp.bfloat16), table)
+    assert x.dtype == jnp.bfloat16 and x.shape == (*tokens.shape, table.shape[1])
+    np.testing.assert_array_equal(x, table.astype(jnp.bfloat16)[tokens])
+    expected = float64_sum(tokens, cotangent, *table.shape)
+    np.testing.assert_allclose(vjp(cotangent)[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_broken_lookup_loses_the_frequent_byte_s_updates():
+    """The exercise's premise, checked: the space byte's row is far off."""
+    from solutions.bug_bf16_scatter import broken_embedding_grad
+
+    table, tokens, cotangent = skewed_batch()
+    got = np.asarray(broken_embedding_grad(table, tokens, cotangent).astype(jnp.float32))
+    expected = float64_sum(tokens, cotangent, *table.shape)
+    assert np.max(np.abs(got[32] - expected[32])) > 0.1
+
+
+@pytest.mark.exercise("bug_bf16_scatter.scatter_dtypes")
+def test_scatter_dtypes_reads_what_the_compiler_made():
+    from solutions.bug_bf16_scatter import broken_embedding_grad
+
+    table, tokens, cotangent = skewed_batch()
+
+    def fixed(table, tokens, cotangent):
+        _, vjp = jax.vjp(lambda w: w[tokens].astype(jnp.bfloat16), table)
+        return vjp(cotangent)[0]
+
+    def hlo(f):
+        return jax.jit(f).lower(table, tokens, cotangent).compile().as_text()
+
+    assert scatter_dtypes(hlo(broken_embedding_grad)) == {"bf16"}
+    assert scatter_dtypes(hlo(fixed)) == {"f32"}
+    assert scatter_dtypes(hlo(lambda t, i, c: t * 2)) == set()
