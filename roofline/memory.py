@@ -10,6 +10,7 @@ compiled step (--no-jit) and nothing but the step can have set it.
 """
 
 import contextlib
+import os
 
 import jax
 
@@ -90,3 +91,29 @@ def planned_bytes(m):
         + m.temp_size_in_bytes
         - m.alias_size_in_bytes
     )
+
+
+def usable_fraction(platform):
+    """The share of a device's HBM a JAX program may plan for: on a GPU, what
+    JAX's client preallocates for arrays (XLA_PYTHON_CLIENT_MEM_FRACTION, default
+    .75: docs.jax.dev/en/latest/gpu_memory_allocation.html), which XLA's compiler
+    also plans within (its rematerialization aims below it); a TPU's, all."""
+    if platform != "gpu":
+        return 1.0
+    return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
+
+
+def largest_batch(fits, unit, start):
+    """The largest multiple of `unit` for which fits(batch) holds, from `start`
+    (a multiple of unit that fits): doubling, then bisecting; fits is assumed
+    to hold below any batch where it holds."""
+    good, bad = start, None
+    while bad is None:
+        if fits(2 * good):
+            good *= 2
+        else:
+            bad = 2 * good
+    while bad - good > unit:
+        middle = (good + bad) // 2 // unit * unit
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return good

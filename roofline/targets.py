@@ -22,7 +22,7 @@ import os
 import re
 
 from roofline.chip import Chip
-from roofline.hardware import CHIPS
+from roofline.hardware import CHIPS, chip_for_kind
 
 EXTRAS = "requirements-aot.txt"
 
@@ -232,3 +232,16 @@ def compile_only_devices(text):
         raise TargetError(f"{text}: {first}") from None
     devices = list(topology.devices)
     return Target(chip, shape, len(devices), chips), devices
+
+
+def local_target(text, devices):
+    """(Target, the first n of `devices`) when `devices` (this machine's:
+    jax.devices()) hold n or more of the target's chip, n its GPU count or its
+    slice's chips: a chip compiles for itself with its own backend, and needs no
+    chip compilers. None otherwise."""
+    chip, shape = parse_target(text)
+    n = int(shape) if chip.platform == "gpu" else math.prod(int(d) for d in shape.split("x"))
+    mine = [d for d in devices if chip_for_kind(d.device_kind) is chip]
+    if len(mine) < n:
+        return None
+    return Target(chip, shape, n, n), mine[:n]

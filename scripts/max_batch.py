@@ -4,10 +4,8 @@ memory plan: the step compiled for the chip (deviceless, as `s2_train.py
 memory. The batch doubles until the plan no longer fits the chip's HBM, then
 the last gap is bisected, in steps the mesh can split (data x fsdp).
 
-On a GPU the limit is not the whole HBM: JAX's client preallocates 75% of it
-for arrays (XLA_PYTHON_CLIENT_MEM_FRACTION, default .75:
-docs.jax.dev/en/latest/gpu_memory_allocation.html), and XLA's compiler plans
-for that much too (its rematerialization aims below it). A TPU's HBM counts whole.
+On a GPU the limit is not the whole HBM but the share JAX preallocates
+(roofline.memory.usable_fraction).
 
     python scripts/max_batch.py --target h100:1 --preset gpt2 --vocab 50304
     python scripts/max_batch.py --target tpu-v5e:2x4 --preset course --mesh fsdp=8
@@ -18,10 +16,9 @@ also refuse a batch outright (out of memory), which counts as not fitting.
 """
 
 import dataclasses
-import os
 import sys
 
-from roofline.program import planned_bytes
+from roofline.memory import largest_batch, planned_bytes, usable_fraction
 from sessions import aot
 from sessions.cli import resolve, run_main, train_flags
 from sessions.errors import UsageError
@@ -35,29 +32,6 @@ def plan_bytes(run, batch, target, devices, mesh_text):
     step, args, static = aot.train_step_program(run.model, tc, mesh)
     compiled, _, _ = aot.compile_or_oom(step, args, static, mesh, target.chip, lambda *a: None)
     return None if compiled is None else planned_bytes(compiled.memory_analysis())
-
-
-def usable_fraction(platform):
-    """The share of a device's HBM a JAX program may plan for."""
-    if platform != "gpu":
-        return 1.0
-    return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
-
-
-def largest_batch(fits, unit, start):
-    """The largest multiple of `unit` for which fits(batch) holds, from `start`
-    (a multiple of unit that fits): doubling, then bisecting; fits is assumed
-    to hold below any batch where it holds."""
-    good, bad = start, None
-    while bad is None:
-        if fits(2 * good):
-            good *= 2
-        else:
-            bad = 2 * good
-    while bad - good > unit:
-        middle = (good + bad) // 2 // unit * unit
-        good, bad = (middle, bad) if fits(middle) else (good, middle)
-    return good
 
 
 def main(argv=None):

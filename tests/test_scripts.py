@@ -10,6 +10,7 @@ from jax._src import xla_bridge
 
 from roofline import calibrate, timing
 from roofline.hardware import local_peak_flops
+from roofline.memory import largest_batch, usable_fraction
 from roofline.timing import Timing
 from scripts import rungs
 from sessions.config import PRESETS
@@ -182,8 +183,6 @@ def test_every_mutant_still_fits_the_tree():
 def test_the_largest_batch_is_found_by_doubling_then_bisecting(limit, unit, start, expected):
     """A plan that fits up to `limit` sequences: the search finds the largest
     multiple of the mesh's unit below it, asking only about multiples of the unit."""
-    from scripts.max_batch import largest_batch
-
     asked = []
 
     def fits(batch):
@@ -196,8 +195,6 @@ def test_the_largest_batch_is_found_by_doubling_then_bisecting(limit, unit, star
 
 
 def test_a_gpu_plans_for_the_memory_jax_preallocates(monkeypatch):
-    from scripts.max_batch import usable_fraction
-
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
     assert (usable_fraction("gpu"), usable_fraction("tpu")) == (0.75, 1.0)
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")
