@@ -48,6 +48,7 @@ CMATMUL = "sessions/collective_matmul.py"
 CMATMUL_TEST = "tests/test_collective_matmul.py"
 TRUTH = "tests/test_trace_truth.py"
 PLANS = "tests/test_step_plans.py"
+S4 = "tests/test_s4_kernels.py"
 
 MUTANTS = [
     Mutant(
@@ -591,6 +592,30 @@ MUTANTS = [
             "tests/test_model.py::test_bfloat16_forward_is_close_to_float32",
             f"{PLANS}::test_bf16_step_runs_its_matmuls_in_bf16",
         ),
+    ),
+    Mutant(
+        "reference-at-default",
+        "the float32 reference computed at the chip's default precision (TF32 on a GPU)",
+        "sessions/precision.py",
+        (('    with jax.default_matmul_precision("highest"):\n', "    if True:\n"),),
+        (
+            f"{S4}::test_the_reference_is_lowered_at_precision_highest",
+            f"{S4}::test_a_chip_that_rounds_its_matmuls_gets_a_tolerance_from_that_rounding",
+        ),
+    ),
+    Mutant(
+        "cpu-tolerance-everywhere",
+        "float32's tolerance on every chip: session 4 fails on a GPU with no bug",
+        "sessions/precision.py",
+        (("    tolerance = max(floor, SLACK * rounded)\n", "    tolerance = floor\n"),),
+        (f"{S4}::test_a_chip_that_rounds_its_matmuls_gets_a_tolerance_from_that_rounding",),
+    ),
+    Mutant(
+        "target-needs-compilers",
+        "step 5 asks for the chip compilers on the very chip it targets",
+        "sessions/aot.py",
+        (("        if here is not None:\n", "        if False:\n"),),
+        (f"{S4}::test_a_chip_compiles_its_own_tables_without_the_chip_compilers",),
     ),
     Mutant(
         "overlap-nests",

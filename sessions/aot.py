@@ -19,8 +19,16 @@ import jax
 import numpy as np
 
 from roofline.program import cost_analysis
-from roofline.targets import TargetError, compile_only_devices
+from roofline.targets import (
+    EXTRAS,
+    TargetError,
+    compile_only_devices,
+    local_target,
+    missing_extras,
+    parse_target,
+)
 from sessions import inference, sharding
+from sessions.accelerator import unseen_accelerator
 from sessions.decode_layout import abstract_decode_weights
 from sessions.errors import UsageError
 from sessions.manual_fsdp import make_manual_step
@@ -43,6 +51,30 @@ def devices_for(target_text):
         return compile_only_devices(target_text)
     except TargetError as e:
         raise UsageError(f"--target {target_text}: {e}") from None
+
+
+def devices_to_plan_on(target_text, say=print):
+    """(Target, devices) to compile for the chip `target_text` names beside a
+    run on this machine: its own devices when they are that chip (a chip
+    compiles for itself: no chip compilers needed); else compile-only ones,
+    found before JAX starts a backend where this machine has no accelerator
+    (devices_for keeps it to the CPU). None, said on one line, where neither
+    can be had: the chip compilers are missing, or refuse beside this chip."""
+    chip, _ = parse_target(target_text)
+    if unseen_accelerator() is not None:  # a GPU or TPU here: it may be the target
+        here = local_target(target_text, jax.devices())
+        if here is not None:
+            return here
+    if missing_extras(chip.platform):
+        say(f"(no table for {target_text}: its chip compilers: pip install -r {EXTRAS})")
+        return None
+    if unseen_accelerator() is None:
+        return devices_for(target_text)
+    try:  # this machine's chip runs the session; the target's compiler beside it
+        return compile_only_devices(target_text)
+    except Exception as e:
+        say(f"(no table for {target_text} beside this machine's chip: {e})")
+        return None
 
 
 def write_plan(args, compiled, summary):

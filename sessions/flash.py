@@ -14,6 +14,26 @@ plain JAX; `flash_attention` is it in a Pallas kernel, one program per
 (batch, head, query block), with its own backward.
 
 Shapes: q, k, v [B, S, H, D] (self-attention: T = S), out [B, S, H, D].
+
+On NVIDIA GPUs the kernel is lowered through Triton, asked for by name. JAX 0.11
+deprecated Pallas's Triton backend: it "will be removed in a future version of
+JAX"; to keep Pallas on a GPU, "migrate to the Mosaic GPU backend" (JAX's
+docs/pallas/CHANGELOG.md, "Released with JAX 0.11.0"). Until then the kernel
+compiles for h100:1 as it is (deviceless, tests/test_flash.py), and it ran on an
+H100 within TF32's rounding (../shared/h100-run/s4_kernels.log). What
+Mosaic GPU (`jax.experimental.pallas.mosaic_gpu`) asks instead is the Hopper
+machine spelled out, where Triton hides it behind `num_warps` and `num_stages`:
+a kernel written for a warpgroup (128 threads) with `plgpu.kernel` (pallas_call
+for Mosaic GPU is deprecated too), tiles of q, k and v staged in shared memory
+(`plgpu.SMEM`) by TMA copies that signal barriers (`copy_gmem_to_smem`,
+`barrier_wait`), both products on the tensor cores with `plgpu.wgmma` into a
+float32 accumulator held in registers (`plgpu.ACC`), and the next key block's
+copy overlapped with this one's math by a pipeline you write (`emit_pipeline`,
+warp-specialized: some warps copy while others multiply). The algorithm is this
+file's, unchanged; JAX's own FlashAttention-3 forward for Hopper,
+jax/experimental/pallas/ops/gpu/attention_mgpu.py, is about 900 lines of it.
+Our port is not written: Mosaic GPU's API still changes from one JAX release
+to the next, and CI's newest Python has no CUDA compiler to hold one to.
 """
 
 import functools

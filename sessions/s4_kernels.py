@@ -33,18 +33,13 @@ import jax
 import jax.numpy as jnp
 
 from roofline.program import collectives_table
-from roofline.targets import (
-    EXTRAS,
-    compile_only_devices,
-    local_target,
-    missing_extras,
-    parse_target,
-)
+from roofline.targets import missing_extras
 from sessions import aot, attention_targets, collective_matmul, flash, manual_fsdp, sharding
-from sessions.accelerator import check_accelerator_visible, unseen_accelerator
+from sessions.accelerator import check_accelerator_visible
 from sessions.attention import einsum_attention
 from sessions.cli import run_main
 from sessions.errors import UsageError
+from sessions.precision import biggest, exact_and_tolerance
 
 VENDOR = {"gpu": "cudnn", "tpu": "splash"}  # the chip maker's (or JAX's) flash kernel
 
@@ -69,46 +64,15 @@ def report(name, error, tolerance):
     return held
 
 
-def biggest(a, b):
-    """The largest difference between two arrays, or two pytrees of them."""
-    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b))
-    return max(float(jnp.max(jnp.abs(jnp.float32(x) - jnp.float32(y)))) for x, y in pairs)
-
-
-# What float32 matmuls run in unless asked otherwise: TF32 on an NVIDIA GPU
-# (10 of float32's 23 mantissa bits), one bfloat16 pass on a TPU (7 bits).
-DEFAULT_MATMULS = {"cpu": "float32", "gpu": "tf32", "tpu": "bf16"}
-SLACK = 4  # our code rounds in other places than the reference: errors of a size, not equal
-
-
-def exact_and_tolerance(reference, floor):
-    """(reference() at precision HIGHEST, the tolerance a check against it takes):
-    float32's `floor`, as on a CPU, or where this chip's default matmuls round
-    more than float32, SLACK times what that rounding alone changes in the
-    reference itself, whichever is larger. Says which on one line."""
-    with jax.default_matmul_precision("highest"):
-        exact = reference()
-    rounded = biggest(reference(), exact)  # the same, at the chip's default precision
-    tolerance = max(floor, SLACK * rounded)
-    matmuls = DEFAULT_MATMULS.get(jax.default_backend(), "its default precision")
-    print(
-        f"     reference at float32 (HIGHEST); float32 matmuls here run in {matmuls}, "
-        f"which moves the reference by {rounded:.1e}: tolerance {tolerance:.1e}"
-    )
-    return exact, tolerance
-
-
 def check_online_softmax(key):
     """1. Keep a running max, sum and weighted sum; rescale when the max grows."""
     print("1. online softmax: 128 queries over 512 keys, 4 key blocks of 128")
     q, k, v = 4 * jax.random.normal(key, (3, 512, 64))  # x4: later blocks raise the max
-    q = q[:128]
-    reference, tolerance = exact_and_tolerance(
-        lambda: jax.nn.softmax(q @ k.T / 8.0, axis=-1) @ v,
-        1e-5,  # 8 = sqrt(64)
-    )
-    error = biggest(flash.online_softmax(q, k, v, 128), reference)
-    return report("online softmax == softmax", error, tolerance)
+    q = q[:128]  # 8 below: sqrt(64)
+    softmax = exact_and_tolerance(lambda: jax.nn.softmax(q @ k.T / 8.0, axis=-1) @ v, 1e-5)
+    print(f"     {softmax.line}")
+    error = biggest(flash.online_softmax(q, k, v, 128), softmax.exact)
+    return report("online softmax == softmax", error, softmax.tolerance)
 
 
 def check_kernel(args, key):
@@ -125,14 +89,15 @@ def check_kernel(args, key):
         return lambda q, k, v: jnp.sum(attend(q, k, v) * cotangent)
 
     ours = jax.grad(loss(flash.flash_attention), argnums=(0, 1, 2))(q, k, v)
-    theirs, forward_tolerance = exact_and_tolerance(lambda: einsum_attention(q, k, v), 1e-4)
-    forward = biggest(flash.flash_attention(q, k, v), theirs)
-    held = report("forward == einsum attention", forward, forward_tolerance)
-    grads, tolerance = exact_and_tolerance(
+    forward = exact_and_tolerance(lambda: einsum_attention(q, k, v), 1e-4)
+    grads = exact_and_tolerance(
         lambda: jax.grad(loss(einsum_attention), argnums=(0, 1, 2))(q, k, v), 1e-3
     )
-    for name, a, b in zip(("dq", "dk", "dv"), ours, grads):
-        held &= report(f"{name} == einsum attention's", biggest(a, b), tolerance)
+    print(f"     forward: {forward.line}\n     gradients: {grads.line}")
+    error = biggest(flash.flash_attention(q, k, v), forward.exact)
+    held = report("forward == einsum attention", error, forward.tolerance)
+    for name, a, b in zip(("dq", "dk", "dv"), ours, grads.exact):
+        held &= report(f"{name} == einsum attention's", biggest(a, b), grads.tolerance)
     return held
 
 
@@ -162,29 +127,6 @@ def check_collective_matmul(key):
     return report("ring of ppermutes == all-gather, then matmul", biggest(ours, plain), 1e-4)
 
 
-def target_devices(text):
-    """(Target, devices) for step 5: this machine's own when it is that chip (a
-    chip compiles for itself, no chip compilers needed), else compile-only ones,
-    found before JAX starts a backend (aot.devices_for keeps this machine's to
-    the CPU); None when the chip compilers are missing (said on one line)."""
-    chip, _ = parse_target(text)
-    if unseen_accelerator() is not None:  # a GPU or TPU here: it may be the target
-        here = local_target(text, jax.devices())
-        if here is not None:
-            return here
-    missing = missing_extras(chip.platform)
-    if missing:
-        print(f"(step 5 needs the chip compilers for {text}: pip install -r {EXTRAS})")
-        return None
-    if unseen_accelerator() is None:  # no chip here: the checks run on the CPU's devices
-        return aot.devices_for(text)
-    try:  # a GPU or TPU here runs the checks; the table is compiled beside it
-        return compile_only_devices(text)
-    except Exception as e:
-        print(f"(step 5 cannot compile for {text} beside this machine's chip: {e})")
-        return None
-
-
 def target_tables(target, devices):
     """5. What each attention needs and takes on the chip, as its compiler plans it."""
     chip = target.chip
@@ -212,7 +154,7 @@ def main(argv=None):
     args = kernel_flags(argv)
     if args.seq < 1 or args.batch < 1 or args.heads < 1 or args.fsdp_steps < 1:
         raise UsageError("--batch, --seq, --heads and --fsdp-steps must be positive")
-    planned = None if args.no_target else target_devices(args.target)
+    planned = None if args.no_target else aot.devices_to_plan_on(args.target, say=print)
     check_accelerator_visible()
     keys = jax.random.split(jax.random.key(0), 3)
     held = check_online_softmax(keys[0])
