@@ -24,7 +24,7 @@ The kernels still carry their own names, so they are matched back here:
   aligners do. Memsets go with the kernel that follows them: cuBLAS and cuDNN
   clear their outputs first, and a command buffer may drop some of them.
 
-Checked on a real H100 trace with command buffers off (tests/test_kernel_ops.py):
+Checked on a real H100 trace with command buffers off (tests/test_trace_truth.py):
 with the `hlo_op` stats hidden, the alignment gives every kernel the op the
 runtime named.
 """
@@ -73,19 +73,22 @@ def stem(name):
     return re.sub(r"[._]\d+$", "", name)
 
 
+def _as_op_name(kernel):
+    """A generated kernel's name as its op's: `loop_add_fusion_3` -> `loop_add_fusion.3`."""
+    return re.sub(r"_(\d+)$", r".\1", kernel)
+
+
 def named_op(kernel):
-    """The op a kernel's name says it belongs to, as XLA names generated kernels
-    (`loop_add_fusion_3` -> `loop_add_fusion.3`), or None for a library's kernel."""
+    """The op a kernel's name says it belongs to, or None for a library's kernel."""
     if any(pattern.search(kernel) for _, pattern in FAMILIES):
         return None
-    return re.sub(r"_(\d+)$", r".\1", kernel)
+    return _as_op_name(kernel)
 
 
 def kernel_family(kernel, op_names):
     """('kernel', the op it is named after) for a kernel XLA generated, else
     (the library family, None): by name alone."""
-    as_op = re.sub(r"_(\d+)$", r".\1", kernel)
-    for name in (as_op, kernel):
+    for name in (_as_op_name(kernel), kernel):
         if name in op_names:
             return "kernel", name
     family = next((f for f, pattern in FAMILIES if pattern.search(kernel)), "library")
