@@ -84,7 +84,7 @@ def measured_groups(c, top=5):
     most time in the trace, slowest first; ops the prediction lacks, one a row."""
     seconds = c.trace.op_seconds()
     rows = [(g, g.ops, sum(seconds.get(n, 0.0) for n in g.ops)) for g in group_alike(c.ops.ops)]
-    predicted = {n for g in group_alike(c.ops.ops) for n in g.ops}
+    predicted = {o.name for o in c.ops.ops}
     rows += [(None, (n,), s) for n, s in seconds.items() if n not in predicted]
     return sorted(rows, key=lambda row: -row[2])[:top]
 
@@ -104,7 +104,7 @@ def measured_lines(c, top=5):
             f"    {ms(seconds):>12}{ms(g.seconds) if g else '-':>12}"
             f"{f'{ratio:,.1f}x' if ratio else '-':>10}  {g.kind if g else '?':<15}"
             + (f"{g.label}: {g.source or '?'} {g.shape[:40]}" if g else names[0])
-            + ("  <- over 10x its prediction" if flag else "")
+            + (f"  <- {BROKEN}x its prediction or more" if flag else "")
         )
         if flag:
             words = (
