@@ -13,8 +13,9 @@ float32; the course run went at 0.12x a PyTorch run's speed
 
 The tool: read what the compiler made. The compiled gradient's HLO text
 (`jax.jit(f).lower(*args).compile().as_text()`) holds a line
-`%scatter-add.0 = bf16[256,48]{1,0} scatter(...)`: its result type says
-what the sum runs in. Then hold the gradient against np.add.at in float64.
+`%scatter-add.0 = bf16[256,48]{1,0} scatter(...), to_apply=%region_0.1`: its
+result type, and the combiner it names, say what the sum runs in. Then hold
+the gradient against np.add.at in float64.
 """
 
 import jax
@@ -39,9 +40,14 @@ def lookup(table, tokens, dtype):
 
 
 def scatter_dtypes(hlo_text):
-    """The dtypes the scatters of a compiled program sum in, from its HLO text:
-    e.g. {"bf16"} for broken_embedding_grad's program, set() with no scatter.
-    Hint: a scatter's line reads `%name = TYPE scatter(...)`; TYPE, as
-    `bf16[256,48]{1,0}`, starts with its dtype.
+    """The dtypes the scatters of a compiled program hold their sums in, from its
+    HLO text: e.g. {"bf16"} for broken_embedding_grad's program, set() with no
+    scatter.
+    Hint: roofline.hlo.parse(hlo_text) reads it: module.instructions() yields
+    (computation, op); a scatter's op.opcode is "scatter" and op.dtype its
+    result's dtype. That is not the whole story: XLA's CPU compiler in JAX 0.10
+    widens a bf16 scatter to an f32 result and rounds each sum back to bf16 in
+    its combiner, module.computations[op.calls["to_apply"][0]]. Take the
+    narrowest float dtype of the result and the combiner's instructions.
     """
     raise NotImplementedError

@@ -180,17 +180,6 @@ def kernel_lines(found):
     ]
 
 
-def scatters(hlo_text):
-    """[(name, dtype, shape)] of the program's scatters, fused or not: the dtype
-    each one sums its updates in. A gather's gradient is a scatter-add; in bf16
-    on a GPU it sums with atomics that are slow and drop small updates."""
-    return [
-        (op.name, op.dtype, op.shape)
-        for _, op in parse(hlo_text).instructions()
-        if op.opcode == "scatter"
-    ]
-
-
 _MATMUL_CALLS = ("__cublas$gemm", "__cublas$lt$matmul")
 
 

@@ -49,6 +49,8 @@ CMATMUL_TEST = "tests/test_collective_matmul.py"
 TRUTH = "tests/test_trace_truth.py"
 PLANS = "tests/test_step_plans.py"
 S4 = "tests/test_s4_kernels.py"
+EMBED_GRAD = "tests/test_embedding_gradient.py"
+HLO_READING = "tests/test_hlo_reading.py"
 
 MUTANTS = [
     Mutant(
@@ -539,8 +541,84 @@ MUTANTS = [
             ),
         ),
         (
-            "tests/test_model.py::test_the_embedding_gradient_sums_in_float32",
+            f"{EMBED_GRAD}::test_the_step_s_lookup_gradient_is_the_float64_sum",
+            f"{EMBED_GRAD}::test_a_bf16_step_compiled_here_sums_every_scatter_in_float32",
             f"{PLANS}::test_gradients_sum_in_float32_on_a_gpu_and_a_tpu",
+        ),
+    ),
+    Mutant(
+        "bf16-scatter-forward",
+        "forward hands the lookup the params it cast to bf16: the embedding's gradient "
+        "summed in bf16 again, whatever embed does",
+        "sessions/model.py",
+        (("    x = embed(params, tokens, cfg)\n", "    x = embed(p, tokens, cfg)\n"),),
+        (
+            f"{EMBED_GRAD}::test_the_step_s_lookup_gradient_is_the_float64_sum",
+            f"{EMBED_GRAD}::test_a_bf16_step_compiled_here_sums_every_scatter_in_float32",
+            f"{PLANS}::test_gradients_sum_in_float32_on_a_gpu_and_a_tpu",
+        ),
+    ),
+    Mutant(
+        "flax-embed-dtype",
+        "Flax's Embed given the compute dtype: it casts its table before the lookup",
+        "sessions/flax_model.py",
+        (
+            (
+                "nnx.Embed(V, E, embedding_init=",
+                "nnx.Embed(V, E, dtype=jnp.dtype(cfg.dtype), embedding_init=",
+            ),
+        ),
+        ("tests/test_flax_model.py::test_the_flax_lookup_sums_its_gradient_in_float32",),
+    ),
+    Mutant(
+        "fsdp-ends-cast",
+        "manual FSDP gathers the embedding in bf16 for its lookup",
+        "sessions/manual_fsdp.py",
+        (
+            (
+                'gather_weights({name: w for name, w in params.items() if name != "layers"})',
+                'gather_weights({name: w for name, w in p.items() if name != "layers"})',
+            ),
+        ),
+        (
+            "tests/test_manual_fsdp.py::"
+            "test_the_manual_step_in_bf16_sums_the_lookup_s_gradient_in_float32",
+        ),
+    ),
+    Mutant(
+        "scatter-result-only",
+        "a scatter's sum read from its result type alone: the CPU's widened bf16 sum passes",
+        "roofline/scatters.py",
+        (
+            (
+                "    held = [scatter.dtype]\n    for name",
+                "    held = [scatter.dtype]\n    for name in ():  #",
+            ),
+        ),
+        (f"{HLO_READING}::test_each_scatter_with_its_kernel_and_the_dtype_its_sums_are_held_in",),
+    ),
+    Mutant(
+        "scatter-kernel-own-name",
+        "a fused scatter named by itself, not by the kernel a trace shows",
+        "roofline/scatters.py",
+        (("            while where in caller:", "            while False:"),),
+        (
+            f"{HLO_READING}::test_each_scatter_with_its_kernel_and_the_dtype_its_sums_are_held_in",
+            f"{HLO_READING}::test_the_h100_step_summed_its_embedding_gradient_in_bf16",
+        ),
+    ),
+    Mutant(
+        "exercise-scatter-result-only",
+        "the exercise's solution reads a scatter's result type alone",
+        "solutions/bug_bf16_scatter.py",
+        (
+            (
+                "            held = {op.dtype} | {i.dtype for i in combiner}\n",
+                "            held = {op.dtype}\n",
+            ),
+        ),
+        (
+            "tests/test_exercises/test_session_bugs.py::test_scatter_dtypes_reads_what_the_compiler_made",
         ),
     ),
     Mutant(

@@ -134,19 +134,25 @@ def embed(p, tokens, cfg: ModelConfig, start=0):
     """tokens: int [B, S] at positions start..start+S-1 -> x [B, S, E] in the
     compute dtype, looked up in p["embed"] (training passes the float32 master).
 
-    The lookup is a gather, no FLOPs; its gradient is a scatter-add: each
-    position's gradient added into its token's row, 32,768 rows a course step
-    onto a [256, 512] table, about 9,400 of them onto the space byte's row.
-    That sum must run in float32. Looked up in a bf16 table (the params cast
-    first), it ran on an H100 as bf16 atomic adds: 4.6 ms at step 1, 58-146 ms a
-    step after 600 steps, against 0.3 ms for the same sum in float32 and 8.9 ms
-    for all else in the step. Its cost follows the values (timed alone: 1 ms
-    while the updates are too small to change the bf16 sum, which then loses
-    them; 200-300 ms when they are not). Looked up in the float32 table and cast
-    after, the run went from 0.12x PyTorch's tokens/s to 0.89x (3.60M), steady
-    within 0.3% (../shared/h100-run, 2026-11-24). A one-hot matmul would sum in
-    float32 too, at 2·B·S·V·E FLOPs a step: little at V=256, at GPT-2's 50,304
-    a fifth of the step's FLOPs."""
+    The lookup is a gather, no FLOPs; its gradient is a scatter-add, each
+    position's gradient added into its token's row: in a course step 32,768
+    rows onto a [256, 512] table, about 9,400 of them onto the space byte's.
+    Mixed precision computes in bf16 but keeps its long sums in float32: the
+    matmuls accumulate in f32 inside the chip, the loss's softmax sums in f32
+    (train.cross_entropy), the norms in f32 (rms_norm), and this sum reads the
+    f32 master. Looked up in a bf16 table, an H100 summed it with bf16 atomics:
+    4.6 ms at step 1, 58-146 ms a step after 600 steps (its cost follows the
+    values), against 0.3 ms in f32 and 8.9 ms for the rest of the step; and a
+    bf16 sum drops every update below half its last place. Gathered in f32 and
+    cast after, the course run went from 0.12x PyTorch's tokens/s to 0.89x
+    (3.60M), steady within 0.3% (../shared/h100-run, measured 2026-11-24).
+
+    A one-hot matmul, one_hot(tokens) [B·S, V] @ table, would sum in f32 too,
+    at 2·B·S·V·E FLOPs forward and as many for its gradient, through a [B·S, V]
+    one-hot: it adds 0.7% to the course step's FLOPs at V=256; at GPT-2's
+    50,304 it adds 18% (5 ms at an H100's bf16 peak) and a 3.3 GB one-hot in
+    bf16 (predicted, roofline/flops.py). The gather's sum moves B·S·E numbers
+    whatever V is: it is the one that scales."""
     x = p["embed"][tokens].astype(cfg.dtype)
     if cfg.positions:
         x = add_positions(x, p["pos"], start)

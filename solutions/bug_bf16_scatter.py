@@ -13,14 +13,15 @@ float32; the course run went at 0.12x a PyTorch run's speed
 
 The tool: read what the compiler made. The compiled gradient's HLO text
 (`jax.jit(f).lower(*args).compile().as_text()`) holds a line
-`%scatter-add.0 = bf16[256,48]{1,0} scatter(...)`: its result type says
-what the sum runs in. Then hold the gradient against np.add.at in float64.
+`%scatter-add.0 = bf16[256,48]{1,0} scatter(...), to_apply=%region_0.1`: its
+result type, and the combiner it names, say what the sum runs in. Then hold
+the gradient against np.add.at in float64.
 """
-
-import re
 
 import jax
 import jax.numpy as jnp
+
+from roofline.hlo import parse
 
 
 def broken_embedding_grad(table, tokens, cotangent):
@@ -41,9 +42,23 @@ def lookup(table, tokens, dtype):
 
 
 def scatter_dtypes(hlo_text):
-    """The dtypes the scatters of a compiled program sum in, from its HLO text:
-    e.g. {"bf16"} for broken_embedding_grad's program, set() with no scatter.
-    Hint: a scatter's line reads `%name = TYPE scatter(...)`; TYPE, as
-    `bf16[256,48]{1,0}`, starts with its dtype.
+    """The dtypes the scatters of a compiled program hold their sums in, from its
+    HLO text: e.g. {"bf16"} for broken_embedding_grad's program, set() with no
+    scatter.
+    Hint: roofline.hlo.parse(hlo_text) reads it: module.instructions() yields
+    (computation, op); a scatter's op.opcode is "scatter" and op.dtype its
+    result's dtype. That is not the whole story: XLA's CPU compiler in JAX 0.10
+    widens a bf16 scatter to an f32 result and rounds each sum back to bf16 in
+    its combiner, module.computations[op.calls["to_apply"][0]]. Take the
+    narrowest float dtype of the result and the combiner's instructions.
     """
-    return set(re.findall(r"=\s*([a-z]+\d*)\[[^\]]*\]\S*\s+scatter\(", hlo_text))
+    module = parse(hlo_text)
+    found = set()
+    for _, op in module.instructions():
+        if op.opcode == "scatter":
+            combiner = [
+                i for name in op.calls["to_apply"] for i in module.computations[name].instructions
+            ]
+            held = {op.dtype} | {i.dtype for i in combiner}
+            found.add(next(d for d in ("f16", "bf16", "f32", "f64", op.dtype) if d in held))
+    return found

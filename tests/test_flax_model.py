@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from roofline.scatters import scatters
 from sessions import flax_model
 from sessions.config import TrainConfig
 from sessions.model import forward, init_params
 from sessions.sharding import PARAM_SPECS, make_mesh
-from sessions.train import make_optimizer, make_train_step
+from sessions.train import cross_entropy, make_optimizer, make_train_step
 
 
 def tokens(cfg, B=2, S=12, seed=1):
@@ -104,3 +105,19 @@ def test_one_flax_training_step_equals_ours(cfg, key):
         np.testing.assert_allclose(a["grad_norm"], b["grad_norm"], rtol=1e-4)
     for a, b in zip(jax.tree.leaves(flax_model.to_params(model)), jax.tree.leaves(state["params"])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_flax_lookup_sums_its_gradient_in_float32(cfg, key):
+    """nnx.Embed given a compute dtype casts its table before the lookup, and
+    its gradient then sums in bf16 (sessions/model.py, embed). The Flax model
+    in bf16, its gradient compiled here: every scatter sums in float32."""
+    cfg = dataclasses.replace(cfg, dtype="bfloat16")
+    graphdef, state = nnx.split(flax_model.from_params(init_params(cfg, key), cfg))
+    x = tokens(cfg)
+
+    def loss(state):
+        return cross_entropy(nnx.merge(graphdef, state)(x), x)
+
+    found = scatters(jax.jit(jax.grad(loss)).lower(state).compile().as_text())
+    assert (cfg.vocab, cfg.embed) in {s.shape for s in found}  # the lookup's gradient
+    assert {s.dtype for s in found} == {"f32"}, found

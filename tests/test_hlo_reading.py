@@ -1,8 +1,13 @@
 """Reading compiled programs: collectives, their group sizes and link bytes,
 matmul dtypes and windowed-einsum loops, from hand-written HLO, as the parser
-must read it whatever the compiler version prints."""
+must read it whatever the compiler version prints; the scatters also from the
+first H100 run's compiled step."""
+
+import gzip
+import os
 
 from roofline.program import collectives, group_size, link_bytes, matmul_dtypes, windowed_loops
+from roofline.scatters import scatters
 
 
 def test_group_sizes_in_each_spelling():
@@ -123,3 +128,32 @@ def test_windowed_einsum_loops_are_found():
         "  %while.2 = (f32[4]{0}, s32[]) while(%u), condition=%cond, body=%scan_body\n"
     )
     assert windowed_loops(hlo) == 1
+
+
+# Hand-written (the exercise bug_bf16_scatter is graded on it too): an f32
+# scatter-add two fusions deep, and a bf16 one as XLA's CPU compiler in JAX 0.10
+# writes it, an f32 result whose combiner rounds each sum to bf16.
+SCATTER_HLO = os.path.join(os.path.dirname(__file__), "fixtures", "scatters.hlo.txt")
+
+
+def test_each_scatter_with_its_kernel_and_the_dtype_its_sums_are_held_in():
+    with open(SCATTER_HLO) as f:
+        found = scatters(f.read())
+    assert [tuple(s) for s in found] == [
+        ("wrapped_scatter", "scatter-add.4", "f32", (256, 48)),  # two fusions deep
+        ("scatter-add.5", "scatter-add.5", "bf16", (256, 48)),  # f32 typed, bf16 held
+    ]
+
+
+def test_the_h100_step_summed_its_embedding_gradient_in_bf16():
+    """The course step the first H100 run compiled, before the fix (tests/fixtures/
+    h100): the lookup's gradient, bf16[256, 512], in the kernel its trace names
+    input_scatter_fusion, 4.6-146 ms a step; the target's logit picked by
+    take_along_axis, an f32 scatter into [B, S, V]. Read from the file by hand."""
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "h100", "profile-early")
+    with gzip.open(os.path.join(path, "step.hlo.txt.gz"), "rt") as f:
+        found = scatters(f.read())
+    assert [(s.kernel, s.dtype, s.shape) for s in found] == [
+        ("input_scatter_fusion", "bf16", (256, 512)),
+        ("input_scatter_fusion.1", "f32", (256, 128, 256)),
+    ]

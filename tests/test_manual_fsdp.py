@@ -12,6 +12,7 @@ from helpers import need, run_script, s2_in_process
 
 from roofline.hlo import parse
 from roofline.program import collectives, collectives_table
+from roofline.scatters import scatters
 from sessions import data, sharding
 from sessions.config import PRESETS
 from sessions.manual_fsdp import make_manual_step
@@ -169,3 +170,22 @@ def test_tpu_gathers_the_weights_again_in_the_backward(tmp_path, capsys):
     }
     assert any("rematted_computation/all_gather" in n for n in names)
     assert any("jvp()/all_gather" in n and "rematted" not in n for n in names)
+
+
+def test_the_manual_step_in_bf16_sums_the_lookup_s_gradient_in_float32():
+    """The shards are cast to bf16 before their all-gathers (half the bytes sent),
+    but the embedding is gathered in float32 for its lookup, whose gradient is a
+    scatter-add (sessions/model.py, embed). Compiled here, never run."""
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", layers=1)
+    mesh = sharding.make_mesh(sharding.parse_mesh("fsdp=8", 8))
+    with jax.set_mesh(mesh):
+        init = functools.partial(init_state, cfg=cfg, optimizer=OPTIMIZER)
+        state = sharding.abstract_sharded(init, jax.random.key(TC.seed), mesh)
+        shardings = jax.tree.map(lambda x: x.sharding, state)
+        rows = sharding.batch_sharding(mesh)
+        batch = jax.ShapeDtypeStruct((TC.batch, cfg.seq), "int32", sharding=rows)
+        step = make_manual_step(cfg, OPTIMIZER, TC.clip, shardings, rows)
+        hlo = step.lower(state, {"inputs": batch, "targets": batch}).compile().as_text()
+    found = scatters(hlo)
+    assert (cfg.vocab, cfg.embed) in {s.shape for s in found}  # the whole table, each device
+    assert {s.dtype for s in found} == {"f32"}, found

@@ -16,7 +16,7 @@ from helpers import need
 
 from roofline.flops import attention_flops, param_count, train_flops
 from roofline.hlo import parse
-from roofline.program import scatters
+from roofline.scatters import scatters
 from sessions import aot
 from sessions.cli import resolve, train_flags
 from sessions.target_train import plan_target
@@ -203,8 +203,8 @@ def test_gradients_sum_in_float32_on_a_gpu_and_a_tpu(h100_one, tpu_fsdp):
     for planned, cfg, _ in (h100_one, tpu_fsdp):
         found = scatters(planned.compiled.as_text())
         assert found, "no scatter: the embedding's gradient should be one"
-        assert {dtype for _, dtype, _ in found} == {"f32"}, found
-        assert (cfg.vocab, cfg.embed) in {shape for _, _, shape in found}  # the table's
+        assert {s.dtype for s in found} == {"f32"}, found
+        assert (cfg.vocab, cfg.embed) in {s.shape for s in found}  # the table's
 
 
 def test_the_course_step_on_h100_moves_no_residual_stream_around(h100_one):
@@ -228,4 +228,4 @@ def test_no_scatter_writes_the_logits(h100_one):
     scatter into a [B, S, V] array (take_along_axis's transpose would)."""
     planned, cfg, tc = h100_one
     logits = tc.batch * cfg.seq * cfg.vocab
-    assert all(math.prod(shape) < logits for _, _, shape in scatters(planned.compiled.as_text()))
+    assert all(math.prod(s.shape) < logits for s in scatters(planned.compiled.as_text()))
