@@ -664,6 +664,13 @@ MUTANTS = [
         (f"{S4}::test_a_chip_compiles_its_own_tables_without_the_chip_compilers",),
     ),
     Mutant(
+        "target-any-local-device",
+        "step 5 takes this machine's devices for the target without an accelerator here",
+        "sessions/aot.py",
+        (("    if unseen_accelerator() is not None:  # a GPU", "    if True:  # a GPU"),),
+        (f"{S4}::test_a_chip_compiles_its_own_tables_without_the_chip_compilers",),
+    ),
+    Mutant(
         "overlap-nests",
         "a kernel that starts before the last one ends is taken as nested in it (the H100's "
         "negative times)",

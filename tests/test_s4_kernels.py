@@ -170,3 +170,12 @@ def test_a_chip_compiles_its_own_tables_without_the_chip_compilers(monkeypatch, 
     assert (target.name, devices) == ("h100-sxm:1", gpus[:1])
     assert aot.devices_to_plan_on("a100-80gb:1") is None  # not this chip: the compilers
     assert "pip install -r requirements-aot.txt" in capsys.readouterr().out
+    # With the compilers: another chip's compiler beside this one; this chip still its own.
+    monkeypatch.setattr(aot, "missing_extras", lambda platform: None)
+    monkeypatch.setattr(aot, "compile_only_devices", lambda text: ("compile-only", text))
+    assert aot.devices_to_plan_on("a100-80gb:1") == ("compile-only", "a100-80gb:1")
+    assert aot.devices_to_plan_on("h100:2")[1] == gpus
+    # No accelerator on this machine: as before, whatever jax.devices() says.
+    monkeypatch.setattr(aot, "unseen_accelerator", lambda: None)
+    monkeypatch.setattr(aot, "devices_for", lambda text: ("deviceless", text))
+    assert aot.devices_to_plan_on("h100:1") == ("deviceless", "h100:1")
