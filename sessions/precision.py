@@ -23,10 +23,11 @@ Against a float32 reference the same rounding moves them further: 0.9e-3 to
 where one TF32 rounding is 0.04.
 
 Here the reference is always compiled at precision HIGHEST, and the code under
-test gets float32's tolerance where its matmuls run in float32, and one derived
-from u where they round more (attention_tolerance). Were the tensor cores to
-truncate rather than round (triton-lang/triton#4574), u would double; emulated,
-the kernel's checks still hold within it.
+test gets float32's tolerance where it rounds as the reference does, and one
+derived from how much more it rounds where it does (roundoff,
+attention_tolerance). Were the tensor cores to truncate rather than round
+(triton-lang/triton#4574), u would double; emulated, the kernel's checks still
+hold within it.
 """
 
 from typing import NamedTuple
@@ -71,30 +72,44 @@ def default_matmul_precision(device=None):
     return FLOAT32 if major.isdigit() and int(major) < 8 else TF32
 
 
-def attention_tolerance(precision, max_score, scale, floor):
-    """How far attention, or one of its gradients, computed with float32 matmuls
-    in `precision` may be from its float32 reference. `max_score`: the largest
-    |q . k| / sqrt(D) of the inputs; `scale`: the largest |value| checked;
-    `floor`: float32's tolerance (the exp, sums and divisions, which no matmul
-    precision touches), all there is where the matmuls run in float32.
-
-    A first-order estimate of what rounding the matmuls' inputs adds, not a
-    worst case. Rounding q and k moves each product q_d k_d by up to 2u of it,
-    by about u as the two roundings' signs are random, so a score by about
-    u·|s|, up to u·max_score. The softmax turns a score's error into the same
-    relative error of its weight, and the weighted sum moves by that times the
-    range of what it weighs, up to 2·scale. Multiplying the weights by the
-    values rounds both: 2u·scale more. So floor + 2u·(1 + max_score)·scale."""
-    if precision.bits >= FLOAT32.bits:
-        return floor
-    return floor + 2 * precision.unit_roundoff * (1 + max_score) * scale
-
-
-def precision_line(precision, device=None):
-    """How a float32 matmul runs here, in words, for a check's header."""
+def roundoff(precision, terms, device=None):
+    """u: how far, relative to its size, each product and each score of ours may
+    be from the reference's, whose matmuls run in float32. Rounding the inputs:
+    precision's unit roundoff, none in float32. And float32's own rounding of
+    each sum of `terms` products, about sqrt(terms)·2^-24 of it (errors of
+    random sign add like a random walk), where the two sides may sum in
+    different orders: on a GPU or a TPU, whose libraries pick a kernel per
+    shape; not on a CPU, where the same dot code sums alike for both (check 1
+    agrees to 4e-6 there, where float32's error against float64 is 5e-5)."""
     device = device or jax.devices()[0]
-    u = f"u = 2^-{precision.bits}"
-    return f"float32 inputs, {precision.name} matmuls on {device.platform} ({u})"
+    inputs = 0.0 if precision.bits >= FLOAT32.bits else precision.unit_roundoff
+    order = 0.0 if device.platform == "cpu" else terms**0.5 * FLOAT32.unit_roundoff
+    return inputs + order
+
+
+def attention_tolerance(u, max_score, scale, floor):
+    """How far attention, or one of its gradients, may be from its float32
+    reference where its matmuls round by u more (`roundoff`). `max_score`: the
+    largest |q . k| / sqrt(D) of the inputs; `scale`: the largest |value|
+    checked; `floor`: float32's tolerance, the one a CPU holds to.
+
+    A first-order estimate, not a worst case. Rounding moves each product q_d k_d
+    by about u of it (two roundings of up to u each, of random sign), so a score
+    by about u·|s|, up to u·max_score. The softmax turns a score's error into
+    the same relative error of its weight, and the weighted sum moves by that
+    times the range of what it weighs, up to 2·scale. Multiplying the weights
+    by the values rounds both: 2u·scale more. So floor + 2u·(1 + max_score)·scale."""
+    return floor + 2 * u * (1 + max_score) * scale
+
+
+def precision_line(precision, terms, device=None):
+    """How a float32 matmul runs here, and its roundoff u in parts, for a check."""
+    device = device or jax.devices()[0]
+    u = roundoff(precision, terms, device)
+    parts = [f"2^-{precision.bits}"] if precision.bits < FLOAT32.bits else []
+    parts += [f"sqrt({terms})·2^-24"] if device.platform != "cpu" else []
+    adds = f"u = {' + '.join(parts)} = {u:.1e}" if u else "u = 0, no coarser than the reference"
+    return f"float32 inputs, {precision.name} matmuls on {device.platform}: {adds}"
 
 
 def lowered_exactly(f, *args):

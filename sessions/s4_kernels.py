@@ -88,18 +88,38 @@ def check_online_softmax(key):
     q, k, v = 4 * jax.random.normal(key, (3, 512, 64))  # x4: later blocks raise the max
     q = q[:128]
     # The idea, checked in float32 on every chip. At a chip's default precision
-    # scores this large (up to 75) move by u of themselves, and the tolerance
-    # that takes (precision.attention_tolerance) is as large as a bug's error.
+    # scores this large move by u of themselves, and the tolerance that takes
+    # (2u(1 + 75) x 14: 1.0 for TF32, 8.2 for bf16) is as large as a bug's error.
     online = functools.partial(flash.online_softmax, block_k=128)
     exact = precision.exact(softmax_reference, q, k, v)
+    u, D = precision.roundoff(precision.FLOAT32, q.shape[1]), q.shape[1]
+    print("     ours and the reference at precision HIGHEST:")
+    print(f"     {precision.precision_line(precision.FLOAT32, D)}")
+    tolerance = tolerance_for(u, largest_score(q[None, :, None], k[None, :, None]), exact, 1e-5)
     error = biggest(precision.exact(online, q, k, v), exact)
-    print(f"     {precision.precision_line(precision.FLOAT32)}, both sides at precision HIGHEST")
-    held = report("online softmax == softmax", error, 1e-5)
+    held = report("online softmax == softmax", error, tolerance)
     chip = precision.default_matmul_precision()
     if chip != precision.FLOAT32:
         rounded = biggest(online(q, k, v), exact)
         print(f"     (at this chip's default, {chip.name} matmuls: {rounded:.1e} from softmax)")
     return held
+
+
+def largest_score(q, k):
+    """The largest |q . k| / sqrt(D) over every pair of q, k [B, S, H, D]."""
+    scores = jnp.einsum("BSHD,BTHD->BHST", q, k, precision="highest") * q.shape[-1] ** -0.5
+    return float(jnp.max(jnp.abs(scores)))
+
+
+def tolerance_for(u, max_score, reference, floor):
+    """precision.attention_tolerance for a check against `reference`, its formula
+    printed where it adds to float32's floor."""
+    scale = float(jnp.max(jnp.abs(reference)))
+    if u:
+        print(
+            f"     tolerance {floor:.0e} + 2u(1 + {max_score:.2f}, the largest score) x {scale:.2f}"
+        )
+    return precision.attention_tolerance(u, max_score, scale, floor)
 
 
 def attention_and_grads(attend, q, k, v, dout):
@@ -123,17 +143,12 @@ def check_kernel(args, key):
     # The kernel's forward (Triton's TF32 on a GPU, Mosaic's default on a TPU) and
     # its backward (XLA's) run at the chip's default precision: no finer than this.
     chip = precision.default_matmul_precision()
-    scores = jnp.einsum("BSHD,BTHD->BHST", q, k, precision="highest") * D**-0.5
-    max_score = float(jnp.max(jnp.abs(scores)))  # over every pair, the causal ones among them
-    print(f"     ours: {precision.precision_line(chip)}; reference: precision HIGHEST")
-    formula = f" + 2u(1 + {max_score:.2f}, the largest score) x the largest |value| checked"
-    print("     tolerance: float32's" + formula * (chip != precision.FLOAT32))
-    held = True
+    u = precision.roundoff(chip, D)
+    print("     the reference at precision HIGHEST (float32 matmuls), ours at the default:")
+    print(f"     {precision.precision_line(chip, D)}")
+    max_score, held = largest_score(q, k), True
     for name, a, b, floor in zip(NAMES, jax.tree.leaves(ours), jax.tree.leaves(exact), FLOORS):
-        tolerance = precision.attention_tolerance(
-            chip, max_score, float(jnp.max(jnp.abs(b))), floor
-        )
-        held &= report(name, biggest(a, b), tolerance)
+        held &= report(name, biggest(a, b), tolerance_for(u, max_score, b, floor))
     return held
 
 

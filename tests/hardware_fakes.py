@@ -78,12 +78,17 @@ def to_bf16(x):
     return x.astype(jnp.bfloat16).astype(jnp.float32)
 
 
+# JAX's own name for each: under it the CPU, which ignores it, traces programs of
+# their own, so no trace cached unrounded, nor one rounded the other way, is reused.
+SETTINGS = {to_tf32: "tensorfloat32", to_bf16: "bfloat16"}
+
+
 @contextlib.contextmanager
 def rounded_matmuls(monkeypatch, rounding):
     """Inside: every float32 dot_general not at precision HIGHEST takes its
-    operands through `rounding` (their gradients straight through). The dots are
-    traced under a matmul-precision setting of their own, which the CPU ignores,
-    so no program traced before is taken from JAX's caches unrounded."""
+    operands through `rounding` (to_tf32 or to_bf16; gradients straight
+    through). JAX's caches are emptied on the way out: no rounded program
+    outlives it."""
     dot = jax.lax.dot_general_p
     bind = dot.bind
     highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
@@ -96,7 +101,10 @@ def rounded_matmuls(monkeypatch, rounding):
             lhs, rhs = rounded(lhs), rounded(rhs)
         return bind(lhs, rhs, **params)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(dot, "bind", rounding_bind)
-        with jax.default_matmul_precision("tensorfloat32"):
-            yield
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(dot, "bind", rounding_bind)
+            with jax.default_matmul_precision(SETTINGS[rounding]):
+                yield
+    finally:
+        jax.clear_caches()

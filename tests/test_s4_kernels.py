@@ -52,7 +52,10 @@ def test_every_check_holds_and_is_printed(capsys, monkeypatch):
     # Both references in float32 (and the online softmax, checked as an idea);
     # on a CPU float32's own tolerances, as before any chip rounded.
     assert references == ["softmax_reference", "online_softmax", "attention_and_grads"]
-    assert "float32 matmuls on cpu (u = 2^-24)" in out and "tolerance: float32's\n" in out
+    assert (
+        "float32 matmuls on cpu: u = 0, no coarser than the reference" in out
+        and "2u(1 +" not in out
+    )
     tolerances = re.findall(r"(?:ok  |FAIL) (.*?):.*\(within (.*)\)", out)[:5]
     assert [float(t) for _, t in tolerances] == [1e-5, 1e-4, 1e-3, 1e-3, 1e-3]
     # The two FSDP programs side by side: ours reduce-scatters, the partitioner's does not.
@@ -98,11 +101,14 @@ def test_each_chip_s_matmul_precision_and_tolerances_by_hand():
     ]
     with jax.default_matmul_precision("highest"):
         assert precision.default_matmul_precision(h100) == precision.FLOAT32
+    # What ours adds to the reference's rounding, sums of 64 products: the inputs'
+    # u, and on any chip but a CPU sqrt(64)·2^-24 = 2^-21 for summing in its own order.
+    added = [precision.roundoff(p, 64, d) for p, d in zip(found, (h100, t4, v5e, cpu))]
+    assert added == [2**-11 + 2**-21, 2**-21, 2**-8 + 2**-21, 0.0]
     # Scores up to 4, values up to 2, float32's floor 1e-4: 1e-4 + 2u(1 + 4)2 = 1e-4 + 20u.
-    tf32, bf16 = precision.TF32, precision.BF16
-    assert precision.attention_tolerance(tf32, 4.0, 2.0, 1e-4) == pytest.approx(0.009865625)
-    assert precision.attention_tolerance(bf16, 4.0, 2.0, 1e-4) == pytest.approx(0.078225)
-    assert precision.attention_tolerance(precision.FLOAT32, 4.0, 2.0, 1e-4) == 1e-4
+    assert precision.attention_tolerance(2**-11, 4.0, 2.0, 1e-4) == pytest.approx(0.009865625)
+    assert precision.attention_tolerance(2**-8, 4.0, 2.0, 1e-4) == pytest.approx(0.078225)
+    assert precision.attention_tolerance(0.0, 4.0, 2.0, 1e-4) == 1e-4  # a CPU's
 
 
 def test_the_references_are_compiled_at_precision_highest(s4):
@@ -124,8 +130,8 @@ def test_the_references_are_compiled_at_precision_highest(s4):
 @pytest.mark.parametrize(
     "device, rounding, line",
     [
-        (FakeDevice("gpu", H100, "9.0"), to_tf32, "TF32 matmuls on gpu (u = 2^-11)"),
-        (FakeDevice("tpu", "TPU v5 lite"), to_bf16, "bf16 matmuls on tpu (u = 2^-8)"),
+        (FakeDevice("gpu", H100, "9.0"), to_tf32, "TF32 matmuls on gpu: u = 2^-11 + sqrt(64)"),
+        (FakeDevice("tpu", "TPU v5 lite"), to_bf16, "bf16 matmuls on tpu: u = 2^-8 + sqrt(64)"),
     ],
     ids=["h100-tf32", "tpu-bf16"],
 )
@@ -142,7 +148,7 @@ def test_every_kernel_check_holds_at_a_chips_rounding(
         held = s4["check_online_softmax"](jax.random.key(0))
         held &= s4["check_kernel"](args, jax.random.key(1))
     out = capsys.readouterr().out
-    assert line in out and "+ 2u(1 + " in out
+    assert line in out and "tolerance 1e-04 + 2u(1 + " in out
     # The online softmax is checked in float32 on every chip; the chip's own rounding
     # of it is shown, not checked: scores up to 75 here, far from float32's 1e-5.
     rounded = re.search(r"at this chip's default, \w+ matmuls: (.*) from softmax", out)
