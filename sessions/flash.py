@@ -15,25 +15,49 @@ plain JAX; `flash_attention` is it in a Pallas kernel, one program per
 
 Shapes: q, k, v [B, S, H, D] (self-attention: T = S), out [B, S, H, D].
 
-On NVIDIA GPUs the kernel is lowered through Triton, asked for by name. JAX 0.11
-deprecated Pallas's Triton backend: it "will be removed in a future version of
-JAX"; to keep Pallas on a GPU, "migrate to the Mosaic GPU backend" (JAX's
-docs/pallas/CHANGELOG.md, "Released with JAX 0.11.0"). Until then the kernel
-compiles for h100:1 as it is (deviceless, tests/test_flash.py), and it ran on an
-H100 within TF32's rounding (../shared/h100-run/s4_kernels.log). What
-Mosaic GPU (`jax.experimental.pallas.mosaic_gpu`) asks instead is the Hopper
-machine spelled out, where Triton hides it behind `num_warps` and `num_stages`:
-a kernel written for a warpgroup (128 threads) with `plgpu.kernel` (pallas_call
-for Mosaic GPU is deprecated too), tiles of q, k and v staged in shared memory
-(`plgpu.SMEM`) by TMA copies that signal barriers (`copy_gmem_to_smem`,
-`barrier_wait`), both products on the tensor cores with `plgpu.wgmma` into a
-float32 accumulator held in registers (`plgpu.ACC`), and the next key block's
-copy overlapped with this one's math by a pipeline you write (`emit_pipeline`,
-warp-specialized: some warps copy while others multiply). The algorithm is this
-file's, unchanged; JAX's own FlashAttention-3 forward for Hopper,
-jax/experimental/pallas/ops/gpu/attention_mgpu.py, is about 900 lines of it.
-Our port is not written: Mosaic GPU's API still changes from one JAX release
-to the next, and CI's newest Python has no CUDA compiler to hold one to.
+On NVIDIA GPUs the kernel is lowered through Triton, asked for by name, and its
+float32 dots run as TF32 there (Triton's DEFAULT precision; sessions/precision.py).
+JAX 0.11.0 (16 July 2026) deprecated Pallas's Triton backend: it "will be removed
+in a future version of JAX"; to keep Pallas on a GPU, "migrate to the Mosaic GPU
+backend" (docs/pallas/CHANGELOG.md in jax-ml/jax). JAX 0.12.0.1, CI's newest leg,
+still lowers it, with a DeprecationWarning ("jax-pallas-triton") at each lowering
+(jax/_src/pallas/triton/pallas_call_registration.py), and it compiles for h100:1
+with JAX 0.10.2's compilers (tests/test_flash.py). No release is named for the
+removal. JAX may remove a deprecated API three months after the release that
+deprecated it at the earliest, so from mid-October 2026, and promises less for
+jax.experimental (docs/api_compatibility.md); JAX's own Triton kernels in
+pallas/ops/gpu are deprecated too, for tokamax (the changelog after 0.11). The
+backward is plain JAX and does not depend on it.
+
+Mosaic GPU is JAX's own compiler for Hopper and Blackwell kernels
+(`jax.experimental.pallas.mosaic_gpu`, plgpu): no Triton in between, the tensor
+cores' own instructions, and the machine spelled out where Triton hides it
+behind num_warps and num_stages (docs/pallas/gpu/reference.md). One thread of a
+kernel is a warpgroup, 128 CUDA threads that issue each operation together.
+Memory spaces are explicit: inputs in global memory (plgpu.GMEM), tiles copied
+into an SM's shared memory (plgpu.SMEM) by TMA, the Hopper copy engine, which
+signals a barrier when the copy lands (copy_gmem_to_smem, then barrier_wait). On
+Hopper a matmul is `plgpu.wgmma` (wgmma.mma_async): B in shared memory in a
+swizzled tiled layout, A there or in registers, the float32 accumulator in
+registers (plgpu.ACC), asynchronous until waited on. Overlapping the next key
+block's copy with this block's math is a pipeline you write (plgpu.emit_pipeline,
+or warp specialized: some warpgroups copy while others multiply). Kernels are
+`plgpu.kernel`: pallas_call for Mosaic GPU is deprecated since JAX 0.10.2.
+
+A port of our forward would keep this file's algorithm and change its
+machinery: a 64-row query tile per warpgroup in SMEM, key and value blocks
+double-buffered through SMEM with a barrier each, s = wgmma(q, k^T) into an
+accumulator, the running max and sum reduced across the accumulator's register
+layout, p cast to bf16 for the second wgmma, the causal skip as the loop's
+bound. JAX's FlashAttention-3 forward for Hopper is that, at full speed, in 916
+lines (jax/experimental/pallas/ops/gpu/attention_mgpu.py, JAX 0.12.0.1). JAX
+0.12 has an interpreter for such kernels (plgpu.kernel's interpret=, in
+jax/_src/pallas/mosaic_gpu/interpret/), which could let CI check its numbers on
+a CPU; compiling it for h100:1 needs a JAX 0.12 with the CUDA plugin. The port
+is not written: a GPU-only second kernel of a few hundred lines is not a small
+change to a course module, no GPU here could check it beyond a compile, and
+Mosaic GPU's API changes every release (the changelog's Mosaic GPU sections,
+0.10.1 to 0.11.0).
 """
 
 import functools

@@ -5,11 +5,16 @@ or libtpu's), `id`, on CUDA a `compute_capability` string such as "7.5" (XLA's G
 client: xla/pjrt/gpu/se_gpu_pjrt_client.cc), and `memory_stats()`, a dict with
 `peak_bytes_in_use` on GPUs and TPUs. A compiled step's `memory_analysis()`: an
 object with argument, output, temp and alias sizes in bytes. A machine's root
-directory, with the files the accelerator checks read.
+directory, with the files the accelerator checks read. A chip's rounding of the
+inputs of float32 matmuls (`rounded_matmuls`).
 """
 
+import contextlib
 import os
 import types
+
+import jax
+import jax.numpy as jnp
 
 
 class FakeDevice:
@@ -52,3 +57,54 @@ def fake_root(root, files=(), dirs=()):
         with open(os.path.join(root, path), "w") as f:
             f.write(text)
     return str(root)
+
+
+# A chip's default matmul precision, on the CPU (which multiplies float32 in float32):
+# the inputs of every float32 dot not asked for at precision HIGHEST rounded to
+# nearest the way the chip rounds them (TF32: 10 stored significand bits, bfloat16:
+# 7), the products summed in float32. What an H100 and a TPU do under JAX's default.
+
+
+def to_tf32(x):
+    """float32 rounded to TF32's 10 stored significand bits, to nearest, ties to
+    even: add half of the 13 dropped bits' place (less one, plus the kept last
+    bit), then drop them."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    bits = (bits + jnp.uint32(0xFFF) + ((bits >> 13) & 1)) & jnp.uint32(0xFFFFE000)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def to_bf16(x):
+    return x.astype(jnp.bfloat16).astype(jnp.float32)
+
+
+# JAX's own name for each: under it the CPU, which ignores it, traces programs of
+# their own, so no trace cached unrounded, nor one rounded the other way, is reused.
+SETTINGS = {to_tf32: "tensorfloat32", to_bf16: "bfloat16"}
+
+
+@contextlib.contextmanager
+def rounded_matmuls(monkeypatch, rounding):
+    """Inside: every float32 dot_general not at precision HIGHEST takes its
+    operands through `rounding` (to_tf32 or to_bf16; gradients straight
+    through). JAX's caches are emptied on the way out: no rounded program
+    outlives it."""
+    dot = jax.lax.dot_general_p
+    bind = dot.bind
+    highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+
+    def rounded(x):
+        return x + jax.lax.stop_gradient(rounding(x) - x)
+
+    def rounding_bind(lhs, rhs, **params):
+        if params.get("precision") != highest and lhs.dtype == rhs.dtype == jnp.float32:
+            lhs, rhs = rounded(lhs), rounded(rhs)
+        return bind(lhs, rhs, **params)
+
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(dot, "bind", rounding_bind)
+            with jax.default_matmul_precision(SETTINGS[rounding]):
+                yield
+    finally:
+        jax.clear_caches()

@@ -1,19 +1,41 @@
 """sessions/s4_kernels.py tells session 4's story: each equality it prints holds."""
 
+import argparse
+import functools
+import os
+import re
+import runpy
+
 import jax
-import jax.numpy as jnp
 import pytest
-from hardware_fakes import FakeDevice
-from helpers import run_script
+from hardware_fakes import FakeDevice, rounded_matmuls, to_bf16, to_tf32
+from helpers import REPO, run_script
 
 from roofline.targets import local_target
-from sessions import aot
-from sessions.precision import exact_and_tolerance
+from sessions import aot, flash, precision
+from sessions.attention import einsum_attention
+
+H100 = "NVIDIA H100 80GB HBM3"
+SCRIPT = "sessions/s4_kernels.py"
 
 
-def test_every_check_holds_and_is_printed(capsys):
+@pytest.fixture(scope="module")
+def s4():
+    """The script's functions, its main not run."""
+    return runpy.run_path(os.path.join(REPO, SCRIPT))
+
+
+def test_every_check_holds_and_is_printed(capsys, monkeypatch):
+    references = []  # what the script compiles at precision HIGHEST
+
+    def recorded(f, *args):
+        references.append(getattr(f, "func", f).__name__)
+        return exact(f, *args)
+
+    exact = precision.exact
+    monkeypatch.setattr(precision, "exact", recorded)
     argv = ["--no-target", "--seq", "40", "--fsdp-steps", "2"]
-    code, out, err = run_script("sessions/s4_kernels.py", argv, capsys)
+    code, out, err = run_script(SCRIPT, argv, capsys)
     assert code == 0, out[-3000:] + err[-2000:]
     checks = [line.split(":")[0].strip() for line in out.splitlines() if line.startswith("  ok ")]
     assert checks == [
@@ -27,23 +49,38 @@ def test_every_check_holds_and_is_printed(capsys):
         "ok   ring of ppermutes == all-gather, then matmul",
     ]
     assert "FAIL" not in out and out.rstrip().endswith("every check held")
+    # Both references in float32 (and the online softmax, checked as an idea);
+    # on a CPU float32's own tolerances, as before any chip rounded.
+    assert references == ["softmax_reference", "online_softmax", "attention_and_grads"]
+    assert (
+        "float32 matmuls on cpu: u = 0, no coarser than the reference" in out
+        and "2u(1 +" not in out
+    )
+    tolerances = re.findall(r"(?:ok  |FAIL) (.*?):.*\(within (.*)\)", out)[:5]
+    assert [float(t) for _, t in tolerances] == [1e-5, 1e-4, 1e-3, 1e-3, 1e-3]
     # The two FSDP programs side by side: ours reduce-scatters, the partitioner's does not.
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("reduce-scatter")]
     assert len(rows) == 2 and all(int(r[1]) > 0 and int(r[5]) == 0 for r in rows)
 
 
 def test_a_failed_check_fails_the_run(capsys, monkeypatch):
-    """Manual FSDP drifting from the partitioner's (faked here, so no step compiles):
-    FAIL printed, the other checks still run, exit status 1."""
+    """Manual FSDP drifting from the partitioner's (faked here, so no step compiles),
+    and our kernel's output off by 2e-4, past float32's 1e-4 (its gradients are
+    not: a constant added to the output changes none): FAIL printed for both,
+    the other checks still run, exit status 1."""
     from sessions import manual_fsdp
 
     def drifting(mesh_text, steps, devices):
         return {"auto": ([6.29, 6.22], ""), "manual": ([6.29, 6.23], "")}
 
+    kernel = flash.flash_attention
     monkeypatch.setattr(manual_fsdp, "train_both_ways", drifting)
+    monkeypatch.setattr(flash, "flash_attention", lambda q, k, v: kernel(q, k, v) + 2e-4)
     argv = ["--no-target", "--seq", "40", "--fsdp-steps", "2"]
-    code, out, _ = run_script("sessions/s4_kernels.py", argv, capsys)
+    code, out, _ = run_script(SCRIPT, argv, capsys)
     assert code == 1 and "FAIL manual == auto, step for step (relative)" in out
+    assert "FAIL forward == einsum attention: largest difference 2.0" in out
+    assert "ok   dq == einsum attention's" in out
     assert "ok   ring of ppermutes == all-gather, then matmul" in out
     assert out.rstrip().endswith("a check failed: see FAIL above")
 
@@ -51,41 +88,76 @@ def test_a_failed_check_fails_the_run(capsys, monkeypatch):
 # Checks that hold on every chip (sessions/precision.py), and step 5 on the chip itself.
 
 
-def test_a_chip_that_rounds_its_matmuls_gets_a_tolerance_from_that_rounding(monkeypatch):
-    """A stand-in for a GPU: its reference comes out 2^-11 (TF32's unit roundoff)
-    off unless computed at precision HIGHEST. The tolerance is 4 x that; float32's
-    floor stands where it is larger; a CPU's own reference moves by nothing."""
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-
-    def on_a_gpu():
-        at_highest = jax.config.jax_default_matmul_precision == "highest"
-        return jnp.float32(1.0) if at_highest else jnp.float32(1.0 + 2.0**-11)
-
-    r = exact_and_tolerance(on_a_gpu, 1e-5)
-    assert float(r.exact) == 1.0 and r.tolerance == pytest.approx(4 * 2.0**-11)
-    assert "run in tf32, which moves the reference by 4.9e-04: tolerance 2.0e-03" in r.line
-    assert exact_and_tolerance(on_a_gpu, 0.01).tolerance == 0.01
-    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-    r = exact_and_tolerance(lambda: jnp.ones(3) @ jnp.ones(3), 1e-5)
-    assert (float(r.exact), r.tolerance) == (3.0, 1e-5) and "as the reference" in r.line
-
-
-def test_the_reference_is_lowered_at_precision_highest():
-    """What the compiler is given: the reference's matmul asks for HIGHEST, the
-    second call (the chip's default, to measure its rounding) does not."""
-    x = jnp.ones((8, 8))
-    lowered = []
-
-    def reference():
-        lowered.append(jax.jit(jnp.matmul).lower(x, x).as_text())
-        return x @ x
-
-    exact_and_tolerance(reference, 1e-5)
-    assert "precision = [HIGHEST, HIGHEST]" in lowered[0]
-    assert "HIGHEST" not in lowered[1]
+def test_each_chip_s_matmul_precision_and_tolerances_by_hand():
+    """Significand bits, the implicit one counted: float32 24, TF32 11, bf16 8."""
+    h100, t4 = FakeDevice("gpu", H100, "9.0"), FakeDevice("gpu", "Tesla T4", "7.5")
+    v5e, cpu = FakeDevice("tpu", "TPU v5 lite"), jax.devices("cpu")[0]
+    found = [precision.default_matmul_precision(d) for d in (h100, t4, v5e, cpu)]
+    assert [(p.name, p.unit_roundoff) for p in found] == [
+        ("TF32", 1 / 2048),  # Ampere on: the tensor cores take TF32
+        ("float32", 1 / 2**24),  # a T4 has no TF32
+        ("bf16", 1 / 256),
+        ("float32", 1 / 2**24),
+    ]
+    with jax.default_matmul_precision("highest"):
+        assert precision.default_matmul_precision(h100) == precision.FLOAT32
+    # What ours adds to the reference's rounding, sums of 64 products: the inputs'
+    # u, and on any chip but a CPU sqrt(64)·2^-24 = 2^-21 for summing in its own order.
+    added = [precision.roundoff(p, 64, d) for p, d in zip(found, (h100, t4, v5e, cpu))]
+    assert added == [2**-11 + 2**-21, 2**-21, 2**-8 + 2**-21, 0.0]
+    # Scores up to 4, values up to 2, float32's floor 1e-4: 1e-4 + 2u(1 + 4)2 = 1e-4 + 20u.
+    assert precision.attention_tolerance(2**-11, 4.0, 2.0, 1e-4) == pytest.approx(0.009865625)
+    assert precision.attention_tolerance(2**-8, 4.0, 2.0, 1e-4) == pytest.approx(0.078225)
+    assert precision.attention_tolerance(0.0, 4.0, 2.0, 1e-4) == 1e-4  # a CPU's
 
 
-H100 = "NVIDIA H100 80GB HBM3"
+def test_the_references_are_compiled_at_precision_highest(s4):
+    """Read from the compiled programs: every dot of both references asks for
+    float32, HIGHEST. Attention and its gradients take 6 matmuls (q k^T and p v
+    forward; dp = do v^T, dv = p^T do, dq = ds k, dk = ds^T q backward), the
+    softmax reference 2. At the chip's default the compiler is told none."""
+    q, k, v, dout = jax.random.normal(jax.random.key(0), (4, 1, 24, 2, 64))
+    for f, args, dots in [
+        (s4["softmax_reference"], (q[0, :, 0], k[0, :, 0], v[0, :, 0]), 2),
+        (functools.partial(s4["attention_and_grads"], einsum_attention), (q, k, v, dout), 6),
+    ]:
+        compiled = precision.lowered_exactly(f, *args).compile().as_text()
+        assert precision.dot_precisions(compiled) == ["{highest,highest}"] * dots
+        default = jax.jit(f).lower(*args).compile().as_text()
+        assert precision.dot_precisions(default) == ["default"] * dots
+
+
+@pytest.mark.parametrize(
+    "device, rounding, line",
+    [
+        (FakeDevice("gpu", H100, "9.0"), to_tf32, "TF32 matmuls on gpu: u = 2^-11 + sqrt(64)"),
+        (FakeDevice("tpu", "TPU v5 lite"), to_bf16, "bf16 matmuls on tpu: u = 2^-8 + sqrt(64)"),
+    ],
+    ids=["h100-tf32", "tpu-bf16"],
+)
+def test_every_kernel_check_holds_at_a_chips_rounding(
+    s4, monkeypatch, capsys, device, rounding, line
+):
+    """Our kernel, its matmuls rounded as the chip rounds them (tests/hardware_fakes.py),
+    against the float32 reference: each check holds within the tolerance derived
+    for that chip, though the rounding moves each value far past float32's. S =
+    200: two key blocks of 128, so the forward rescales what it has kept."""
+    monkeypatch.setattr(jax, "devices", lambda *a: [device])
+    args = argparse.Namespace(batch=1, seq=200, heads=1, head_dim=64)
+    with rounded_matmuls(monkeypatch, rounding):
+        held = s4["check_online_softmax"](jax.random.key(0))
+        held &= s4["check_kernel"](args, jax.random.key(1))
+    out = capsys.readouterr().out
+    assert line in out and "tolerance 1e-04 + 2u(1 + " in out
+    # The online softmax is checked in float32 on every chip; the chip's own rounding
+    # of it is shown, not checked: scores up to 75 here, far from float32's 1e-5.
+    rounded = re.search(r"at this chip's default, \w+ matmuls: (.*) from softmax", out)
+    assert "ok   online softmax == softmax" in out and float(rounded[1]) > 1e-3
+    found = re.findall(r"(ok  |FAIL) (.*?): largest difference (.*) \(within (.*)\)", out)
+    assert [mark for mark, *_ in found] == ["ok  "] * 5 and held, out
+    # The rounding really acted: each value of the kernel's moved 100x what
+    # float32's rounding moves it.
+    assert all(float(error) > 1e-4 for *_, error, _ in found[1:])
 
 
 def test_a_chip_compiles_its_own_tables_without_the_chip_compilers(monkeypatch, capsys):
@@ -104,3 +176,12 @@ def test_a_chip_compiles_its_own_tables_without_the_chip_compilers(monkeypatch, 
     assert (target.name, devices) == ("h100-sxm:1", gpus[:1])
     assert aot.devices_to_plan_on("a100-80gb:1") is None  # not this chip: the compilers
     assert "pip install -r requirements-aot.txt" in capsys.readouterr().out
+    # With the compilers: another chip's compiler beside this one; this chip still its own.
+    monkeypatch.setattr(aot, "missing_extras", lambda platform: None)
+    monkeypatch.setattr(aot, "compile_only_devices", lambda text: ("compile-only", text))
+    assert aot.devices_to_plan_on("a100-80gb:1") == ("compile-only", "a100-80gb:1")
+    assert aot.devices_to_plan_on("h100:2")[1] == gpus
+    # No accelerator on this machine: as before, whatever jax.devices() says.
+    monkeypatch.setattr(aot, "unseen_accelerator", lambda: None)
+    monkeypatch.setattr(aot, "devices_for", lambda text: ("deviceless", text))
+    assert aot.devices_to_plan_on("h100:1") == ("deviceless", "h100:1")
