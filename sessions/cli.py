@@ -12,6 +12,7 @@ on a GPU below compute capability 8.0 (sessions/accelerator.py).
 
 import argparse
 import dataclasses
+import os
 import sys
 from typing import NamedTuple
 
@@ -58,6 +59,16 @@ def positive_float(text):
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def output_file(text):
+    """A file to write later, its directory checked now: a run must not train for
+    an hour and then fail to write its summary."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text) or not os.path.isdir(folder):
+        what = "is a directory" if os.path.isdir(text) else f"its directory {folder} does not exist"
+        raise argparse.ArgumentTypeError(f"cannot write '{text}': {what}")
+    return text
 
 
 def add_shape_flags(parser):
@@ -110,8 +121,12 @@ def add_chip_flags(parser, what):
         help=f"compile {what} for a chip this machine lacks (tpu-v5e:2x4, h100:8; chips: "
         "python -m roofline chips), print its memory, collectives, kernels, roofline; exit",
     )
-    parser.add_argument("--hlo-out", help="with --target: write the compiled program here")
-    parser.add_argument("--summary-out", help="write the closing numbers here, as JSON")
+    parser.add_argument(
+        "--hlo-out", type=output_file, help="with --target: write the compiled program here"
+    )
+    parser.add_argument(
+        "--summary-out", type=output_file, help="write the closing numbers here, as JSON"
+    )
 
 
 def train_flags(argv=None):
@@ -138,7 +153,9 @@ def train_flags(argv=None):
     parser.add_argument("--no-overlap", action="store_true", help="load each batch in the loop")
     parser.add_argument("--data-delay-ms", type=non_negative_int, default=0, help="slow storage")
     parser.add_argument("--eval-every", type=positive_int)
-    parser.add_argument("--metrics-out", help="write one JSON object per logged step here")
+    parser.add_argument(
+        "--metrics-out", type=output_file, help="write one JSON object per logged step here"
+    )
     parser.add_argument("--run-dir", default="runs/s2", help="loss curve and outputs go here")
     parser.add_argument("--profile", metavar="DIR", help="trace a few steps into DIR (xprof)")
     parser.add_argument(

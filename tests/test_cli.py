@@ -128,6 +128,11 @@ BAD_INPUTS = {
     "unknown axis": (["--preset", "tiny", "--mesh", "pipe=8"], "unknown axis 'pipe'"),
     "bad axis size": (["--preset", "tiny", "--mesh", "fsdp=x"], "needs a positive size"),
     "missing data": (["--preset", "tiny", "--data", "/no/such/file.txt"], "no such file"),
+    "summary into no folder": (
+        ["--preset", "tiny", "--summary-out", "/no/such/dir/s.json"],
+        "cannot write '/no/such/dir/s.json': its directory /no/such/dir does not exist",
+    ),
+    "metrics into a folder": (["--preset", "tiny", "--metrics-out", "/"], "'/': is a directory"),
     "vocab below bytes": (
         ["--preset", "tiny", "--vocab", "100"],
         "--vocab 100: the tokens of this corpus are bytes",
