@@ -43,7 +43,7 @@ def scatter_dtypes(hlo_text):
     """The dtypes the scatters of a compiled program hold their sums in, from its
     HLO text: e.g. {"bf16"} for broken_embedding_grad's program, set() with no
     scatter.
-    Hint: roofline.hlo.parse(hlo_text) reads it: module.instructions() yields
+    Hint: roofline.compiled.hlo.parse(hlo_text) reads it: module.instructions() yields
     (computation, op); a scatter's op.opcode is "scatter" and op.dtype its
     result's dtype. That is not the whole story: XLA's CPU compiler in JAX 0.10
     widens a bf16 scatter to an f32 result and rounds each sum back to bf16 in

@@ -14,17 +14,17 @@ import os
 import sys
 
 from roofline import calibrate
-from roofline.compare import compare
 from roofline.flops import flash_kernel, ledger_lines, model_line, train_bytes
 from roofline.hardware import CHIPS, find_chip, measured_chip
+from roofline.measured.compare import compare
+from roofline.measured.record import HLO, comparison_summary, load_hlo, load_metadata, roofs_for
+from roofline.measured.table import report_lines
+from roofline.measured.trace import read_trace
 from roofline.predict import predict_train_step
-from roofline.record import HLO, comparison_summary, load_hlo, load_metadata, roofs_for
-from roofline.table import report_lines
-from roofline.trace import read_trace
 from sessions.attention import IMPLEMENTATIONS
-from sessions.cli import ArgumentParser, positive_int, resolve
 from sessions.config import PRESETS, ModelConfig
-from sessions.errors import UsageError
+from sessions.run.cli import ArgumentParser, positive_int, resolve
+from sessions.run.errors import UsageError
 
 
 def parse_args(argv):

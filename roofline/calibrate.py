@@ -47,7 +47,7 @@ def measure(dtype="float32", n=None):
     process that then trains, so the sizes are small: 4096 x 4096 operands (32 or
     64 MiB; 137 GFLOP a product, a thousand 128 x 128 output tiles, several for
     each of a GPU's SMs) and a 256 MiB array to copy, five times an H100's L2 (50
-    MiB: roofline/targets.py GPU_SPECS). What it leaves in the allocator's
+    MiB: roofline/plan/targets.py GPU_SPECS). What it leaves in the allocator's
     lifetime peak is recorded (roofline/memory.py)."""
     device = jax.local_devices()[0]
     n = n or (2048 if device.platform == "cpu" else 4096)
@@ -143,7 +143,7 @@ def measure_cache_bandwidth():
     last-level cache, 'cache_bytes': that cache's size}, on this CPU; {} if the
     cache's size is unknown. A step's small arrays live there, not in DRAM: an
     op on them runs faster than the copy bandwidth, so the per-op best case
-    needs this roof too (roofline/op_roofline.py)."""
+    needs this roof too (roofline/compiled/op_roofline.py)."""
     cache = last_level_cache_bytes()
     if not cache:
         return {}
@@ -179,7 +179,7 @@ def matmul_rates(shapes, refresh=False):
     """{(batch, M, N, K, dtype): FLOP/s} for the matmul shapes of a step, each
     timed once on this device and cached: on a CPU a small or thin matmul runs
     well below the 2048 x 2048 one that sets the peak, and that is measured,
-    not assumed (roofline/op_roofline.py uses it for the prediction)."""
+    not assumed (roofline/compiled/op_roofline.py uses it for the prediction)."""
     rates = {}
     for shape in set(shapes):
         key = device_key("matmul " + ",".join(map(str, shape)))

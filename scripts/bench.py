@@ -1,6 +1,6 @@
 """Time the jitted training step of a preset: tokens/s, achieved TFLOP/s,
 MFU and memory, held against the per-op prediction and the whole-step bound
-of the same compiled step on this chip's roofs (roofline/compare.py), and how
+of the same compiled step on this chip's roofs (roofline/measured/compare.py), and how
 steady the step is over windows of steps run as training runs them. With
 --compare naive, also the same step written as plainly as possible
 (scripts/naive_step.py), in the same run, and the ratio; with --compare flax,
@@ -19,17 +19,17 @@ import time
 import jax
 
 from roofline.calibrate import measured
-from roofline.compare import local_comparison
 from roofline.flops import napkin_train_flops, train_flops
 from roofline.hardware import local_peak_flops
+from roofline.measured.compare import local_comparison
 from roofline.memory import step_memory
 from roofline.timing import Timing, steadiness, time_calls
 from roofline.units import ms
 from scripts.naive_step import make_naive_step
 from sessions import data
 from sessions.attention import IMPLEMENTATIONS
-from sessions.cli import ArgumentParser, positive_int, resolve, run_main
 from sessions.config import PRESETS
+from sessions.run.cli import ArgumentParser, positive_int, resolve, run_main
 from sessions.train import init_state, make_optimizer, make_train_step
 
 

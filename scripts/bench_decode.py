@@ -36,11 +36,11 @@ from roofline.hardware import local_roofs
 from roofline.timing import time_calls
 from scripts.naive_step import uncached_generate
 from sessions import inference, sharding
-from sessions.cli import PROMPT, ArgumentParser, positive_int, resolve, run_main
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
 from sessions.model import init_params
-from sessions.serving import time_decode
+from sessions.run.cli import PROMPT, ArgumentParser, positive_int, resolve, run_main
+from sessions.run.serving import time_decode
 
 
 def parse_args(argv):
@@ -107,7 +107,7 @@ def main(argv=None):
     batches = [int(b) for b in args.batches.split(",")]
     cache_batches = [int(b) for b in args.cache_batches.split(",")]
     prompt = text_to_tokens(PROMPT)
-    # The dtype s2_train.py trains in here (sessions/cli.py: the one home of platform defaults).
+    # The dtype s2_train.py trains in here (sessions/run/cli.py: the one home of platform defaults).
     dtype = resolve(argparse.Namespace(preset=args.mbu_preset, dtype=args.dtype)).model.dtype
     print(f"{jax.devices()[0].device_kind}, JAX {jax.__version__}, {dtype} (goal 1: float32)")
     ratio, same = against_uncached(args, prompt)

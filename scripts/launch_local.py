@@ -9,12 +9,12 @@ takes the devices process by process; a pod's takes them in torus order, which
 scatters each host's blocks of the batch. --device-order interleaved (device k
 of process p at mesh position k * N + p) or a list of positions in
 jax.devices() gives the
-mesh a pod-like order (sessions/multihost.py, HPLLM_DEVICE_ORDER).
+mesh a pod-like order (sessions/run/multihost.py, HPLLM_DEVICE_ORDER).
 
 Process 0's output is shown; the others' go to LOG_DIR/process_I.log.
 Exit status: the first non-zero status of any process, else 0. A process that
 stops on a signal (status 130) leaves the others a minute to stop too, after
-the same step, as they agree to (sessions/preemption.py).
+the same step, as they agree to (sessions/run/preemption.py).
 """
 
 import argparse
@@ -94,7 +94,7 @@ def device_order(text, processes, per_process):
     return text  # checked by each process (multihost.mesh_devices)
 
 
-INTERRUPTED = 130  # sessions/cli.py: stopped on a signal, after saving
+INTERRUPTED = 130  # sessions/run/cli.py: stopped on a signal, after saving
 
 
 def wait_all(procs, grace=60.0):

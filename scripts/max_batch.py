@@ -19,9 +19,9 @@ import dataclasses
 import sys
 
 from roofline.memory import largest_batch, planned_bytes, usable_fraction
-from sessions import aot
-from sessions.cli import resolve, run_main, train_flags
-from sessions.errors import UsageError
+from sessions.plan import aot
+from sessions.run.cli import resolve, run_main, train_flags
+from sessions.run.errors import UsageError
 
 
 def plan_bytes(run, batch, target, devices, mesh_text):

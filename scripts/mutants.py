@@ -89,7 +89,7 @@ MUTANTS = [
     Mutant(
         "fingerprint",
         "the fingerprint check skipped on restore",
-        "sessions/checkpoint.py",
+        "sessions/run/checkpoint.py",
         (
             (
                 'if not np.allclose(_fingerprint_list(restored), meta["fingerprint"], rtol=1e-5):',
@@ -166,7 +166,7 @@ MUTANTS = [
     Mutant(
         "summary-steps",
         "the summary's step count one too many",
-        "sessions/report.py",
+        "sessions/run/report.py",
         (('["step"] - first_step', '["step"] - first_step + 1'),),
         ("tests/test_train.py::test_the_summary_by_hand",),
     ),
@@ -234,7 +234,7 @@ MUTANTS = [
     Mutant(
         "bucket-abspath",
         "a gs:// checkpoint folder made a local path",
-        "sessions/checkpoint.py",
+        "sessions/run/checkpoint.py",
         (('    if "://" in str(directory):', "    if False:"),),
         (
             "tests/test_checkpoint_hosts.py::test_a_bucket_stays_a_bucket_and_a_local_folder_becomes_absolute",
@@ -243,7 +243,7 @@ MUTANTS = [
     Mutant(
         "unshared-folder",
         "hosts that see different checkpoint folders go on",
-        "sessions/checkpoint.py",
+        "sessions/run/checkpoint.py",
         (("            check_shared(checkpoint_path(directory))", "            pass"),),
         (
             "tests/test_checkpoint_hosts.py::test_hosts_that_see_different_folders_are_refused_on_every_host",
@@ -264,21 +264,21 @@ MUTANTS = [
     Mutant(
         "trip-step",
         "a loop's counter read as stepping by 1 (an unrolled loop's body counted twice)",
-        "roofline/hlo.py",
+        "roofline/compiled/hlo.py",
         (("step = next((s for s in steps if s), 1)", "step = 1"),),
         (f"{OP_ROOFLINE}::test_a_loop_body_counts_once_a_trip_with_the_counters_step",),
     ),
     Mutant(
         "vmem-bytes",
         "arrays in a TPU's on-chip memory counted as HBM traffic",
-        "roofline/op_work.py",
+        "roofline/compiled/op_work.py",
         (('    in_hbm = not space or space.group(1) == "0"\n', "    in_hbm = True\n"),),
         (f"{OP_ROOFLINE}::test_bytes_follow_the_layout_tiles_and_leave_out_on_chip_memory",),
     ),
     Mutant(
         "sync-collectives",
         "asynchronous collectives waited for at once (nothing overlaps)",
-        "roofline/op_roofline.py",
+        "roofline/compiled/op_roofline.py",
         (("if t.asynchronous:  # runs on its engine", "if False:  # runs on its engine"),),
         (f"{OP_ROOFLINE}::test_an_asynchronous_collective_hides_behind_the_ops_before_its_use",),
     ),
@@ -316,14 +316,14 @@ MUTANTS = [
     Mutant(
         "chip-corpus",
         "a GPU or TPU defaults to the docs, which its default run passes over 35 times",
-        "sessions/cli.py",
+        "sessions/run/cli.py",
         (("(DOCS if on_cpu else STDLIB)", "DOCS"),),
         ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
     ),
     Mutant(
         "best-val",
         "the summary's best validation loss is the last one",
-        "sessions/report.py",
+        "sessions/run/report.py",
         (
             (
                 '"best_val_loss": min(val)[0] if val else None',
@@ -335,7 +335,7 @@ MUTANTS = [
     Mutant(
         "gap-one-batch",
         "the final gap against the one noisy batch logged at the evaluation's step",
-        "sessions/report.py",
+        "sessions/run/report.py",
         (
             (
                 "    logged = history[max(last - 1, 0) : last + 1]",
@@ -347,14 +347,14 @@ MUTANTS = [
     Mutant(
         "gap-first-val",
         "the final gap taken at the first validation, not the last",
-        "sessions/report.py",
+        "sessions/run/report.py",
         (("    last = evaluated[-1]", "    last = evaluated[0]"),),
         ("tests/test_train.py::test_the_final_gap_by_hand",),
     ),
     Mutant(
         "gap-warning",
         "a run whose validation is within noise of its training loss told it memorized",
-        "sessions/report.py",
+        "sessions/run/report.py",
         (('        if s["val_gap"] > data.MAX_GAP:', '        if s["val_gap"] > 0:'),),
         ("tests/test_train.py::test_the_final_gap_by_hand",),
     ),
@@ -377,7 +377,7 @@ MUTANTS = [
     Mutant(
         "token-unit",
         "the header counts token files' tokens as bytes",
-        "sessions/report.py",
+        "sessions/run/report.py",
         (("{len(corpus.val):,} val {corpus.unit}s", "{len(corpus.val):,} val bytes"),),
         ("tests/test_token_runs.py::test_a_run_on_llm_c_shards_learns_their_pattern",),
     ),
@@ -399,7 +399,7 @@ MUTANTS = [
     Mutant(
         "lone-stop",
         "a signalled host stops and saves alone, without the others agreeing",
-        "sessions/preemption.py",
+        "sessions/run/preemption.py",
         (
             (
                 "signals = multihost.every_process(self.signal)",
@@ -525,7 +525,7 @@ MUTANTS = [
     Mutant(
         "channel-once",
         "collectives sharing a channel counted once even outside fusions: a ring of 7 hops reads 1",
-        "roofline/program.py",
+        "roofline/compiled/program.py",
         (("        if channel and computation.name in fused:\n", "        if channel:\n"),),
         (f"{CMATMUL_TEST}::test_a_chain_of_permutes_on_one_channel_is_every_hop",),
     ),
@@ -588,7 +588,7 @@ MUTANTS = [
     Mutant(
         "scatter-result-only",
         "a scatter's sum read from its result type alone: the CPU's widened bf16 sum passes",
-        "roofline/scatters.py",
+        "roofline/compiled/scatters.py",
         (
             (
                 "    held = [scatter.dtype]\n    for name",
@@ -600,7 +600,7 @@ MUTANTS = [
     Mutant(
         "scatter-kernel-own-name",
         "a fused scatter named by itself, not by the kernel a trace shows",
-        "roofline/scatters.py",
+        "roofline/compiled/scatters.py",
         (("            while where in caller:", "            while False:"),),
         (
             f"{HLO_READING}::test_each_scatter_with_its_kernel_and_the_dtype_its_sums_are_held_in",
@@ -745,14 +745,14 @@ MUTANTS = [
     Mutant(
         "target-needs-compilers",
         "step 5 asks for the chip compilers on the very chip it targets",
-        "sessions/aot.py",
+        "sessions/plan/aot.py",
         (("        if here is not None:\n", "        if False:\n"),),
         (f"{S4}::test_a_chip_compiles_its_own_tables_without_the_chip_compilers",),
     ),
     Mutant(
         "target-any-local-device",
         "step 5 takes this machine's devices for the target without an accelerator here",
-        "sessions/aot.py",
+        "sessions/plan/aot.py",
         (("    if unseen_accelerator() is not None:  # a GPU", "    if True:  # a GPU"),),
         (f"{S4}::test_a_chip_compiles_its_own_tables_without_the_chip_compilers",),
     ),
@@ -760,7 +760,7 @@ MUTANTS = [
         "overlap-nests",
         "a kernel that starts before the last one ends is taken as nested in it (the H100's "
         "negative times)",
-        "roofline/trace.py",
+        "roofline/measured/trace.py",
         (
             (
                 "            while stack and ops[stack[-1]].end_ps < ops[i].end_ps:\n",
@@ -775,7 +775,7 @@ MUTANTS = [
     Mutant(
         "children-summed",
         "nested ops subtracted one by one, not as their union: overlapping children count twice",
-        "roofline/trace.py",
+        "roofline/measured/trace.py",
         (
             (
                 "        own[parent] -= _busy(children)\n",
@@ -787,21 +787,21 @@ MUTANTS = [
     Mutant(
         "any-library",
         "a library's kernel fits any library call: cuBLAS's kernels go to cuDNN's calls",
-        "roofline/kernel_ops.py",
+        "roofline/measured/kernel_ops.py",
         (("    return WRONG if op_family in", "    return FAMILY if op_family in"),),
         (f"{TRUTH}::test_a_library_s_kernels_go_to_a_call_of_that_library",),
     ),
     Mutant(
         "buffer-lumped",
         "kernels of a command buffer left under command_buffer_1",
-        "roofline/trace.py",
+        "roofline/measured/trace.py",
         (("    if buffered:\n", "    if False:\n"),),
         (f"{TRUTH}::test_command_buffer_kernels_go_to_their_ops_and_agree_with_the_early_trace",),
     ),
     Mutant(
         "silent-10x",
         "an op measured at 1,000x its prediction is not called out",
-        "roofline/op_table.py",
+        "roofline/measured/op_table.py",
         (("        flag = ratio is not None and ratio >= BROKEN\n", "        flag = False\n"),),
         (f"{TRUTH}::test_compare_names_the_scatter_as_the_slowest_op_and_says_why",),
     ),

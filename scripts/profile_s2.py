@@ -19,10 +19,10 @@ import statistics
 import subprocess
 import sys
 
-from roofline.record import METADATA, load_metadata
-from roofline.trace import read_trace
-from sessions.cli import ArgumentParser, positive_int
+from roofline.measured.record import METADATA, load_metadata
+from roofline.measured.trace import read_trace
 from sessions.config import PRESETS
+from sessions.run.cli import ArgumentParser, positive_int
 
 
 def parse_args(argv):

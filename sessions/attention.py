@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from sessions.errors import UsageError
 from sessions.flash import HEAD_DIMS, default_tiles, flash_attention
+from sessions.run.errors import UsageError
 
 
 def attention_mask(S, T, segment_ids=None):

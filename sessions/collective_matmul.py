@@ -81,10 +81,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from roofline.hlo import parse
-from roofline.kinds import classify_hlo
-from roofline.program import collectives
-from sessions import aot
+from roofline.compiled.hlo import parse
+from roofline.compiled.kinds import classify_hlo
+from roofline.compiled.program import collectives
+from sessions.plan import aot
 from sessions.sharding import ACTIVATION_SPECS, PARAM_SPECS
 
 RING = "fsdp"  # the mesh axis whose devices pass the weight shards around
@@ -141,7 +141,7 @@ def auto_matmul(x, w, mesh):
 def compiled_matmul(matmul, mesh, shape, dtype=jnp.bfloat16):
     """The compiled program of matmul(x, w, mesh) for shape (B, S, E, F) over mesh:
     x and w as shapes only, in the model's layout, so a chip this machine lacks
-    can be the target (mesh over compile-only devices, sessions/aot.py)."""
+    can be the target (mesh over compile-only devices, sessions/plan/aot.py)."""
     B, S, E, F = shape
     x = jax.ShapeDtypeStruct((B, S, E), dtype, sharding=NamedSharding(mesh, X_SPEC))
     w = jax.ShapeDtypeStruct((E, F), dtype, sharding=NamedSharding(mesh, W_SPEC))
@@ -210,8 +210,8 @@ def schedule_summary(hlo_text):
     A compiled program is scheduled: each computation prints its instructions in
     the order they run. The entry computation is read, and each loop body it runs
     counts once a trip (`Module.trip_counts`); a matmul inside a fusion is found
-    by what the fusion holds (roofline/kinds.py). All-gathers are counted as the
-    `--target` report counts them (roofline/program.py: a TPU spreads one over
+    by what the fusion holds (roofline/compiled/kinds.py). All-gathers are counted as the
+    `--target` report counts them (roofline/compiled/program.py: a TPU spreads one over
     several fusions that share its channel); permutes one a start, as the chain
     of ours shares one channel."""
     module, kinds = parse(hlo_text), classify_hlo(hlo_text)

@@ -68,7 +68,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from sessions.errors import UsageError
+from sessions.run.errors import UsageError
 
 HEAD_DIMS = (64, 128)  # what the kernel takes: one TPU lane row (128) or half of one
 MAX_TILE = 128  # queries x keys per tile: 128 fills a TPU's MXU and suits an H100's SM
@@ -169,7 +169,7 @@ def flash_forward(q, k, v, block_q, block_k, interpret=False, compiler_params=No
             jax.ShapeDtypeStruct((B, H, S, 1), jnp.float32),
         ],
         interpret=interpret,
-        name="flash_forward",  # the roofline finds the kernel by this name (roofline/op_flops.py)
+        name="flash_forward",  # roofline/compiled/op_flops.py finds the kernel by this name
         compiler_params=compiler_params,
     )(q, k, v)
 

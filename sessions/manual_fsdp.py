@@ -40,8 +40,8 @@ from jax.sharding import PartitionSpec as P
 from sessions import data, sharding
 from sessions.attention import attention
 from sessions.config import PRESETS
-from sessions.errors import UsageError
 from sessions.model import block, cast, embed, unembed
+from sessions.run.errors import UsageError
 from sessions.sharding import BATCH, PARAM_SPECS
 from sessions.train import (
     cross_entropy,

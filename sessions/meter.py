@@ -14,7 +14,7 @@ import json
 import math
 import time
 
-from sessions.errors import TrainingDiverged
+from sessions.run.errors import TrainingDiverged
 
 
 class Meter:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from roofline.hlo import parse
+from roofline.compiled.hlo import parse
 
 
 class MatmulPrecision(NamedTuple):

@@ -18,7 +18,7 @@ import time
 import jax
 
 from sessions import data
-from sessions.cli import ArgumentParser, add_shape_flags, resolve, run_main
+from sessions.run.cli import ArgumentParser, add_shape_flags, resolve, run_main
 from sessions.train import init_state, make_optimizer, make_train_step
 
 

@@ -25,18 +25,20 @@ import sys
 
 import jax
 
-from roofline.compare import profile_table
 from roofline.flops import train_flops
 from roofline.hardware import local_peak_flops
+from roofline.measured.compare import profile_table
+from roofline.measured.profile import TraceWindow
 from roofline.memory import allocator_peak, step_memory
-from roofline.profile import TraceWindow
-from sessions import checkpoint, data, multihost, preemption, sample, sharding, target_train
-from sessions.accelerator import check_accelerator_visible
-from sessions.cli import PROMPT, resolve, run_main, train_flags
+from sessions import data, sample, sharding
 from sessions.manual_fsdp import check_collectives, collectives_line, make_manual_step
 from sessions.meter import Meter
+from sessions.plan import training as training_plan
 from sessions.prefetch import Prefetcher, Synchronous
-from sessions.report import header_lines, plot_loss, summarize, summary_lines
+from sessions.run import checkpoint, multihost, preemption
+from sessions.run.accelerator import check_accelerator_visible
+from sessions.run.cli import PROMPT, resolve, run_main, train_flags
+from sessions.run.report import header_lines, plot_loss, summarize, summary_lines
 from sessions.train import (
     abstract_batch,
     abstract_state,
@@ -49,7 +51,7 @@ from sessions.train import (
 def main(argv=None):
     args = train_flags(argv)
     if args.target:  # compile the step for a chip this machine lacks, report, exit
-        return target_train.plan_training(args)
+        return training_plan.plan_training(args)
     multihost.initialize(args)  # before anything touches a device
     check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
     is_main = jax.process_index() == 0

@@ -23,19 +23,21 @@ import jax
 from roofline import decode_cost
 from roofline.flops import model_line
 from roofline.hardware import local_roofs
-from sessions import aot, inference, sharding, target_infer
-from sessions.accelerator import check_accelerator_visible
-from sessions.cli import infer_flags, run_main
-from sessions.errors import UsageError
-from sessions.report import decode_table_lines, plot_decode
+from sessions import inference, sharding
+from sessions.plan import aot
+from sessions.plan import inference as inference_plan
+from sessions.run.accelerator import check_accelerator_visible
+from sessions.run.cli import infer_flags, run_main
+from sessions.run.errors import UsageError
+from sessions.run.report import decode_table_lines, plot_decode
+from sessions.run.serving import inference_config, load_params, prompt_for, time_decode
 from sessions.sample import sample_tokens, show
-from sessions.serving import inference_config, load_params, prompt_for, time_decode
 
 
 def main(argv=None):
     args = infer_flags(argv)
     if args.target:  # compile prefill and decode for a chip this machine lacks, report, exit
-        return target_infer.plan_inference(args)
+        return inference_plan.plan_inference(args)
     check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
     devices = jax.devices() if args.mesh else jax.devices()[:1]
     sizes = sharding.parse_mesh(args.mesh, len(devices))

@@ -35,22 +35,16 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from roofline.program import collectives_table
-from roofline.targets import missing_extras
-from sessions import (
-    aot,
-    attention_targets,
-    collective_matmul,
-    flash,
-    manual_fsdp,
-    precision,
-    sharding,
-)
-from sessions.accelerator import check_accelerator_visible
+from roofline.compiled.program import collectives_table
+from roofline.plan.targets import missing_extras
+from sessions import collective_matmul, flash, manual_fsdp, precision, sharding
 from sessions.attention import einsum_attention
-from sessions.cli import run_main
-from sessions.errors import UsageError
+from sessions.plan import aot
+from sessions.plan import attention as attention_plan
 from sessions.precision import biggest
+from sessions.run.accelerator import check_accelerator_visible
+from sessions.run.cli import run_main
+from sessions.run.errors import UsageError
 
 VENDOR = {"gpu": "cudnn", "tpu": "splash"}  # the chip maker's (or JAX's) flash kernel
 NAMES = ("forward == einsum attention", *(f"d{x} == einsum attention's" for x in "qkv"))
@@ -184,11 +178,11 @@ def target_tables(target, devices):
     impls = ("einsum", "pallas", VENDOR[chip.platform])
     print(f"5. attention compiled for {target.name}: einsum, ours (pallas) and {impls[2]}'s")
     rows = [
-        attention_targets.attention_on_target(impl, seq, target, devices)
-        for seq in attention_targets.SEQUENCES
+        attention_plan.attention_on_target(impl, seq, target, devices)
+        for seq in attention_plan.SEQUENCES
         for impl in impls
     ]
-    for line in attention_targets.attention_table_lines(rows, target):
+    for line in attention_plan.attention_table_lines(rows, target):
         print(f"   {line}")
     hbm = target.hbm_per_device
     wall = [r.seq for r in rows if r.impl == "einsum" and (r.bytes is None or r.bytes > hbm)]

@@ -34,7 +34,7 @@ import math
 import numpy as np
 from jax.experimental import mesh_utils
 
-from sessions.errors import UsageError
+from sessions.run.errors import UsageError
 
 AXES = ("data", "fsdp", "tp")  # ordered as mesh_utils wants: least network traffic first
 
@@ -63,7 +63,7 @@ def _build_one_slice(shape, devices):
     except AssertionError:
         # mesh_utils reads a slice as a whole cuboid of chips, one device each
         # (megacore). Devices it cannot read so, such as a TPU v4 compiled for
-        # without chips (roofline/targets.py), which shows each chip's two
+        # without chips (roofline/plan/targets.py), which shows each chip's two
         # TensorCores as two devices, keep their own order: chip by chip.
         return np.array(devices).reshape(shape)
 

@@ -30,7 +30,7 @@ def cross_entropy(logits, targets):
     gradient of an index is a scatter into a zeroed [B, S, V] array, one more
     pass over the largest array of the step, while the gradient of a compare
     fuses into the softmax's (4 of the 49 ms of GPT-2's step predicted for
-    h100:1 by roofline/op_roofline.py, and 6.6 GB)."""
+    h100:1 by roofline/compiled/op_roofline.py, and 6.6 GB)."""
     logits = logits.astype(jnp.float32)  # fused into the reductions: no f32 copy
     lse = jax.nn.logsumexp(logits, axis=-1)  # [B, S]
     vocab = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)

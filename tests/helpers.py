@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import pytest
 
-from roofline.targets import EXTRAS, missing_extras
+from roofline.plan.targets import EXTRAS, missing_extras
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable

@@ -10,7 +10,7 @@ import pytest
 from sessions import sharding
 from sessions.attention import choose, einsum_attention, splash_attention, splash_kernel
 from sessions.config import ModelConfig
-from sessions.errors import UsageError
+from sessions.run.errors import UsageError
 
 
 def test_attention_kernel_follows_the_target():

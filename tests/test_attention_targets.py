@@ -1,11 +1,11 @@
 """Attention alone, compiled for an H100 this machine lacks: the einsums write
-the whole score matrix, a flash kernel does not (sessions/attention_targets.py)."""
+the whole score matrix, a flash kernel does not (sessions/plan/attention.py)."""
 
 import pytest
 from helpers import need
 
-from sessions import aot
-from sessions.attention_targets import HEADS, attention_on_target, attention_table_lines
+from sessions.plan import aot
+from sessions.plan.attention import HEADS, attention_on_target, attention_table_lines
 
 
 @pytest.fixture(scope="module")

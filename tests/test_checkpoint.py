@@ -17,9 +17,9 @@ import pytest
 from helpers import PYTHON, REPO, run_python, s2_in_process, subprocess_env
 
 from sessions import sharding
-from sessions.checkpoint import Checkpoints, newest_meta
 from sessions.config import PRESETS
-from sessions.errors import UsageError
+from sessions.run.checkpoint import Checkpoints, newest_meta
+from sessions.run.errors import UsageError
 from sessions.train import init_state, make_optimizer
 
 RUN = [
@@ -43,7 +43,7 @@ RUN = [
 # starts after that step: the worst point for a kill.
 KILLER = """
 import os, runpy, signal, sys
-from sessions.checkpoint import Checkpoints
+from sessions.run.checkpoint import Checkpoints
 save = Checkpoints.maybe_save
 def save_then_die(self, step, state, force=False):
     saved = save(self, step, state, force)

@@ -14,16 +14,16 @@ import sys
 
 from helpers import REPO, subprocess_env
 
-from sessions.checkpoint import checkpoint_path
+from sessions.run.checkpoint import checkpoint_path
 
 CHILD = """
 import sys
 import jax
 jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
                            process_id=int(sys.argv[2]))
-from sessions.checkpoint import Checkpoints
+from sessions.run.checkpoint import Checkpoints
 from sessions.config import ModelConfig, TrainConfig
-from sessions.errors import UsageError
+from sessions.run.errors import UsageError
 try:
     Checkpoints(sys.argv[3], 1, ModelConfig(), TrainConfig()).close()
 except UsageError as e:

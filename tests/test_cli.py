@@ -12,7 +12,7 @@ from helpers import hand_flops, hand_params, run_python, run_script, s2_in_proce
 from roofline import calibrate
 from sessions.config import PRESETS
 from sessions.meter import format_record
-from sessions.report import summary_lines
+from sessions.run.report import summary_lines
 
 REQUIRED = {"step", "loss", "tokens_per_sec", "tflops_per_device", "mfu"}
 

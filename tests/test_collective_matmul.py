@@ -13,9 +13,9 @@ import pytest
 from helpers import need
 from jax.sharding import NamedSharding
 
-from roofline.hlo import parse
-from roofline.kinds import classify_hlo
-from roofline.program import collectives
+from roofline.compiled.hlo import parse
+from roofline.compiled.kinds import classify_hlo
+from roofline.compiled.program import collectives
 from sessions import sharding
 from sessions.collective_matmul import (
     GPT2_MLP,
@@ -129,7 +129,7 @@ source_target_pairs={{0,1},{1,0}}
 
 def test_a_chain_of_permutes_on_one_channel_is_every_hop():
     """XLA gives our unrolled ring's permutes one channel_id; each still runs, and
-    the --target report (roofline/program.py) counts each, 8*8 float32 a hop."""
+    the --target report (roofline/compiled/program.py) counts each, 8*8 float32 a hop."""
     assert collectives(CHAIN, 2) == {"collective-permute": (2, 2 * 256, 2 * 256)}
     assert schedule_summary(CHAIN).permutes == 2
 

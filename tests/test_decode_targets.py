@@ -16,15 +16,16 @@ import numpy as np
 import pytest
 from helpers import need, s3_in_process
 
+from roofline.compiled.program import collectives
 from roofline.decode_cost import decode_step_cost, decode_step_cost_per_device, weight_bytes
 from roofline.flops import param_count
-from roofline.program import collectives
-from sessions import aot, inference, sharding
-from sessions.cli import PROMPT, infer_flags
+from sessions import inference, sharding
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
-from sessions.serving import inference_config
-from sessions.target_infer import plan_decode
+from sessions.plan import aot
+from sessions.plan.inference import plan_decode
+from sessions.run.cli import PROMPT, infer_flags
+from sessions.run.serving import inference_config
 
 
 def plan(target_text, mesh, batches, preset="course", *flags):

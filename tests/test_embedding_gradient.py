@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from roofline.scatters import scatters
+from roofline.compiled.scatters import scatters
 from sessions import model
 from sessions.config import PRESETS, TrainConfig
 from sessions.train import loss_fn, make_optimizer, make_train_step

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from roofline.scatters import scatters
+from roofline.compiled.scatters import scatters
 from sessions import flax_model
 from sessions.config import TrainConfig
 from sessions.model import forward, init_params

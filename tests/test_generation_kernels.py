@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from roofline.targets import missing_extras
+from roofline.plan.targets import missing_extras
 from sessions import attention, inference
 from sessions.config import ModelConfig
 from sessions.model import init_params

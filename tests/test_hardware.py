@@ -17,12 +17,12 @@ from roofline.hardware import (
     local_peak_flops,
     local_roofs,
 )
-from sessions import accelerator
-from sessions.accelerator import Defaults, capability_defaults, check_accelerator_visible
-from sessions.cli import run_main
-from sessions.errors import UsageError
 from sessions.meter import format_record, make_record
-from sessions.report import summarize, summary_lines
+from sessions.run import accelerator
+from sessions.run.accelerator import Defaults, capability_defaults, check_accelerator_visible
+from sessions.run.cli import run_main
+from sessions.run.errors import UsageError
+from sessions.run.report import summarize, summary_lines
 
 T, G, GiB, MiB = 1e12, 1e9, 2**30, 2**20
 
@@ -393,7 +393,7 @@ def test_a_tpu_v3_trace_read_elsewhere_is_held_against_one_core():
     """A TPU v3 chip is two jax devices (two TensorCores), and a trace's devices
     are jax's: roofline.json's chip gives each device half of the chip's 123
     TFLOP/s and 900 GB/s (cloud.google.com/tpu/docs/v3), on any reader."""
-    from roofline.record import roofs_for
+    from roofline.measured.record import roofs_for
 
     recorded = {
         "platform": "tpu",

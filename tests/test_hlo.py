@@ -1,10 +1,10 @@
-"""roofline/hlo.py: the one reader of HLO text, on snippets written as XLA prints
+"""roofline/compiled/hlo.py: the one reader of HLO text, on snippets written as XLA prints
 them and on a program compiled on this CPU."""
 
 import jax
 import jax.numpy as jnp
 
-from roofline.hlo import Array, array_bytes, arrays, parse, parse_instruction
+from roofline.compiled.hlo import Array, array_bytes, arrays, parse, parse_instruction
 
 # A partitioned step as a TPU compiler prints it: an async all-gather, a fusion
 # whose attribute spans two lines (the second starts with a brace, as a

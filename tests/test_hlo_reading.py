@@ -6,8 +6,14 @@ first H100 run's compiled step."""
 import gzip
 import os
 
-from roofline.program import collectives, group_size, link_bytes, matmul_dtypes, windowed_loops
-from roofline.scatters import scatters
+from roofline.compiled.program import (
+    collectives,
+    group_size,
+    link_bytes,
+    matmul_dtypes,
+    windowed_loops,
+)
+from roofline.compiled.scatters import scatters
 
 
 def test_group_sizes_in_each_spelling():

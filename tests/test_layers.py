@@ -68,9 +68,9 @@ def test_roofline_library_imports_nothing_from_sessions():
 # What roofline's command line may take from sessions/: configs, flags, the attention
 # choices and the errors it reports; never the model or the training step.
 ENTRY_POINT_MAY_IMPORT = {
-    "sessions.cli",
+    "sessions.run.cli",
     "sessions.config",
-    "sessions.errors",
+    "sessions.run.errors",
     "sessions.attention",
 }
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from helpers import need, run_script, s2_in_process
 
-from roofline.hlo import parse
-from roofline.program import collectives, collectives_table
-from roofline.scatters import scatters
+from roofline.compiled.hlo import parse
+from roofline.compiled.program import collectives, collectives_table
+from roofline.compiled.scatters import scatters
 from sessions import data, sharding
 from sessions.config import PRESETS
 from sessions.manual_fsdp import make_manual_step

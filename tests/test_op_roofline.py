@@ -1,4 +1,4 @@
-"""roofline/op_work.py and op_roofline.py: each op of a compiled program, its
+"""roofline/compiled/op_work.py and op_roofline.py: each op of a compiled program, its
 FLOPs, bytes and link bytes against counts done by hand, and the step it
 predicts on a chip's roofs; then a gpt2 step compiled for h100:8."""
 
@@ -9,9 +9,9 @@ import json
 import pytest
 
 from roofline.chips import CHIPS
-from roofline.hlo import parse
-from roofline.op_roofline import OpRoofs, chip_roofs, matmul_tile, predict_ops
-from roofline.op_work import hbm_bytes, program_work
+from roofline.compiled.hlo import parse
+from roofline.compiled.op_roofline import OpRoofs, chip_roofs, matmul_tile, predict_ops
+from roofline.compiled.op_work import hbm_bytes, program_work
 from tests.helpers import need, run_script
 
 # A dot, a fusion that only slices one of its operands, an all-reduce over 4

@@ -22,8 +22,8 @@ from jax.sharding import PartitionSpec as P
 from pod_devices import slice_devices
 
 from sessions import sharding
-from sessions.checkpoint import Checkpoints
 from sessions.config import PRESETS
+from sessions.run.checkpoint import Checkpoints
 
 TINY = ["--preset", "tiny", "--sample-bytes", "0"]
 

@@ -6,7 +6,7 @@ import os
 
 from helpers import hand_flops, run_script
 
-from roofline.record import METADATA
+from roofline.measured.record import METADATA
 from sessions.config import PRESETS
 
 

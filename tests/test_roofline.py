@@ -24,10 +24,8 @@ from helpers import (
     without_plugin_noise,
 )
 
-from roofline import compare as compare_module
-from roofline import record
-from roofline.chart import roofline_chart, roofline_figure
-from roofline.compare import compare, profile_table, xla_cost
+from roofline.compiled.kinds import KINDS, classify_hlo
+from roofline.compiled.op_roofline import OpRoofs, group_alike, predict_ops
 from roofline.flops import (
     count_params,
     ledger,
@@ -38,13 +36,15 @@ from roofline.flops import (
     train_flops,
 )
 from roofline.hardware import CHIPS, LocalRoofs, chip_for_kind, find_chip, local_roofs
-from roofline.kinds import KINDS, classify_hlo
+from roofline.measured import compare as compare_module
+from roofline.measured import record
+from roofline.measured.chart import roofline_chart, roofline_figure
+from roofline.measured.compare import compare, profile_table, xla_cost
+from roofline.measured.profile import capture
+from roofline.measured.table import table_lines
+from roofline.measured.trace import read_trace
 from roofline.memory import step_memory
-from roofline.op_roofline import OpRoofs, group_alike, predict_ops
 from roofline.predict import predict, predict_train_step, utilisation
-from roofline.profile import capture
-from roofline.table import table_lines
-from roofline.trace import read_trace
 from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.model import init_params
 from sessions.train import init_state, make_optimizer, make_train_step

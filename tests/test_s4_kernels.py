@@ -11,9 +11,10 @@ import pytest
 from hardware_fakes import FakeDevice, rounded_matmuls, to_bf16, to_tf32
 from helpers import REPO, run_script
 
-from roofline.targets import local_target
-from sessions import aot, flash, precision
+from roofline.plan.targets import local_target
+from sessions import flash, precision
 from sessions.attention import einsum_attention
+from sessions.plan import aot
 
 H100 = "NVIDIA H100 80GB HBM3"
 SCRIPT = "sessions/s4_kernels.py"

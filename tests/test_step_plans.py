@@ -14,16 +14,16 @@ import jax
 import pytest
 from helpers import need
 
+from roofline.compiled.hlo import parse
+from roofline.compiled.scatters import scatters
 from roofline.flops import attention_flops, param_count, train_flops
-from roofline.hlo import parse
-from roofline.scatters import scatters
-from sessions import aot
-from sessions.cli import resolve, train_flags
-from sessions.target_train import plan_target
+from sessions.plan import aot
+from sessions.plan.training import plan_target
+from sessions.run.cli import resolve, train_flags
 
 
 def compile_step(target_text, preset="tiny", mesh=None, **flags):
-    """Planned (sessions/target_train.py) for s2_train.py --target TARGET --preset PRESET [flags]."""
+    """Planned (sessions/plan/training.py) for s2_train.py --target TARGET --preset PRESET [flags]."""
     argv = ["--preset", preset, "--target", target_text]
     for flag, value in flags.items():
         argv += [f"--{flag.replace('_', '-')}", str(value)]

@@ -17,11 +17,11 @@ from helpers import need, run_python, run_script, s2_in_process
 
 from roofline.flops import param_count, train_flops
 from roofline.hardware import CHIPS
-from roofline.targets import TargetError, parse_target
-from sessions import aot
+from roofline.plan.targets import TargetError, parse_target
 from sessions.config import ModelConfig
-from sessions.errors import UsageError
 from sessions.model import init_params
+from sessions.plan import aot
+from sessions.run.errors import UsageError
 
 # Chips and targets, with or without the compilers.
 

@@ -1,4 +1,4 @@
-"""Traces from any chip: roofline/trace.py finds the steps and ops of GPU- and
+"""Traces from any chip: roofline/measured/trace.py finds the steps and ops of GPU- and
 TPU-shaped traces (built here as the runtimes write them, from their sources),
 the profiler's window drains each traced step on a real CPU, and `python -m
 roofline compare DIR` holds a trace against the chip it was captured on.
@@ -38,14 +38,14 @@ import pytest
 from helpers import roofline_command
 from xspace_fixtures import Plane, Ref, U, write_run
 
-from roofline import compare as compare_module
-from roofline import record
-from roofline.compare import local_comparison
 from roofline.flops import train_flops
 from roofline.hardware import LocalRoofs
-from roofline.profile import TraceWindow, capture
-from roofline.trace import read_trace
-from roofline.trace_ops import latest_run, load_ops
+from roofline.measured import compare as compare_module
+from roofline.measured import record
+from roofline.measured.compare import local_comparison
+from roofline.measured.profile import TraceWindow, capture
+from roofline.measured.trace import read_trace
+from roofline.measured.trace_ops import latest_run, load_ops
 from sessions.config import ModelConfig
 
 # ---------------------------------------------------------------- a GPU's trace

@@ -17,11 +17,11 @@ import shutil
 import pytest
 
 from roofline import __main__ as cli
-from roofline.kernel_ops import align, attribute
-from roofline.kinds import KINDS, classify_hlo
-from roofline.trace import _self_times, read_trace, step_profile
-from roofline.trace_ops import Op
-from roofline.xspace import read_xspace
+from roofline.compiled.kinds import KINDS, classify_hlo
+from roofline.measured.kernel_ops import align, attribute
+from roofline.measured.trace import _self_times, read_trace, step_profile
+from roofline.measured.trace_ops import Op
+from roofline.measured.xspace import read_xspace
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "h100")
 SCATTER = "input_scatter_fusion"  # the bf16 scatter-add of the embedding's gradient

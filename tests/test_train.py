@@ -14,13 +14,14 @@ import numpy as np
 import optax
 import pytest
 
-from sessions import data, preemption, train
+from sessions import data, train
 from sessions import meter as meter_module
 from sessions.config import PRESETS, TrainConfig
-from sessions.errors import TrainingDiverged
 from sessions.meter import Meter, format_record
 from sessions.model import init_params
-from sessions.report import summarize, summary_lines
+from sessions.run import preemption
+from sessions.run.errors import TrainingDiverged
+from sessions.run.report import summarize, summary_lines
 from sessions.sharding import batch_sharding, make_mesh
 from sessions.train import (
     abstract_batch,

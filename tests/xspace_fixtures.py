@@ -2,7 +2,7 @@
 run on the chip itself: planes, lines, events and stats by name, written as a
 real `.xplane.pb` through jaxlib's own compiled XSpace proto
 (`jax.profiler.ProfileData.text_proto_to_serialized_xspace`), so the reader
-under test (roofline/xspace.py, its own copy of the schema) reads bytes it
+under test (roofline/measured/xspace.py, its own copy of the schema) reads bytes it
 did not write.
 
 As the runtimes do (xla/tsl/profiler/utils/xplane_builder.h), an event's

@@ -1,0 +1,240 @@
+"""Plan inference on a chip this machine lacks: `s3_infer.py --target
+CHIP[:SHAPE]` compiles prefill and the decode loop for each batch (sessions/plan/aot.py),
+prints what each device holds, the decode roofline and what the compiler did
+(roofline/plan.py), and exits.
+"""
+
+import dataclasses
+from typing import NamedTuple
+
+from jax import ShapeDtypeStruct
+
+from roofline import decode_cost
+from roofline.compiled.program import Collective, collectives, read_program
+from roofline.flops import model_line, param_count
+from roofline.plan.decode import DecodePlan, decode_lines, decode_summary
+from roofline.plan.training import comm_time
+from sessions import inference, sharding
+from sessions.attention import KERNEL_PLATFORM
+from sessions.attention import choose as choose_attention
+from sessions.data import text_to_tokens
+from sessions.plan import aot
+from sessions.run.errors import UsageError
+from sessions.run.serving import inference_config
+
+
+def plan_inference(args, say=print):
+    """--target: plan prefill and decode of the model these flags
+    (sessions.run.cli.infer_flags) describe for the chip, write --hlo-out and
+    --summary-out, and return the exit status (a UsageError if no batch fits)."""
+    target, devices = aot.devices_for(args.target)
+    cfg, _ = inference_config(args, platform=target.chip.platform)
+    prompt_len, preset = len(text_to_tokens(args.prompt)), args.preset or "course"
+    inference.check_lengths(cfg, prompt_len, 1)  # the decode program takes any count of steps
+    planned = plan_decode(args.mesh, cfg, args.batches, prompt_len, preset, target, devices, say)
+    return aot.write_plan(args, planned.compiled, planned.summary)
+
+
+def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
+    """Compile prefill of `batch` prompts for the target, say how it went (memory,
+    FLOPs against the napkin) and return it as JSON. Attention as s2_train.py
+    picks it for the chip."""
+    chip, n = target.chip, target.devices
+    impl, note = choose_attention(None, chip.platform, cfg, batch, seq=prompt_len)
+    cfg = dataclasses.replace(cfg, attention_impl=impl)
+
+    def args_for(mesh, cfg=cfg):
+        prompts = ShapeDtypeStruct(
+            (batch, prompt_len), "int32", sharding=sharding.batch_sharding(mesh)
+        )
+        return (aot.abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
+
+    compiled, oom, seconds = aot.compile_or_oom(inference.prefill, *args_for(mesh), mesh, chip, say)
+    napkin = decode_cost.prefill_flops(cfg, batch, prompt_len) / n
+    summary = {
+        "batch": batch,
+        "prompt_tokens": prompt_len,
+        "attention_impl": impl,
+        "compile_seconds": seconds,
+        "napkin_flops_per_device": napkin,
+    }
+    head = f"prefill: {batch} x {prompt_len} tokens, attention {impl}" + (
+        f" ({note})" if note else ""
+    )
+    if compiled is None:
+        say(f"{head}: does not fit: {oom}")
+        return {**summary, "fits": False, "error": oom}
+    facts = read_program(compiled, n)
+    xla, source = facts.xla_flops, "XLA's cost analysis of the compiled program"
+    if xla is None or impl in KERNEL_PLATFORM:  # no count, or one blind to the kernel
+        einsum = dataclasses.replace(cfg, attention_impl="einsum")
+        xla = aot.count_on_this_cpu(lambda mesh: (inference.prefill, *args_for(mesh, einsum))) / n
+        source = "XLA's count before optimisation, lowered for this CPU, attention as einsums"
+    fits = facts.memory_bytes <= target.hbm_per_device
+    say(
+        f"{head} | compiled in {seconds:.1f} s | {facts.memory_bytes / 1e6:,.1f} MB of "
+        f"{target.hbm_per_device / 1e9:.2f} GB HBM per device{'' if fits else ': DOES NOT FIT'}"
+    )
+    say(
+        f"  FLOPs per device: XLA {xla / 1e9:,.3f} GFLOP, napkin {napkin / 1e9:,.3f} GFLOP: "
+        f"{100 * (xla / napkin - 1):+.1f}%; {source}"
+    )
+    return {
+        **summary,
+        "fits": fits,
+        "memory_per_device_bytes": facts.memory_bytes,
+        "xla_flops_per_device": xla,
+        "xla_flops_source": source,
+    }
+
+
+def plan_decode_batch(cfg, batch, mesh, target, say):
+    """(DecodePlan, the compiled program) of the decode loop for `batch`
+    sequences, or (None, why the compiler refused it)."""
+    chip, n = target.chip, target.devices
+    args, static = aot.abstract_decode_inputs(cfg, batch, mesh)
+    compiled, oom, seconds = aot.compile_or_oom(
+        inference.decode_steps, args, static, mesh, chip, say
+    )
+    if compiled is None:
+        return None, oom
+    facts, text = read_program(compiled, n), compiled.as_text()
+    # XLA's cost analysis counts a while loop's body once, whatever its trip count (here
+    # the constant inference.STEPS), so the decode program's count is one step's plus
+    # what runs outside the loop: nothing, as the weights come as decode reads them.
+    # Its collectives are counted once a trip (roofline/compiled/program.py reads the constant):
+    # the loop's, over its steps, are one step's.
+    xla, source = facts.xla_flops, "XLA's cost analysis of the compiled loop (one step)"
+    if xla is None:
+        xla = (
+            aot.count_on_this_cpu(
+                lambda mesh: (inference.decode_steps, *aot.abstract_decode_inputs(cfg, batch, mesh))
+            )
+            / n
+        )
+        source = (
+            "the target's compiler gives none: XLA's count of the loop before "
+            "optimisation, lowered for this CPU, shared by the devices"
+        )
+    per_step = {
+        kind: Collective(*(x // inference.STEPS for x in c))
+        for kind, c in collectives(text, n, in_loops=True).items()
+    }
+    memory = compiled.memory_analysis()
+    peak = chip.peak(cfg.dtype, facts.matmul_precision)
+    bandwidth = chip.hbm_bandwidth * target.chips / n
+    decoded = DecodePlan(
+        batch=batch,
+        weight_bytes=aot.held_bytes(args[0]),
+        cache_bytes=aot.held_bytes(args[1]),
+        argument_bytes=memory.argument_size_in_bytes,
+        temp_bytes=memory.temp_size_in_bytes,
+        memory_bytes=facts.memory_bytes,
+        hbm_bytes=target.hbm_per_device,
+        step=decode_cost.decode_step_cost_per_device(
+            cfg, batch, dict(mesh.shape), peak_flops=peak, bandwidth=bandwidth
+        ),
+        comm_s=comm_time(per_step, chip)[1],
+        collectives=per_step,
+        per_call=collectives(text, n, in_loops=False),
+        kernels=facts.kernels,
+        matmul_dtypes=facts.matmul_dtypes,
+        xla_flops=xla,
+        xla_source=source,
+        compile_s=seconds,
+    )
+    return decoded, compiled
+
+
+class DecodePlanned(NamedTuple):
+    plans: list  # roofline.plan.decode.DecodePlan, one per batch the compiler took
+    summary: dict  # --summary-out; "error" if no batch fits
+    compiled: object  # the decode program of the largest batch compiled (--hlo-out), or None
+
+
+def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, say=print):
+    """Compile prefill (the largest batch) and the decode loop (each of `batches`;
+    None: aot.DECODE_ROWS per data x fsdp group) for `target` over `mesh_text` (None:
+    all on fsdp, as s2_train.py), print what each device holds, the decode
+    roofline and what the compiler did, and return DecodePlanned."""
+    sizes, mesh = aot.target_mesh(mesh_text, target, devices)
+    ways = sizes["data"] * sizes["fsdp"]
+    batches = batches or [rows * ways for rows in aot.DECODE_ROWS]
+    for b in batches:
+        if b % ways:
+            raise UsageError(f"--batches: {b} does not divide over data x fsdp = {ways} of --mesh")
+    sharding.check_divisible(cfg, ways, sizes)
+    chip, n = target.chip, target.devices
+    peak, bandwidth = chip.peak(cfg.dtype), chip.hbm_bandwidth * target.chips / n
+    link = f", {chip.interconnect / 2e9:,.0f} GB/s a link direction" if chip.interconnect else ""
+    say(
+        f"target: {target.name}, {n} x {devices[0].device_kind} (compile-only: nothing runs) "
+        f"| preset {preset}"
+    )
+    say(
+        f"model: {model_line(cfg, length='T')} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype}"
+    )
+    say(
+        f"mesh: {', '.join(f'{a}={k}' for a, k in sizes.items())} | per device "
+        f"{peak / 1e12:,.1f} TFLOP/s ({cfg.dtype}), {bandwidth / 1e9:,.0f} GB/s HBM{link}"
+    )
+    summary = {
+        "target": target.name,
+        "devices": n,
+        "mesh": sizes,
+        "preset": preset,
+        "model": dataclasses.asdict(cfg),
+        "peak_flops_per_device": peak,
+        "hbm_bandwidth_per_device": bandwidth,
+    }
+    summary["prefill"] = plan_prefill(cfg, max(batches), prompt_len, mesh, target, say)
+
+    plans, refused, compiled = [], {}, None
+    for b in sorted(batches):  # the last program compiled is the largest batch's (--hlo-out)
+        decoded, out = plan_decode_batch(cfg, b, mesh, target, say)
+        if decoded is None:
+            refused[b] = out
+        else:
+            plans.append(decoded)
+            compiled = out
+            if not decoded.fits:
+                refused[b] = (
+                    f"XLA's plan needs {decoded.memory_bytes / 1e9:,.2f} GB a device, "
+                    f"more than its {target.hbm_per_device / 1e9:.2f} GB of HBM"
+                )
+    say(
+        "decode, one token per sequence a step, per device (it reads every weight tp does not "
+        "split):"
+    )
+    for line in decode_lines(plans, target.hbm_per_device) if plans else []:
+        say(line)
+    for b, why in refused.items():
+        say(f"  batch {b} does not fit: {why}")
+    best = decode_cost.compute_bound_batch_per_device(
+        cfg, sizes, peak_flops=peak, bandwidth=bandwidth
+    )
+    say(
+        f"decode turns compute-bound from batch {best:,.0f} on this mesh"
+        if best
+        else f"decode is memory-bound at every batch here (T={cfg.seq}: the cache outweighs "
+        "the work)"
+    )
+    if any("all-gather" in p.collectives for p in plans) and sizes["fsdp"] > 1:
+        say(
+            "fsdp gathers the weights again every step (the all-gathers): --mesh tp=N splits "
+            "them where they lie, data=N keeps a whole copy on each device"
+        )
+    summary["compute_bound_batch"] = best
+    summary["batches"] = {str(p.batch): decode_summary(p) for p in plans}
+    for b, why in refused.items():
+        summary["batches"].setdefault(str(b), {"fits": False})["error"] = why
+    if not any(p.fits for p in plans):
+        tries = ["smaller --batches", "a shorter --seq (the cache grows with it)"]
+        if sizes["data"] > 1:
+            tries.append("fsdp or tp for data in --mesh (data copies every weight)")
+        summary["error"] = (
+            f"no batch of {', '.join(map(str, batches))} fits on {target.name} "
+            f"({target.hbm_per_device / 1e9:.2f} GB HBM per device); try "
+            f"{', '.join(tries)}, or a bigger slice"
+        )
+    return DecodePlanned(plans, summary, compiled)

@@ -1,0 +1,280 @@
+"""Command-line plumbing of the session scripts: their flags, one `resolve` from
+preset + flags + platform to configs, and bad input reported on one line.
+
+    args = train_flags(argv)           # s2_train.py's flags (infer_flags: s3_infer.py's)
+    run = resolve(args)                # Resolved(preset, model, train, attention_note, data)
+
+Platform defaults live here and nowhere else: a CPU trains the `cpu` preset in
+float32 with einsum attention; a GPU or TPU the `course` preset in bfloat16
+with its flash kernel (sessions/attention.py), or float32 and XLA's attention
+on a GPU below compute capability 8.0 (sessions/run/accelerator.py).
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import NamedTuple
+
+import jax
+
+from sessions.attention import IMPLEMENTATIONS, choose
+from sessions.config import PRESETS, ModelConfig, TrainConfig
+from sessions.data import DOCS, STDLIB
+from sessions.run import multihost
+from sessions.run.accelerator import capability_defaults
+from sessions.run.errors import Interrupted, TrainingDiverged, UsageError
+
+PROMPT = "The import statement "  # the sample's start, in both sessions' scripts
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse's own errors (unknown flag, bad type) on one line, exit 2.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text):
+    value = int(text) if text.lstrip("-").isdigit() else -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got '{text}'")
+    return value
+
+
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def output_file(text):
+    """A file to write later, its directory checked now: a run must not train for
+    an hour and then fail to write its summary."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text) or not os.path.isdir(folder):
+        what = "is a directory" if os.path.isdir(text) else f"its directory {folder} does not exist"
+        raise argparse.ArgumentTypeError(f"cannot write '{text}': {what}")
+    return text
+
+
+def add_shape_flags(parser):
+    """--preset and the flags that override its fields (None: keep the preset's)."""
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="named shapes (default: cpu on a CPU, course on GPU/TPU)",
+    )
+    for flag in ("steps", "seq", "embed", "ff", "heads", "head-dim", "layers"):
+        parser.add_argument(f"--{flag}", type=positive_int)
+    parser.add_argument("--batch", type=positive_int, help="sequences per step, all devices")
+    parser.add_argument(
+        "--vocab",
+        type=positive_int,
+        help="vocabulary size: at least 256 on bytes; above every token of token files "
+        "(GPT-2's: 50304); any for --target",
+    )
+    parser.add_argument("--lr", type=positive_float)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument("--log-every", type=positive_int)
+    parser.add_argument(
+        "--data",
+        help="docs (CPython's docs, the CPU default), stdlib (its source, the GPU/TPU default), "
+        "a text file, folder or glob, or token files: nanoGPT's train.bin, llm.c's "
+        "'dir/*_train_*.bin' (with --vocab)",
+    )
+
+
+def add_tokenizer_flag(parser):
+    parser.add_argument(
+        "--tokenizer",
+        metavar="FILE",
+        help="a Hugging Face tokenizer.json that reads the ids of token files as text "
+        "(needs `pip install tokenizers`; default: print ids)",
+    )
+
+
+def add_chip_flags(parser, what):
+    """--dtype, --mesh and --target, as both sessions take them."""
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="matmul dtype (default: bfloat16 on GPU/TPU, float32 on CPU)",
+    )
+    parser.add_argument("--mesh", help="axis=size,... over data, fsdp, tp")
+    parser.add_argument(
+        "--target",
+        metavar="CHIP[:SHAPE]",
+        help=f"compile {what} for a chip this machine lacks (tpu-v5e:2x4, h100:8; chips: "
+        "python -m roofline chips), print its memory, collectives, kernels, roofline; exit",
+    )
+    parser.add_argument(
+        "--hlo-out", type=output_file, help="with --target: write the compiled program here"
+    )
+    parser.add_argument(
+        "--summary-out", type=output_file, help="write the closing numbers here, as JSON"
+    )
+
+
+def train_flags(argv=None):
+    """s2_train.py's flags, parsed."""
+    parser = ArgumentParser(prog="s2_train.py", description="Session 2: train a transformer.")
+    add_shape_flags(parser)
+    add_chip_flags(parser, "the step")
+    parser.add_argument(
+        "--attention-impl",
+        choices=sorted(IMPLEMENTATIONS),
+        help="einsum by hand (default on CPU); fused: the chip's fastest, cuDNN's flash "
+        "kernel on NVIDIA, Pallas splash on TPU, else jax.nn.dot_product_attention; "
+        "pallas: our own flash kernel (sessions/flash.py; interpreted on a CPU, slow)",
+    )
+    parser.add_argument(
+        "--collectives",
+        choices=["auto", "manual"],
+        default="auto",
+        help="FSDP's collectives: inserted by the partitioner (auto), or written by hand "
+        "under jax.shard_map (manual: meshes over data and fsdp, tp=1)",
+    )
+    for flag in ("--no-attention", "--no-positions", "--no-jit", "--show-sharding"):
+        parser.add_argument(flag, action="store_true")
+    parser.add_argument("--no-overlap", action="store_true", help="load each batch in the loop")
+    parser.add_argument("--data-delay-ms", type=non_negative_int, default=0, help="slow storage")
+    parser.add_argument("--eval-every", type=positive_int)
+    parser.add_argument(
+        "--metrics-out", type=output_file, help="write one JSON object per logged step here"
+    )
+    parser.add_argument("--run-dir", default="runs/s2", help="loss curve and outputs go here")
+    parser.add_argument("--profile", metavar="DIR", help="trace a few steps into DIR (xprof)")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=non_negative_int,
+        default=0,
+        help="save every N steps, on SIGINT/SIGTERM and at the end (0: never)",
+    )
+    parser.add_argument("--checkpoint-dir", help="default: RUN_DIR/checkpoints")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    parser.add_argument(
+        "--prompt",
+        help=f"start of the sample (default: '{PROMPT}', cut to fit); on token files, ids "
+        "('464 1330', default: the validation split's first)",
+    )
+    add_tokenizer_flag(parser)
+    parser.add_argument(
+        "--sample-bytes", type=non_negative_int, default=300, help="(tokens, on token files)"
+    )
+    multihost.add_flags(parser)
+    return parser.parse_args(argv)
+
+
+TRAINING_ONLY = ("steps", "batch", "lr", "log_every", "data")
+
+
+def infer_flags(argv=None):
+    """s3_infer.py's flags, parsed and checked."""
+    parser = ArgumentParser(prog="s3_infer.py", description="Session 3: inference.")
+    add_shape_flags(parser)
+    add_chip_flags(parser, "prefill and decode")
+    parser.add_argument("--checkpoint-dir", default="runs/s2/checkpoints")
+    parser.add_argument("--random-params", action="store_true", help="no checkpoint: speed only")
+    parser.add_argument("--batches", help="decode batch sizes (default 1,4,16,64 x data x fsdp)")
+    parser.add_argument("--new-tokens", type=positive_int, default=64, help="decode steps")
+    parser.add_argument(
+        "--prompt", default=PROMPT, help="text; for a model of token files, ids: '464 1330'"
+    )
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    add_tokenizer_flag(parser)
+    parser.add_argument("--run-dir", default="runs/s3", help="the plot goes here")
+    args = parser.parse_args(argv)
+    for flag in TRAINING_ONLY:
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} is a training flag (try --batches)")
+    try:
+        args.batches = args.batches and [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise UsageError(f"--batches {args.batches}: positive integers, e.g. 1,4,16") from None
+    if args.batches is not None and min(args.batches) < 1:
+        raise UsageError(f"--batches {args.batches}: positive integers, e.g. 1,4,16")
+    if args.temperature < 0:
+        raise UsageError(f"--temperature {args.temperature}: 0 (greedy) or positive")
+    return args
+
+
+class Resolved(NamedTuple):
+    preset: str
+    model: ModelConfig
+    train: TrainConfig
+    attention_note: str | None  # one header line when the attention is not the usual choice
+    data: str  # the corpus: "docs", "stdlib" or a path (sessions/data.py)
+
+
+MODEL_FLAGS = ("seq", "embed", "ff", "heads", "head_dim", "layers", "vocab")
+TRAIN_FLAGS = ("steps", "batch", "lr", "seed", "log_every", "eval_every")
+
+
+def resolve(args, platform=None, **model_overrides):
+    """Resolved configs for the chip the step is built for: `platform` ("cpu",
+    "gpu", "tpu"; None: this machine's, whose device also says its compute
+    capability). A flag a command lacks counts as not given."""
+
+    def flag(name):
+        return getattr(args, name, None)
+
+    here = platform is None
+    platform = platform or jax.default_backend()
+    on_cpu = platform == "cpu"
+    preset = flag("preset") or ("cpu" if on_cpu else "course")
+    device = jax.local_devices()[0] if here else None
+    caps = capability_defaults(device, flag("dtype"), flag("attention_impl"))
+    given = {name: flag(name) for name in MODEL_FLAGS}
+    given["attention"] = not flag("no_attention")
+    given["positions"] = not flag("no_positions")
+    given["dtype"] = caps.dtype or ("float32" if on_cpu else "bfloat16")
+    given.update(model_overrides)
+    model = dataclasses.replace(
+        PRESETS[preset].model, **{k: v for k, v in given.items() if v is not None}
+    )
+    train = dataclasses.replace(
+        PRESETS[preset].train, **{k: flag(k) for k in TRAIN_FLAGS if flag(k) is not None}
+    )
+    if caps.attention_impl:  # below compute capability 8.0: XLA's attention
+        impl, note = caps.attention_impl, caps.note
+    elif "attention_impl" in model_overrides:
+        impl, note = model_overrides["attention_impl"], None
+    else:
+        impl, note = choose(flag("attention_impl"), platform, model, train.batch)
+    # The docs on a CPU, whose losses the README quotes; on a chip, whose default
+    # run would pass over the docs 35 times, the standard library's source.
+    corpus = flag("data") or (DOCS if on_cpu else STDLIB)
+    return Resolved(preset, dataclasses.replace(model, attention_impl=impl), train, note, corpus)
+
+
+def run_main(main, argv=None):
+    """main(argv), with every way a run stops on purpose turned into one line
+    on stderr and its exit status (sessions/run/errors.py)."""
+    try:
+        return main(argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except TrainingDiverged as e:
+        print(f"error: {e}; try a lower --lr", file=sys.stderr)
+        return 1
+    except Interrupted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("stopped: interrupted (no checkpoints: pass --checkpoint-every N)", file=sys.stderr)
+        return 130
