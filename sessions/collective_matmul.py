@@ -48,8 +48,9 @@ ways), for GPT2_MLP, one row of 1024 tokens a device on a ring of 8:
 At 256 tokens the matmul is a quarter of the hop, and the compiled program
 shows it: the scheduler sends the first three shards back to back.
 
-Compiled for tpu-v5e:2x4 at GPT2_MLP (`programs_on`, `schedule_summary`;
-tests/test_collective_matmul.py checks each line):
+Compiled for tpu-v5e:2x4 at GPT2_MLP (sessions/plan/collective_matmul.py's
+`programs_on`, then `schedule_summary`; tests/test_collective_matmul.py checks
+each line):
 
     allgather_matmul   1 all-gather, then 1 matmul: nothing beside the gather
     collective_matmul  permute start, matmul, permute done, seven times, then
@@ -84,7 +85,6 @@ from jax.sharding import NamedSharding
 from roofline.compiled.hlo import parse
 from roofline.compiled.kinds import classify_hlo
 from roofline.compiled.program import collectives
-from sessions.plan import aot
 from sessions.sharding import ACTIVATION_SPECS, PARAM_SPECS
 
 RING = "fsdp"  # the mesh axis whose devices pass the weight shards around
@@ -147,19 +147,6 @@ def compiled_matmul(matmul, mesh, shape, dtype=jnp.bfloat16):
     w = jax.ShapeDtypeStruct((E, F), dtype, sharding=NamedSharding(mesh, W_SPEC))
     with jax.set_mesh(mesh):
         return jax.jit(lambda x, w: matmul(x, w, mesh)).lower(x, w).compile()
-
-
-def programs_on(target_text, shape=GPT2_MLP):
-    """{name: compiled program text} of the three matmuls for a chip this machine
-    may lack ('tpu-v5e:2x4'), every device on the fsdp ring. A session script prints
-
-        for name, text in programs_on("tpu-v5e:2x4").items():
-            print(schedule_line(name, schedule_summary(text)))
-    """
-    target, devices = aot.devices_for(target_text)
-    _, mesh = aot.target_mesh(f"fsdp={len(devices)}", target, devices)
-    matmuls = (allgather_matmul, collective_matmul, auto_matmul)
-    return {m.__name__: compiled_matmul(m, mesh, shape).as_text() for m in matmuls}
 
 
 class Schedule(NamedTuple):

@@ -34,7 +34,7 @@ preset on an H100 about 8 us. The start and the count are arguments, not
 shapes: one compile per batch size.
 
 Prefill's attention is the model's, except where a kernel would not take the
-prompt: attention.choose_for_length decides, for its length and platform.
+prompt: attention_choice.choose_for_length decides, for its length and platform.
 """
 
 import dataclasses
@@ -43,7 +43,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from sessions.attention import attention, choose_for_length
+from sessions.attention import attention
+from sessions.attention_choice import choose_for_length
 from sessions.decode_layout import decode_weights, dense_out_in
 from sessions.model import block, cast, embed, unembed
 from sessions.run.errors import UsageError

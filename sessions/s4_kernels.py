@@ -37,11 +37,13 @@ import jax.numpy as jnp
 
 from roofline.compiled.program import collectives_table
 from roofline.plan.targets import missing_extras
-from sessions import collective_matmul, flash, manual_fsdp, precision, sharding
+from sessions import collective_matmul, flash, precision, sharding
 from sessions.attention import einsum_attention
 from sessions.plan import aot
 from sessions.plan import attention as attention_plan
+from sessions.plan import collective_matmul as collective_matmul_plan
 from sessions.precision import biggest
+from sessions.run import fsdp_both_ways
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import run_main
 from sessions.run.errors import UsageError
@@ -151,7 +153,7 @@ def check_fsdp(steps):
     held = True
     for mesh_text in ("fsdp=8", "data=2,fsdp=4"):
         print(f"3. FSDP over {mesh_text} (8 simulated CPU devices, the tiny preset, {steps} steps)")
-        runs = manual_fsdp.train_both_ways(mesh_text, steps, jax.devices("cpu")[:8])
+        runs = fsdp_both_ways.train_both_ways(mesh_text, steps, jax.devices("cpu")[:8])
         (auto_losses, auto_program), (losses, program) = runs["auto"], runs["manual"]
         print(f"     auto   losses {' '.join(f'{x:.4f}' for x in auto_losses)}")
         print(f"     manual losses {' '.join(f'{x:.4f}' for x in losses)}")
@@ -190,7 +192,7 @@ def target_tables(target, devices):
         print(f"   einsum attention stops fitting at S = {wall[0]:,}; the flash kernels hold O(S)")
     if not missing_extras("tpu"):
         print("   the collective matmul compiled for tpu-v5e:2x4, gpt2's MLP (schedule_summary):")
-        for name, text in collective_matmul.programs_on("tpu-v5e:2x4").items():
+        for name, text in collective_matmul_plan.programs_on("tpu-v5e:2x4").items():
             schedule = collective_matmul.schedule_summary(text)
             print(f"     {collective_matmul.schedule_line(name, schedule)}")
 

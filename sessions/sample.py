@@ -5,7 +5,7 @@ its window: when the context is full, its last half is prefilled again and
 decoding goes on from there, so every token still sees at least half a
 context, at positions the model was trained on. Each prefill, first or slid,
 runs the model's attention kernel only where it takes that length
-(attention.choose_for_length, in inference.generate).
+(attention_choice.choose_for_length, in inference.generate).
 
 A model of bytes reads and writes text. A model trained on token files reads
 and writes a tokenizer's ids. None is downloaded: its prompts and samples are

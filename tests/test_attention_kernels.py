@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from sessions import sharding
-from sessions.attention import choose, einsum_attention, splash_attention, splash_kernel
+from sessions.attention import einsum_attention, splash_attention, splash_kernel
+from sessions.attention_choice import choose
 from sessions.config import ModelConfig
 from sessions.run.errors import UsageError
 

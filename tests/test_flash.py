@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from sessions import sharding
-from sessions.attention import choose, einsum_attention, pallas_attention
+from sessions.attention import einsum_attention, pallas_attention
+from sessions.attention_choice import choose
 from sessions.config import ModelConfig
 from sessions.flash import flash_attention, online_softmax
 from sessions.run.errors import UsageError

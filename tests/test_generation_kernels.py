@@ -1,7 +1,7 @@
 """Generation with a model configured for a flash kernel: s2_train.py samples
 with its training config, splash attention on a TPU, cuDNN's on a GPU. Prefill
 runs the kernel only where it takes the prompt's length and the platform
-(attention.choose_for_length), else XLA's attention, and the tokens are those
+(attention_choice.choose_for_length), else XLA's attention, and the tokens are those
 of the einsum reference either way.
 
 On this CPU the splash kernel runs interpreted (attention.splash_attention),
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from roofline.plan.targets import missing_extras
-from sessions import attention, inference
+from sessions import attention, attention_choice, inference
 from sessions.config import ModelConfig
 from sessions.model import init_params
 from sessions.sample import sample_text as generate_text
@@ -28,7 +28,7 @@ from sessions.sample import sample_text as generate_text
 REFERENCE = ModelConfig(embed=24, ff=40, heads=3, head_dim=8, layers=2, seq=256)
 KERNELS = {
     "splash": dataclasses.replace(REFERENCE, attention_impl="splash"),
-    # cuDNN's flash attention takes bfloat16 only (attention.kernel_refusal).
+    # cuDNN's flash attention takes bfloat16 only (attention_choice.kernel_refusal).
     "cudnn": dataclasses.replace(REFERENCE, attention_impl="cudnn", dtype="bfloat16"),
 }
 LENGTHS = [1, 21, 64, 128]  # a byte, s2_train's prompt, a sliding window of T=128, a tile
@@ -67,14 +67,14 @@ def test_generate_on_a_kernel_config_gives_the_reference_tokens(params, kernel, 
     ],
 )
 def test_the_kernel_is_chosen_only_where_it_takes_the_prompt(kernel, length, impl):
-    chosen, note = attention.choose_for_length(KERNELS[kernel], "cpu", 2, length)
+    chosen, note = attention_choice.choose_for_length(KERNELS[kernel], "cpu", 2, length)
     assert chosen == impl
     assert (note is None) == (impl == kernel)
     # On an accelerator the fallback is XLA's fused call, as `choose` gives the step.
     # cuDNN's own trace-time checks need its library: without the CUDA plugin and
     # cuDNN (requirements-aot.txt) they refuse every shape, and so must we.
     on_chip = "tpu" if kernel == "splash" else "gpu"
-    chosen, note = attention.choose_for_length(KERNELS[kernel], on_chip, 2, length)
+    chosen, note = attention_choice.choose_for_length(KERNELS[kernel], on_chip, 2, length)
     if kernel == "cudnn" and missing_extras("gpu"):
         assert chosen == "fused" and "cuDNN" in note
     else:
@@ -100,7 +100,7 @@ def test_splash_takes_every_length_its_rule_accepts(length):
     run) for every length the rule accepts, and fails for those it refuses."""
     cfg = dataclasses.replace(REFERENCE, seq=length, heads=1, head_dim=128)
     x = jax.ShapeDtypeStruct((1, length, 1, 128), jnp.float32)
-    if attention.kernel_refusal("splash", cfg, 1) is None:
+    if attention_choice.kernel_refusal("splash", cfg, 1) is None:
         assert jax.eval_shape(attention.splash_kernel, x, x, x).shape == x.shape
     else:
         with pytest.raises(ValueError, match="multiple of 128"):

@@ -15,8 +15,8 @@ from roofline.flops import model_line, param_count
 from roofline.plan.decode import DecodePlan, decode_lines, decode_summary
 from roofline.plan.training import comm_time
 from sessions import inference, sharding
-from sessions.attention import KERNEL_PLATFORM
-from sessions.attention import choose as choose_attention
+from sessions.attention_choice import KERNEL_PLATFORM
+from sessions.attention_choice import choose as choose_attention
 from sessions.data import text_to_tokens
 from sessions.plan import aot
 from sessions.run.errors import UsageError

@@ -39,7 +39,7 @@ ATTENTION_WORDS = {
 @dataclasses.dataclass(frozen=True)
 class Defaults:
     dtype: str | None  # matmul dtype; None: the platform's usual default
-    attention_impl: str | None  # use as is; None: sessions.attention.choose picks
+    attention_impl: str | None  # use as is; None: sessions.attention_choice.choose picks
     note: str | None  # one header line saying why the usual defaults do not hold
 
 

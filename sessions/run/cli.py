@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import jax
 
-from sessions.attention import IMPLEMENTATIONS, choose
+from sessions.attention import IMPLEMENTATIONS
+from sessions.attention_choice import choose
 from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.data import DOCS, STDLIB
 from sessions.run import multihost
