@@ -195,17 +195,17 @@ def _cached_concatenation(files, cache_dir):
     """Concatenate many files into one token file, once; map it afterwards."""
     cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "hpllm-jax")
     stamp = "".join(f"{f}:{os.path.getsize(f)}:{os.path.getmtime(f)};" for f in files)
-    target = os.path.join(cache_dir, f"tokens-{hashlib.sha1(stamp.encode()).hexdigest()[:16]}.bin")
-    if not os.path.exists(target):
+    cached = os.path.join(cache_dir, f"tokens-{hashlib.sha1(stamp.encode()).hexdigest()[:16]}.bin")
+    if not os.path.exists(cached):
         os.makedirs(cache_dir, exist_ok=True)
-        partial = target + f".{os.getpid()}.partial"
+        partial = cached + f".{os.getpid()}.partial"
         with open(partial, "wb") as out:
             for f in files:
                 with open(f, "rb") as src:
                     while chunk := src.read(2**24):
                         out.write(chunk)
-        os.replace(partial, target)  # atomic: a killed run leaves no half file
-    return np.memmap(target, dtype=np.uint8, mode="r")
+        os.replace(partial, cached)  # atomic: a killed run leaves no half file
+    return np.memmap(cached, dtype=np.uint8, mode="r")
 
 
 def split(tokens, seq=0):

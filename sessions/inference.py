@@ -169,7 +169,7 @@ def pick(logits, key, pos, temperature, greedy):
 # course preset on this course's 2-core machine), which 16 steps of about 8 us on an
 # H100 outlast, so the host stays ahead of the chip. The last call runs up to 15
 # steps that count for nothing; 16 divides s3_infer.py's 64 new tokens and
-# generate.py's windows of 64.
+# sample.py's windows of 64.
 STEPS = 16
 
 

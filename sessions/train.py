@@ -24,9 +24,9 @@ def cross_entropy(logits, targets):
     """Mean negative log-likelihood in nats. logits [B, S, V] (any float dtype:
     the sums run in float32), targets int [B, S].
 
-    logsumexp minus the target's logit: the same number as log_softmax followed
-    by a one-hot dot product. The target's logit is picked by comparing each
-    vocabulary index with the target, not by indexing (take_along_axis): the
+    logsumexp minus the label's logit: the same number as log_softmax followed
+    by a one-hot dot product. The label's logit is picked by comparing each
+    vocabulary index with the label, not by indexing (take_along_axis): the
     gradient of an index is a scatter into a zeroed [B, S, V] array, one more
     pass over the largest array of the step, while the gradient of a compare
     fuses into the softmax's (4 of the 49 ms of GPT-2's step predicted for

@@ -83,7 +83,7 @@ def test_the_kernel_is_chosen_only_where_it_takes_the_prompt(kernel, length, imp
 
 def test_the_sliding_sample_runs_on_a_splash_config(params):
     """s2_train's closing sample on a TPU-trained model of T = 128: past the
-    context, generate.py prefills the last 64 bytes again, a length splash cannot
+    context, sample.py prefills the last 64 bytes again, a length splash cannot
     tile. The text is the reference's."""
     short = dataclasses.replace(REFERENCE, seq=128)
     p = {**params, "pos": params["pos"][:128]}  # the positional table [T, E], cut to T = 128

@@ -1,7 +1,7 @@
 """Plan inference on a chip this machine lacks: `s3_infer.py --target
 CHIP[:SHAPE]` compiles prefill and the decode loop for each batch (sessions/plan/aot.py),
 prints what each device holds, the decode roofline and what the compiler did
-(roofline/plan.py), and exits.
+(roofline/plan/decode.py), and exits.
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
 """Plan a training run on a chip this machine lacks: `s2_train.py --target
 CHIP[:SHAPE]` compiles the exact step the other flags describe for that chip
 (sessions/plan/aot.py), prints what the compiler did and the roofline
-(roofline/plan.py), and exits without training.
+(roofline/plan/training.py), and exits without training.
 """
 
 import dataclasses

@@ -11,7 +11,7 @@ Two decisions the session scripts make before they build anything:
   to install; JAX_PLATFORMS=cpu says "train on the CPU anyway"
   (`check_accelerator_visible`).
 
-(Not sessions/platform.py: a script run as `python sessions/s2_train.py` has
+(Not named platform.py: a script run as `python sessions/s2_train.py` has
 sessions/ first on sys.path, and that name would hide the standard library's.)
 """
 
