@@ -1,14 +1,24 @@
 """The layers of the tree, read from the source with `ast` (every import, at
-module level or inside a function):
+module level or inside a function), and the README's picture of it:
 
-    roofline/    a library: imports nothing from sessions/, except its
-                 command-line entry point, roofline/__main__.py
+    sessions/*.py   the session scripts and the concepts: a concept imports
+                    concepts and roofline/, never sessions/run/ or sessions/plan/
+                    (except sessions/run/errors.py)
+    sessions/run/   plumbing; imports concepts, never sessions/plan/
+    sessions/plan/  compiling for a chip; imports concepts and run/
+    roofline/       a library: imports nothing from sessions/, except its
+                    command-line entry point, roofline/__main__.py
     s1..s4, scripts/*.py with a __main__ block
-                 programs: run, never imported by anything
+                    programs: run, never imported by anything
+
+The README's "Repository layout" names every folder and module; every path of
+this repository named in the code and the docs exists; no module is over 300 lines.
 """
 
 import ast
 import os
+import re
+import subprocess
 
 import pytest
 
@@ -20,6 +30,30 @@ SESSION_SCRIPTS = (
     "sessions.s4_kernels",
 )
 FOLDERS = ("roofline", "sessions", "scripts", "tests", "exercises", "solutions")
+
+# The README's concept table: what a student looks for -> the module at sessions/' top level.
+CONCEPTS = {
+    "the model's shapes, the run's knobs, the presets": "config.py",
+    "the transformer": "model.py",
+    "attention, five implementations of it": "attention.py",
+    "which attention runs where": "attention_choice.py",
+    "learned positions": "positions.py",
+    "the jitted training step, the state as shapes": "train.py",
+    "bytes as tokens, batches as a function of (seed, step)": "data.py",
+    "token files of other tools, memory-mapped": "token_files.py",
+    "overlapped data loading": "prefetch.py",
+    "the loop's clock: step time, MFU": "meter.py",
+    "partition rules, params born sharded": "sharding.py",
+    "which device sits where in a mesh": "topology.py",
+    "the same model in Flax NNX": "flax_model.py",
+    "a KV cache, prefill and decode": "inference.py",
+    "the weights as decode reads them": "decode_layout.py",
+    "sampling text": "sample.py",
+    "our flash-attention kernel in Pallas": "flash.py",
+    "FSDP's collectives by hand": "manual_fsdp.py",
+    "a collective matmul": "collective_matmul.py",
+    "checking against a float32 reference on any chip": "precision.py",
+}
 
 
 def python_files(folder):
@@ -51,9 +85,85 @@ def sessions_imports(modules):
     return sorted(m for m in modules if m == "sessions" or m.startswith("sessions."))
 
 
+def module_file(dotted):
+    """The file of this repository that a dotted name imports, or None: the
+    longest prefix that is a module ('sessions.run.errors.UsageError' ->
+    sessions/run/errors.py); a package alone ('sessions.run') is no module."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        path = os.path.join(*parts[:end]) + ".py"
+        if os.path.exists(os.path.join(REPO, path)):
+            return path
+    return None
+
+
+def modules_imported(path):
+    return {f for f in map(module_file, imports_of(path)) if f}
+
+
+def sources(paths):
+    result = {}
+    for path in paths:
+        with open(os.path.join(REPO, path)) as f:
+            result[path] = f.read()
+    return result
+
+
 def test_the_reader_sees_imports_inside_functions():
     source = "import os\n\ndef f():\n    from sessions import s2_train\n    import scripts.bench\n"
     assert {"sessions.s2_train", "scripts.bench"} <= imported(source)
+
+
+def test_a_dotted_name_resolves_to_its_module_file():
+    assert module_file("sessions.run.errors.UsageError") == "sessions/run/errors.py"
+    assert module_file("sessions.run") is None
+    assert module_file("jax.numpy") is None
+
+
+def concept_files():
+    scripts = {f"{m.split('.')[1]}.py" for m in SESSION_SCRIPTS}
+    top = sorted(os.listdir(os.path.join(REPO, "sessions")))
+    return [
+        f"sessions/{n}" for n in top if n.endswith(".py") and n not in scripts | {"__init__.py"}
+    ]
+
+
+def layer_offenders(files, forbidden, allowed=()):
+    """{file: [modules of this repository it imports under a forbidden folder,
+    not allowed]}, for {file: its source}."""
+    offenders = {}
+    for path, source in files.items():
+        found = {module_file(m) for m in imported(source)} - {None}
+        found = sorted(f for f in found if f.startswith(forbidden) and f not in allowed)
+        if found:
+            offenders[path] = found
+    return offenders
+
+
+CONCEPT_MAY_IMPORT = ("sessions/run/errors.py",)
+
+
+def test_concepts_import_neither_plumbing_nor_planning():
+    """A student reads a concept without its plumbing: the one exception is
+    how a run stops on purpose (errors.py)."""
+    forbidden = ("sessions/run/", "sessions/plan/")
+    assert not layer_offenders(sources(concept_files()), forbidden, CONCEPT_MAY_IMPORT)
+
+
+def test_plumbing_never_imports_planning():
+    assert not layer_offenders(sources(python_files("sessions/run")), ("sessions/plan/",))
+
+
+def test_a_planted_plumbing_import_in_a_concept_is_caught():
+    planted = {
+        "sessions/model.py": "from sessions.run import cli\nfrom sessions.run.errors import E\n",
+        "sessions/train.py": "def f():\n    from sessions.plan.aot import devices_for\n",
+    }
+    found = layer_offenders(planted, ("sessions/run/", "sessions/plan/"), CONCEPT_MAY_IMPORT)
+    assert found == {
+        "sessions/model.py": ["sessions/run/cli.py"],
+        "sessions/train.py": ["sessions/plan/aot.py"],
+    }
 
 
 def test_roofline_library_imports_nothing_from_sessions():
@@ -68,17 +178,17 @@ def test_roofline_library_imports_nothing_from_sessions():
 # What roofline's command line may take from sessions/: configs, flags, the attention
 # choices and the errors it reports; never the model or the training step.
 ENTRY_POINT_MAY_IMPORT = {
-    "sessions.run.cli",
-    "sessions.config",
-    "sessions.run.errors",
-    "sessions.attention",
+    "sessions/run/cli.py",
+    "sessions/config.py",
+    "sessions/run/errors.py",
+    "sessions/attention.py",
 }
 
 
 def test_roofline_s_command_line_takes_configs_and_flags_never_the_step():
-    found = imports_of(os.path.join("roofline", "__main__.py"))
-    modules = {m.rsplit(".", 1)[0] if m.count(".") > 1 else m for m in sessions_imports(found)}
-    assert modules <= ENTRY_POINT_MAY_IMPORT | {"sessions"}, modules - ENTRY_POINT_MAY_IMPORT
+    found = modules_imported(os.path.join("roofline", "__main__.py"))
+    from_sessions = {f for f in found if f.startswith("sessions/")}
+    assert from_sessions <= ENTRY_POINT_MAY_IMPORT, from_sessions - ENTRY_POINT_MAY_IMPORT
 
 
 def test_a_planted_sessions_import_in_roofline_is_caught():
@@ -131,3 +241,125 @@ def test_no_two_public_names_in_the_library_mean_two_things():
             found.setdefault(name, []).extend(paths)
     shared = {name: paths for name, paths in found.items() if len(paths) > 1 and name != "main"}
     assert not shared
+
+
+# The README's picture of the tree and its tables.
+
+
+def readme_layout():
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read()
+    start = text.index("## Repository layout")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def layout_tables(layout):
+    """{folder: {the modules its table names}}: a table headed `| concept | module |`
+    or `| module | ... |` belongs to the `### folder/` heading above it; one headed
+    `| \`folder/\` | ... |` to that folder. Its module column's `name.py`s are read."""
+    tables, heading, table, column = {}, None, None, None
+    for line in layout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("### "):
+            heading = line.split()[1].rstrip(":")
+        elif not line.startswith("|"):
+            table = None
+        elif table is None:  # a table's header row
+            if "module" in cells:
+                table, column = heading, cells.index("module")
+            else:
+                table, column = cells[0].strip("`"), 0
+        elif not line.startswith("|---"):
+            tables.setdefault(table, set()).update(re.findall(r"`([\w.]+\.py)`", cells[column]))
+    return tables
+
+
+def test_the_readme_tables_name_exactly_each_folder_s_modules():
+    tables = layout_tables(readme_layout())
+    folders = ["sessions/", "sessions/run/", "sessions/plan/", "roofline/"]
+    folders += ["roofline/compiled/", "roofline/measured/", "roofline/plan/"]
+    assert sorted(tables) == sorted(folders)
+    for folder in folders:
+        on_disk = {n for n in os.listdir(os.path.join(REPO, folder)) if n.endswith(".py")}
+        assert tables[folder] == on_disk - {"__init__.py"}, folder
+
+
+def test_each_concept_has_its_module_at_the_top_of_sessions():
+    """The concept table, as the README prints it, is this test's CONCEPTS, and
+    each concept's module sits where a student looks first: sessions/ itself."""
+    rows = {}
+    for line in readme_layout().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 2 and cells[0] in CONCEPTS:
+            rows[cells[0]] = cells[1].strip("`")
+    assert rows == CONCEPTS
+    assert sorted(f"sessions/{m}" for m in CONCEPTS.values()) == concept_files()
+
+
+def test_the_readme_s_picture_names_every_folder():
+    """The picture's first column (`folder/`) is every Python folder of the tree."""
+    picture = readme_layout().split("```")[1]
+    named = {line.split()[0] for line in picture.splitlines() if re.match(r"[\w.]+/", line)}
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    packages = {os.path.dirname(p) + "/" for p in tracked if p.endswith("__init__.py")}
+    packages = {p for p in packages if not p.startswith("tests/")}
+    top = {p.split("/")[0] + "/" for p in tracked if "/" in p}
+    assert named == packages | top
+
+
+# Paths of this repository named in its code and docs.
+
+# Paths that name another project's file, or no file at all, with the reason.
+NOT_OURS = {
+    "tests/mesh_utils_test.py": "jax-ml/jax's test, cited: its mock devices are built as ours are",
+    "roofline/xplane.proto": "the name xspace.py gives the protocol buffer it builds in memory",
+}
+PATH = re.compile(
+    r"(?<![\w/.-])((?:sessions|roofline|scripts|tests|exercises|solutions|\.ci)(?:/[\w.*-]+)+/?)"
+)
+
+
+def named_paths(text):
+    """Paths under this repository's folders that a text names (globs left out)."""
+    return {m.rstrip(".") for m in PATH.findall(text) if "*" not in m}
+
+
+def test_the_path_reader_finds_what_a_comment_names():
+    text = "see sessions/run/cli.py, (roofline/compiled/hlo.py) and jax/tests/x.py, not x/roofline/a.py"
+    assert named_paths(text) == {"sessions/run/cli.py", "roofline/compiled/hlo.py"}
+
+
+def test_every_path_named_in_the_code_and_docs_exists():
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    missing = {}
+    for name in tracked:
+        if not name.endswith((".py", ".md", ".toml", ".txt")) and name != ".ci/run":
+            continue
+        with open(os.path.join(REPO, name)) as f:
+            text = f.read()
+        for path in named_paths(text) - set(NOT_OURS):
+            if not os.path.exists(os.path.join(REPO, path)):
+                missing.setdefault(name, []).append(path)
+    assert not missing
+
+
+# Size.
+
+LONGEST = 300
+# scripts/mutants.py is a table: one entry per planted bug, each with the tests it names.
+TABLES = {"scripts/mutants.py"}
+
+
+def test_no_module_is_over_300_lines():
+    over = {}
+    for folder in ("sessions", "roofline", "scripts", "exercises", "solutions"):
+        for path in python_files(folder):
+            with open(os.path.join(REPO, path)) as f:
+                lines = sum(1 for _ in f)
+            if lines > LONGEST and path not in TABLES:
+                over[path] = lines
+    assert not over
