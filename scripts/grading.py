@@ -26,6 +26,31 @@ SESSIONS = {
     ),
     "bugs": ("test_session_bugs.py", "find the bug"),
 }
+# An exercise that rebuilds a module of the repository (its solution mirrors
+# or calls that module's functions) carries the module's name: exercises/flash.py
+# practises sessions/flash.py. These practise no one module and keep a topic
+# name (tests/test_exercises/test_exercise_names.py holds every name to this).
+TOPIC_EXERCISES = {
+    "s1_feedforward": "session 1's model seen as a bigram model; model.py is the whole transformer",
+    "jit_fusion": "XLA's fusion under jax.jit, measured; no module of ours fuses",
+    "intensity": "a napkin of a relu-attention chain; no module computes a chain's intensity",
+    "mfu_vs_bandwidth": "a napkin of MFU against MBU; predict.py and decode_cost.py hold one each",
+    "inference_roofline": "a napkin of prefill, holding and generating; no module plans all three",
+    "int8_numerics": "int8 absmax quantisation; the model and its checks have no int8",
+    "pallas_matmul": "a first Pallas kernel; sessions/flash.py is the course's, for attention",
+    **dict.fromkeys(
+        [
+            "bug_zero_inputs",
+            "bug_host_sync",
+            "bug_recompile",
+            "bug_device_put_init",
+            "bug_slow_loader",
+            "bug_attention_flops",
+            "bug_bf16_scatter",
+        ],
+        "a find-the-bug drill: the bug and the tool that finds it, whatever module it touches",
+    ),
+}
 DISCORD_LIMIT = 2000  # characters per message
 LINE_LIMIT = 300  # one exercise's line, at most
 SEPARATOR = "----- 8< -----"  # between parts; not part of any message

@@ -42,6 +42,7 @@ INFERENCE = "tests/test_inference.py"
 OP_ROOFLINE = "tests/test_op_roofline.py"
 POD_ORDER = "tests/test_pod_order.py"
 KERNELS = "tests/test_exercises/test_session_kernels.py"
+NAMES_TEST = "tests/test_exercises/test_exercise_names.py"
 DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_discord_at_the_boundary"
 WRITE = "                meter.write(record)\n"
 CMATMUL = "sessions/collective_matmul.py"
@@ -111,6 +112,25 @@ MUTANTS = [
         "scripts/grading.py",
         (('return len(text.encode("utf-16-le")) // 2', "return len(text)"),),
         (DISCORD_TEST,),
+    ),
+    Mutant(
+        "exercise-topic-undeclared",
+        "an exercise named after no module and not declared a topic",
+        "scripts/grading.py",
+        (('    "jit_fusion": ', '    "jit_fusions": '),),
+        (f"{NAMES_TEST}::test_each_exercise_is_named_after_a_module_or_a_declared_topic",),
+    ),
+    Mutant(
+        "homework-drops-session",
+        "homework.py's session list loses session 3: its exercises are graded by none",
+        "scripts/grading.py",
+        (
+            (
+                '    "3": ("test_session_3.py", "rooflines: intensity, MFU vs bandwidth, FSDP"),\n',
+                "",
+            ),
+        ),
+        (f"{NAMES_TEST}::test_every_exercise_is_graded_by_a_session_of_homework_py",),
     ),
     Mutant(
         "positions-reversed",
@@ -412,7 +432,7 @@ MUTANTS = [
     Mutant(
         "flash-rescale",
         "the running sums are not rescaled when a key block raises the maximum",
-        "solutions/flash_by_hand.py",
+        "solutions/flash.py",
         (("new_sum = row_sum * shrink + ", "new_sum = row_sum + "),),
         (
             f"{KERNELS}::test_online_softmax_equals_softmax",
@@ -422,7 +442,7 @@ MUTANTS = [
     Mutant(
         "flash-hidden-row",
         "a row with every key hidden so far turns NaN",
-        "solutions/flash_by_hand.py",
+        "solutions/flash.py",
         (
             (
                 "shrink = jnp.where(hidden, 0.0, jnp.exp(row_max - new_max))",
@@ -434,7 +454,7 @@ MUTANTS = [
     Mutant(
         "causal-blocks-floor",
         "the causal block count rounds down: the diagonal's last keys are skipped",
-        "solutions/flash_by_hand.py",
+        "solutions/flash.py",
         (
             (
                 "return -(-(query_block + 1) * block_q // block_k)",
@@ -446,7 +466,7 @@ MUTANTS = [
     Mutant(
         "ring-direction",
         "the ring passes shards the wrong way round",
-        "solutions/shard_map_by_hand.py",
+        "solutions/manual_fsdp.py",
         (
             (
                 "to_previous = [(d, (d - 1) % n) for d in range(n)]",

@@ -19,22 +19,22 @@ from sessions.sharding import make_mesh
 
 from .deadlines import take, wait_until
 
-one_query = exercise("attention_by_hand.one_query")
-packed_attention = exercise("attention_by_hand.packed_attention")
+one_query = exercise("attention.one_query")
+packed_attention = exercise("attention.packed_attention")
 last_output_change = exercise("positions.last_output_change")
 unfused_bytes = exercise("jit_fusion.unfused_bytes")
 fused_bytes = exercise("jit_fusion.fused_bytes")
 predicted_speedup = exercise("jit_fusion.predicted_speedup")
 measure_speedup = exercise("jit_fusion.measure_speedup")
 prefetch = exercise("prefetch.prefetch")
-param_shapes = exercise("multichip.param_shapes")
-param_specs = exercise("multichip.param_specs")
-init_sharded = exercise("multichip.init_sharded")
-param_count = exercise("training_flops.param_count")
-train_flops = exercise("training_flops.train_flops")
-attention_flops = exercise("training_flops.attention_flops")
-attention_share = exercise("training_flops.attention_share")
-mfu = exercise("training_flops.mfu")
+param_shapes = exercise("sharding.param_shapes")
+param_specs = exercise("sharding.param_specs")
+init_sharded = exercise("sharding.init_sharded")
+param_count = exercise("flops.param_count")
+train_flops = exercise("flops.train_flops")
+attention_flops = exercise("flops.attention_flops")
+attention_share = exercise("flops.attention_share")
+mfu = exercise("flops.mfu")
 
 B, S, H, D = 2, 6, 3, 8  # sizes that differ pairwise: a swapped axis cannot pass
 
@@ -47,7 +47,7 @@ def qkv(key=0, S=S):
 # Attention by hand.
 
 
-@pytest.mark.exercise("attention_by_hand.one_query")
+@pytest.mark.exercise("attention.one_query")
 def test_one_query_by_hand_matches_the_models_attention():
     q, k, v = qkv()
     expected = attention(q, k, v)  # [B, S, H, D]
@@ -60,7 +60,7 @@ def test_one_query_by_hand_matches_the_models_attention():
                 )
 
 
-@pytest.mark.exercise("attention_by_hand.one_query")
+@pytest.mark.exercise("attention.one_query")
 def test_one_query_ignores_later_keys_and_values():
     q, k, v = qkv()
     s = 2
@@ -76,7 +76,7 @@ def test_one_query_ignores_later_keys_and_values():
 SEGMENTS = jnp.array([[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 0]])  # row 0: three documents
 
 
-@pytest.mark.exercise("attention_by_hand.packed_attention")
+@pytest.mark.exercise("attention.packed_attention")
 def test_packed_attention_matches_the_models_attention():
     q, k, v = qkv()
     np.testing.assert_allclose(
@@ -87,7 +87,7 @@ def test_packed_attention_matches_the_models_attention():
     )
 
 
-@pytest.mark.exercise("attention_by_hand.packed_attention")
+@pytest.mark.exercise("attention.packed_attention")
 def test_each_packed_document_is_attended_to_alone():
     """Segment isolation: each document's outputs equal attention over it alone."""
     q, k, v = qkv()
@@ -228,7 +228,7 @@ def named_leaves(tree):
     return [(jax.tree_util.keystr(path), path[-1].key, leaf) for path, leaf in flat]
 
 
-@pytest.mark.exercise("multichip.param_shapes")
+@pytest.mark.exercise("sharding.param_shapes")
 def test_param_shapes_are_shape_dtype_structs_of_the_params(key):
     shapes = param_shapes(MESH_CFG)
     params = init_params(MESH_CFG, key)
@@ -238,7 +238,7 @@ def test_param_shapes_are_shape_dtype_structs_of_the_params(key):
         assert (s.shape, s.dtype) == (x.shape, x.dtype), name
 
 
-@pytest.mark.exercise("multichip.param_specs")
+@pytest.mark.exercise("sharding.param_specs")
 def test_param_specs_split_every_matmul_weight_eight_ways(key):
     shapes = jax.eval_shape(lambda: init_params(MESH_CFG, key))
     specs = param_specs(shapes)
@@ -254,7 +254,7 @@ def test_param_specs_split_every_matmul_weight_eight_ways(key):
             )
 
 
-@pytest.mark.exercise("multichip.init_sharded")
+@pytest.mark.exercise("sharding.init_sharded")
 def test_init_sharded_builds_the_same_params_in_shards(key):
     mesh = mesh_2x4()
     params = init_sharded(MESH_CFG, key, mesh)
@@ -271,7 +271,7 @@ def test_init_sharded_builds_the_same_params_in_shards(key):
 # Training FLOPs.
 
 
-@pytest.mark.exercise("training_flops.param_count")
+@pytest.mark.exercise("flops.param_count")
 def test_param_count_counts_every_scalar(cfg, key):
     params = init_params(cfg, key)
     assert param_count(cfg) == sum(x.size for x in jax.tree.leaves(params))
@@ -281,14 +281,14 @@ def test_param_count_counts_every_scalar(cfg, key):
     assert param_count(cfg) == V * E + T * E + E + L * (2 * E + 4 * E * HD + 2 * E * F)
 
 
-@pytest.mark.exercise("training_flops.train_flops")
+@pytest.mark.exercise("flops.train_flops")
 def test_train_flops_is_six_b_p(cfg):
     P = 256 * 24 + 16 * 24 + 24 + 2 * (2 * 24 + 4 * 24 * 24 + 2 * 24 * 40)
     assert train_flops(cfg, 2) == 6 * (2 * 16) * P
     assert train_flops(cfg, 4) == 2 * train_flops(cfg, 2)
 
 
-@pytest.mark.exercise("training_flops.attention_flops")
+@pytest.mark.exercise("flops.attention_flops")
 def test_attention_flops_by_hand(cfg):
     # 2 layers x 2 matmuls x 2*B*S*S*H*D, times 3 for the backward pass.
     assert attention_flops(cfg, 2) == 3 * 2 * 2 * (2 * 2 * 16 * 16 * 3 * 8)
@@ -296,7 +296,7 @@ def test_attention_flops_by_hand(cfg):
     assert attention_flops(dataclasses.replace(cfg, attention=False), 2) == 0
 
 
-@pytest.mark.exercise("training_flops.attention_share")
+@pytest.mark.exercise("flops.attention_share")
 def test_attention_share_by_hand_and_growing_with_seq(cfg):
     P = 256 * 24 + 16 * 24 + 24 + 2 * (2 * 24 + 4 * 24 * 24 + 2 * 24 * 40)
     attn = 3 * 2 * 2 * (2 * 2 * 16 * 16 * 3 * 8)
@@ -305,7 +305,7 @@ def test_attention_share_by_hand_and_growing_with_seq(cfg):
     assert attention_share(longer, 2) > attention_share(cfg, 2)
 
 
-@pytest.mark.exercise("training_flops.mfu")
+@pytest.mark.exercise("flops.mfu")
 def test_mfu_by_hand():
     # 6e15 FLOPs in 2 s on 8 chips of 989 TFLOP/s (H100 SXM, bf16).
     assert mfu(6e15, 2.0, 989e12, chips=8) == pytest.approx(6e15 / 2 / (8 * 989e12))

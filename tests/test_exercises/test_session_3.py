@@ -12,9 +12,9 @@ bound = exercise("intensity.bound")
 matmul_utilisation = exercise("mfu_vs_bandwidth.matmul_utilisation")
 elementwise_utilisation = exercise("mfu_vs_bandwidth.elementwise_utilisation")
 best_mfu = exercise("mfu_vs_bandwidth.best_mfu")
-fsdp_flops_per_chip = exercise("multichip.fsdp_flops_per_chip")
-fsdp_bytes_per_chip = exercise("multichip.fsdp_bytes_per_chip")
-fsdp_comm_hidden = exercise("multichip.fsdp_comm_hidden")
+fsdp_flops_per_chip = exercise("sharding.fsdp_flops_per_chip")
+fsdp_bytes_per_chip = exercise("sharding.fsdp_bytes_per_chip")
+fsdp_comm_hidden = exercise("sharding.fsdp_comm_hidden")
 
 H100 = CHIPS["h100-sxm"]  # bf16 989 TFLOP/s, 3.35 TB/s: ridge about 295 FLOPs per byte
 S, T, D = 2048, 4096, 128  # queries, keys, head dim: attention-like, S != T
@@ -94,18 +94,18 @@ def test_best_mfu_is_capped_by_intensity_over_ridge():
 LAYER = 12 * 4096**2  # a layer of a 4096-wide transformer: 4·E² attention + 8·E² MLP
 
 
-@pytest.mark.exercise("multichip.fsdp_flops_per_chip")
+@pytest.mark.exercise("sharding.fsdp_flops_per_chip")
 def test_fsdp_flops_per_chip_by_hand():
     assert fsdp_flops_per_chip(LAYER, 1_048_576, 256) == pytest.approx(6 * 4096 * LAYER)
 
 
-@pytest.mark.exercise("multichip.fsdp_bytes_per_chip")
+@pytest.mark.exercise("sharding.fsdp_bytes_per_chip")
 def test_fsdp_bytes_per_chip_by_hand():
     assert fsdp_bytes_per_chip(LAYER, 256, 2) == pytest.approx(3 * LAYER * 2 * 255 / 256)
     assert fsdp_bytes_per_chip(LAYER, 1, 2) == 0  # one chip: nothing to gather
 
 
-@pytest.mark.exercise("multichip.fsdp_comm_hidden")
+@pytest.mark.exercise("sharding.fsdp_comm_hidden")
 def test_fsdp_hides_communication_above_a_batch_per_chip():
     """TPU v5e: 197 TFLOP/s, ICI 400 GB/s. Hidden when tokens per chip >=
     peak * bytes * (n - 1) / n / (2 * ICI) = 492.5 * 255 / 256, about 490."""

@@ -12,10 +12,10 @@ from roofline.hardware import CHIPS
 from sessions.attention import attention
 from sessions.config import PRESETS
 
-cache_bytes = exercise("kv_cache.cache_bytes")
-decode_step_seconds = exercise("kv_cache.decode_step_seconds")
-compute_bound_batch = exercise("kv_cache.compute_bound_batch")
-decode_attention = exercise("kv_cache.decode_attention")
+cache_bytes = exercise("inference.cache_bytes")
+decode_step_seconds = exercise("inference.decode_step_seconds")
+compute_bound_batch = exercise("inference.compute_bound_batch")
+decode_attention = exercise("inference.decode_attention")
 
 GPT2 = PRESETS["gpt2"].model  # L=12, E=768, F=3072, H=12, D=64, T=1024, V=256
 H100 = CHIPS["h100-sxm"]  # 989 TFLOP/s bf16, 3.35 TB/s
@@ -25,7 +25,7 @@ C = 2 * 12 * 1024 * 12 * 64 * 2  # one sequence's cache: 37,748,736 bytes
 F = 2 * 85_131_264 + 4 * 12 * 1024 * 12 * 64  # FLOPs per token: matmuls, then q·k and p·v
 
 
-@pytest.mark.exercise("kv_cache.cache_bytes")
+@pytest.mark.exercise("inference.cache_bytes")
 def test_cache_bytes_by_hand():
     assert cache_bytes(12, 8, 1024, 12, 64, 2) == 301_989_888  # gpt2, 8 sequences, bf16
     assert (
@@ -35,7 +35,7 @@ def test_cache_bytes_by_hand():
     assert cache_bytes(2, 3, 5, 7, 11, 4) == 2 * 2 * 3 * 5 * 7 * 11 * 4
 
 
-@pytest.mark.exercise("kv_cache.decode_step_seconds")
+@pytest.mark.exercise("inference.decode_step_seconds")
 def test_decode_roofline_by_hand():
     assert (
         decode_cost.weight_bytes(GPT2, "bfloat16") == W
@@ -52,7 +52,7 @@ def test_decode_roofline_by_hand():
     assert decode_step_seconds(W, C, F, 16, peak, bw) == pytest.approx(step.step_s)
 
 
-@pytest.mark.exercise("kv_cache.compute_bound_batch")
+@pytest.mark.exercise("inference.compute_bound_batch")
 def test_compute_bound_batch_by_hand():
     peak, bw = H100.peak("bfloat16"), H100.hbm_bandwidth
     # gpt2 at T=1024 on an H100: each sequence's cache takes 11 µs to read and
@@ -66,7 +66,7 @@ def test_compute_bound_batch_by_hand():
     assert compute_bound_batch(1e9, 0, 2e9, 1e15, 1e12) == pytest.approx(500)
 
 
-@pytest.mark.exercise("kv_cache.decode_attention")
+@pytest.mark.exercise("inference.decode_attention")
 def test_decode_attention_equals_attention_over_the_sequence():
     """Step by step over S tokens, each output equals causal attention over the
     whole sequence at that position; the slots after the last stay as they were."""

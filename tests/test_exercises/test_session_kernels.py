@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from adapters import exercise
 
-online_softmax_attention = exercise("flash_by_hand.online_softmax_attention")
-flash_tile = exercise("flash_by_hand.flash_tile")
-causal_key_blocks = exercise("flash_by_hand.causal_key_blocks")
-fsdp_dense = exercise("shard_map_by_hand.fsdp_dense")
-ring_matmul = exercise("shard_map_by_hand.ring_matmul")
+online_softmax_attention = exercise("flash.online_softmax_attention")
+flash_tile = exercise("flash.flash_tile")
+causal_key_blocks = exercise("flash.causal_key_blocks")
+fsdp_dense = exercise("manual_fsdp.fsdp_dense")
+ring_matmul = exercise("manual_fsdp.ring_matmul")
 
 S, T, D = 32, 64, 16
 
@@ -32,7 +32,7 @@ def softmax_attention(q, k, v, mask=None):
     return jax.nn.softmax(scores, axis=-1) @ v
 
 
-@pytest.mark.exercise("flash_by_hand.online_softmax_attention")
+@pytest.mark.exercise("flash.online_softmax_attention")
 @pytest.mark.parametrize("scale", [1.0, 10.0], ids=["plain", "large-scores"])
 def test_online_softmax_equals_softmax(scale):
     """Scores of about 100 overflow exp() in float32 (past 88) unless the running
@@ -43,7 +43,7 @@ def test_online_softmax_equals_softmax(scale):
     np.testing.assert_allclose(got, softmax_attention(q, k, v), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.exercise("flash_by_hand.online_softmax_attention")
+@pytest.mark.exercise("flash.online_softmax_attention")
 def test_online_softmax_never_builds_every_score():
     """Traced, the function holds no [S, T] array: one block of keys at a time."""
     q, k, v = qkv()
@@ -60,7 +60,7 @@ def fresh(rows):
     )
 
 
-@pytest.mark.exercise("flash_by_hand.flash_tile")
+@pytest.mark.exercise("flash.flash_tile")
 def test_two_causal_tiles_equal_causal_attention():
     """Queries 16..31 against keys 0..15 (all visible), then keys 16..31 (the
     diagonal block, masked): the result equals causal attention."""
@@ -78,7 +78,7 @@ def test_two_causal_tiles_equal_causal_attention():
     np.testing.assert_allclose(row_max, expected_max, rtol=1e-6)
 
 
-@pytest.mark.exercise("flash_by_hand.flash_tile")
+@pytest.mark.exercise("flash.flash_tile")
 def test_a_tile_with_every_key_hidden_changes_nothing():
     """A fully masked tile first (as the first rows of a diagonal block see),
     then a visible one: no NaN, and the visible one's attention alone."""
@@ -91,7 +91,7 @@ def test_a_tile_with_every_key_hidden_changes_nothing():
     np.testing.assert_allclose(acc / row_sum[:, None], expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.exercise("flash_by_hand.causal_key_blocks")
+@pytest.mark.exercise("flash.causal_key_blocks")
 @pytest.mark.parametrize("block_q, block_k", [(16, 16), (16, 32), (32, 16), (24, 16)])
 def test_causal_key_blocks_against_the_mask(block_q, block_k):
     """A key block is needed when any (query, key) pair in it has key <= query:
@@ -126,7 +126,7 @@ def collectives(fn, *args):
     return sorted(names + starts)
 
 
-@pytest.mark.exercise("shard_map_by_hand.fsdp_dense")
+@pytest.mark.exercise("manual_fsdp.fsdp_dense")
 def test_fsdp_dense_and_its_gradient_equal_the_plain_product():
     mesh = fsdp_mesh(8)
     x, w = x_and_w(8)
@@ -137,7 +137,7 @@ def test_fsdp_dense_and_its_gradient_equal_the_plain_product():
     assert "all-gather" in collectives(lambda x, w: fsdp_dense(x, w, mesh), x, w)
 
 
-@pytest.mark.exercise("shard_map_by_hand.ring_matmul")
+@pytest.mark.exercise("manual_fsdp.ring_matmul")
 @pytest.mark.parametrize("n", [4, 8])
 def test_ring_matmul_equals_the_product_with_permutes_only(n):
     """N - 1 collective-permutes and no all-gather in the compiled program."""

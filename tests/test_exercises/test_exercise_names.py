@@ -1,0 +1,65 @@
+"""An exercise is named after the module it practises, or is a declared topic.
+
+exercises/inference.py practises sessions/inference.py; a student who finishes
+it knows which file to read next. An exercise that practises no one module
+(a napkin, a find-the-bug drill) keeps a topic name, listed with its reason in
+scripts/grading.py's TOPIC_EXERCISES. Every exercise module is graded by a
+test file that scripts/homework.py runs for some session.
+"""
+
+import pathlib
+import re
+
+import pytest
+
+from scripts import grading
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def module_names(folder):
+    return {p.stem for p in (REPO / folder).glob("*.py") if p.stem != "__init__"}
+
+
+def repository_modules():
+    """Every module of sessions/ and roofline/, in any subfolder."""
+    return {
+        p.stem
+        for package in ("sessions", "roofline")
+        for p in (REPO / package).rglob("*.py")
+        if not p.stem.startswith("__")
+    }
+
+
+def test_both_trees_hold_the_same_modules():
+    assert module_names("exercises") == module_names("solutions")
+    assert (REPO / "exercises" / "README.md").is_file()
+
+
+@pytest.mark.parametrize("folder", ["exercises", "solutions"])
+def test_each_exercise_is_named_after_a_module_or_a_declared_topic(folder):
+    modules = repository_modules()
+    assert {"inference", "fsdp_both_ways", "decode"} <= modules, "subfolders searched"
+    unnamed = module_names(folder) - modules - set(grading.TOPIC_EXERCISES)
+    assert not unnamed, (
+        f"{folder}/: {sorted(unnamed)} name no module of sessions/ or roofline/ "
+        "and are not in scripts/grading.py's TOPIC_EXERCISES"
+    )
+
+
+def test_topic_names_are_not_module_names_and_are_all_exercises():
+    """A topic named like a module would hide which one it practises; a topic
+    with no exercise is a leftover."""
+    topics = set(grading.TOPIC_EXERCISES)
+    assert not topics & repository_modules()
+    assert topics <= module_names("exercises")
+    assert all(why.strip() for why in grading.TOPIC_EXERCISES.values())
+
+
+def test_every_exercise_is_graded_by_a_session_of_homework_py():
+    graded = set()
+    for test_file, _ in grading.SESSIONS.values():
+        text = (REPO / grading.TESTS / test_file).read_text()
+        graded |= set(re.findall(r'mark\.exercise\("(\w+)\.\w+"\)', text))
+    missing = module_names("exercises") - graded
+    assert not missing, f"no session of scripts/homework.py grades {sorted(missing)}"
