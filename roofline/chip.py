@@ -9,6 +9,9 @@ chips is roofline/chips.py.
 
 import dataclasses
 
+# The units the chip table (roofline/tpus.py, roofline/gpus.py) writes its figures in.
+TFLOPS, GB, GIB = 1e12, 1e9, 2**30
+
 
 @dataclasses.dataclass(frozen=True)
 class Chip:

@@ -26,7 +26,8 @@ import functools
 import math
 import re
 
-from roofline.compiled.hlo import BYTES, arrays, parse
+from roofline.compiled.arrays import BYTES, arrays
+from roofline.compiled.hlo import parse
 from roofline.compiled.op_flops import NO_OP, FlopCounter
 from roofline.compiled.program import collective_kind, group_size, link_bytes
 

@@ -12,7 +12,8 @@ import math
 import re
 from typing import NamedTuple
 
-from roofline.compiled.hlo import array_bytes, arrays, parse
+from roofline.compiled.arrays import array_bytes, arrays
+from roofline.compiled.hlo import parse
 from roofline.memory import planned_bytes
 
 # Collectives as HLO names them; the "-start" forms are their asynchronous halves.
