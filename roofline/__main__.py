@@ -237,20 +237,7 @@ def compare_lines(args):
         )
     # The roofs of the chip the trace was captured on, wherever it is read.
     roofs = roofs_for(saved.chip if saved else None, cfg.dtype, devices, trace.platform)
-    c = compare(
-        cfg,
-        batch,
-        cost=cost,
-        trace=trace,
-        devices=devices,
-        datasheet=roofs.datasheet,
-        measured_peak=roofs.measured_peak,
-        measured_bandwidth=roofs.measured_bandwidth,
-        measured_name=roofs.measured_name,
-        hlo_text=hlo_text,
-        measured_cache=roofs.measured_cache,
-        measured_matmul_rates=roofs.matmul_rates,
-    )
+    c = compare(cfg, batch, roofs, devices=devices, cost=cost, trace=trace, hlo_text=hlo_text)
     if args.summary_out:
         with open(args.summary_out, "w") as f:
             json.dump(comparison_summary(c), f, indent=1)

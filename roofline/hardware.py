@@ -6,17 +6,15 @@ frequency drops, shared cores), so its figures are always measured
 (roofline/calibrate.py); so are those of an accelerator the table lacks.
 """
 
-import dataclasses
-
 import jax
 
-from roofline.chip import Chip
+from roofline.chip import Chip, Roofs
 from roofline.chips import CHIPS
 
 __all__ = [
     "CHIPS",
     "Chip",
-    "LocalRoofs",
+    "Roofs",
     "chip_for_kind",
     "datasheet_chip",
     "find_chip",
@@ -88,24 +86,11 @@ def datasheet_chip(device=None):
     return chip.per_device() if chip else None
 
 
-@dataclasses.dataclass(frozen=True)
-class LocalRoofs:
-    """The roofs of one jax device of this machine, each figure with its source."""
-
-    peak_flops: float  # FLOP/s of matmuls in the dtype asked for
-    peak_source: str
-    bandwidth: float  # bytes/s of memory
-    bandwidth_source: str
-    datasheet: Chip | None  # the chip table's entry, one device's share; None on a CPU
-    share: int = 1  # simulated CPU devices sharing one host's measured figures
-    cache: tuple | None = None  # a CPU's (bytes/s, bytes) of its last-level cache, measured
-
-
 def local_roofs(
     dtype="float32", *, stream="copy", measured=False, devices=None, fresh=False, device=None
 ):
     """This machine's roofs per jax device: peak FLOP/s of matmuls in dtype and
-    memory bandwidth, each with where it comes from (LocalRoofs).
+    memory bandwidth, each with where it comes from (a roofline.chip.Roofs).
 
     A device the chip table knows: its datasheet (a TPU v3's TensorCore gets half
     the chip). A CPU, or an accelerator the table lacks: measured on the first
@@ -154,7 +139,20 @@ def local_roofs(
     if device.platform == "cpu":
         cache_bandwidth, cache_bytes = calibrate.cache_roof()
         cache = (cache_bandwidth / share, cache_bytes / share) if cache_bandwidth else None
-    return LocalRoofs(peak, peak_source, bandwidth, source, chip, share, cache)
+    measured = measured or chip is None
+    return Roofs(
+        "measured on this machine"
+        if measured
+        else f"{chip_for_kind(device.device_kind).name} datasheet",
+        peak,
+        peak_source,
+        bandwidth,
+        source,
+        measured=measured,
+        datasheet=chip,
+        cache=cache,
+        share=share,
+    )
 
 
 def local_peak_flops(dtype="float32", device=None, *, devices=None, measured=False, fresh=False):

@@ -207,8 +207,8 @@ MUTANTS = [
     Mutant(
         "sparse-peak",
         "the TPU v5e's bf16 peak doubled",
-        "roofline/chips.py",
-        (('"tpu-v5e",\n            197 * T,', '"tpu-v5e",\n            394 * T,'),),
+        "roofline/tpus.py",
+        (('"tpu-v5e",\n        197 * T,', '"tpu-v5e",\n        394 * T,'),),
         ("tests/test_roofline.py::test_chip_figures_are_the_datasheet_s[tpu-v5e]",),
     ),
     Mutant(
@@ -284,7 +284,7 @@ MUTANTS = [
     Mutant(
         "trip-step",
         "a loop's counter read as stepping by 1 (an unrolled loop's body counted twice)",
-        "roofline/compiled/hlo.py",
+        "roofline/compiled/loops.py",
         (("step = next((s for s in steps if s), 1)", "step = 1"),),
         (f"{OP_ROOFLINE}::test_a_loop_body_counts_once_a_trip_with_the_counters_step",),
     ),

@@ -4,7 +4,8 @@ them and on a program compiled on this CPU."""
 import jax
 import jax.numpy as jnp
 
-from roofline.compiled.hlo import Array, array_bytes, arrays, parse, parse_instruction
+from roofline.compiled.arrays import Array, array_bytes, arrays
+from roofline.compiled.hlo import parse, parse_instruction
 
 # A partitioned step as a TPU compiler prints it: an async all-gather, a fusion
 # whose attribute spans two lines (the second starts with a brace, as a

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
+from roofline.chip import Roofs, chip_roofs, matmul_tile
 from roofline.chips import CHIPS
 from roofline.compiled.hlo import parse
-from roofline.compiled.op_roofline import OpRoofs, chip_roofs, matmul_tile, predict_ops
+from roofline.compiled.op_roofline import predict_ops
 from roofline.compiled.op_work import hbm_bytes, program_work
 from tests.helpers import need, run_script
 
@@ -133,7 +134,7 @@ def test_a_loop_body_counts_once_a_trip_with_the_counters_step():
     assert parse(LOOP).trip_counts["body"] == 3
     y = by_name(LOOP, devices=1)["y"]
     assert y.count == 3 and y.matmul_flops == 2 * 8 * 8 * 8
-    roofs = OpRoofs("test", 1e9, 1e9, 1e12, None, None)
+    roofs = Roofs("test", 1e9, "test", 1e12, "test")
     p = predict_ops(LOOP, roofs)
     once = max(2 * 8**3 / 1e9, 3 * 8 * 8 * 4 / 1e12)
     # the dot 3 times; the counter's add and the condition's compare, one
@@ -164,7 +165,7 @@ SYNC = (
 
 def test_an_asynchronous_collective_hides_behind_the_ops_before_its_use():
     # slow links: the all-gather (16 KB sent) takes 16 us, each dot 0.52 us
-    roofs = OpRoofs("test", 1e12, 1e12, 1e12, 1e9, None)
+    roofs = Roofs("test", 1e12, "test", 1e12, "test", link=1e9)
     dot = 2 * 64**3 / 1e12
     gather = 32 * 64 * 4 / 1e9
     overlapped = predict_ops(OVERLAP, roofs, devices=2)
@@ -255,17 +256,17 @@ ENTRY %main (x: f32[64,64]) -> f32[64,64] {
 
 
 def test_a_called_computations_ops_run_in_the_step():
-    roofs = OpRoofs("test", 1e12, 1e12, 1e15, None, None)
+    roofs = Roofs("test", 1e12, "test", 1e15, "test")
     p = predict_ops(CALL, roofs)
     assert [o.name for o in p.ops] == ["d"]
     assert p.step_s == pytest.approx(2 * 64**3 / 1e12)
 
 
 def test_a_caches_roof_takes_the_bytes_it_holds_the_memory_the_rest():
-    roofs = OpRoofs("test", 1e12, 1e12, 1e9, None, None, cache_bandwidth=1e11, cache_bytes=1000)
+    roofs = Roofs("test", 1e12, "test", 1e9, "test", cache=(1e11, 1000))
     assert roofs.memory_seconds(3000) == pytest.approx(1000 / 1e11 + 2000 / 1e9)
     assert roofs.memory_seconds(500) == pytest.approx(500 / 1e11)
-    no_cache = OpRoofs("test", 1e12, 1e12, 1e9, None, None)
+    no_cache = Roofs("test", 1e12, "test", 1e9, "test")
     assert no_cache.memory_seconds(3000) == pytest.approx(3000 / 1e9)
 
 
@@ -273,7 +274,7 @@ def test_each_matmul_runs_at_the_rate_timed_for_its_shape():
     d = by_name(OPS)["d"]
     assert d.matmul_shapes == ((1, 8, 32, 16, "f32"),)
     rates = {(1, 8, 32, 16, "f32"): 1e9}
-    timed = OpRoofs("test", 1e12, 1e12, 1e15, None, None, matmul_rates=rates)
+    timed = Roofs("test", 1e12, "test", 1e15, "test", matmul_rates=rates)
     assert timed.matmul_seconds(d) == pytest.approx(2 * 8 * 32 * 16 / 1e9)
-    untimed = OpRoofs("test", 1e12, 1e12, 1e15, None, None, matmul_rates={(2, 2, 2, 2, "f32"): 1})
+    untimed = Roofs("test", 1e12, "test", 1e15, "test", matmul_rates={(2, 2, 2, 2, "f32"): 1})
     assert untimed.matmul_seconds(d) == pytest.approx(2 * 8 * 32 * 16 / 1e12)  # at the peak

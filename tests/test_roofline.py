@@ -25,7 +25,7 @@ from helpers import (
 )
 
 from roofline.compiled.kinds import KINDS, classify_hlo
-from roofline.compiled.op_roofline import OpRoofs, group_alike, predict_ops
+from roofline.compiled.op_roofline import group_alike, predict_ops
 from roofline.flops import (
     count_params,
     ledger,
@@ -35,7 +35,7 @@ from roofline.flops import (
     train_bytes,
     train_flops,
 )
-from roofline.hardware import CHIPS, LocalRoofs, chip_for_kind, find_chip, local_roofs
+from roofline.hardware import CHIPS, Roofs, chip_for_kind, find_chip, local_roofs
 from roofline.measured import compare as compare_module
 from roofline.measured import record
 from roofline.measured.chart import roofline_chart, roofline_figure
@@ -307,7 +307,8 @@ def test_predictions_never_beat_either_bound(preset):
 @pytest.fixture()
 def fixed_roofs(monkeypatch):
     """This machine's roofs, fixed: no calibration runs inside a test."""
-    roofs = LocalRoofs(1e11, "fixed", 1e10, "fixed", None)  # no datasheet, 100 GFLOP/s, 10 GB/s
+    # No datasheet, 100 GFLOP/s, 10 GB/s
+    roofs = Roofs("measured on this machine", 1e11, "fixed", 1e10, "fixed", measured=True)
     monkeypatch.setattr(compare_module, "local_roofs", lambda dtype, **_: roofs)
     monkeypatch.setattr(record, "local_roofs", lambda dtype, **_: roofs)
     # Every matmul shape at half the peak, as if timed (calibrate.matmul_rates)
@@ -324,14 +325,7 @@ def test_the_three_columns(trace, compiled_step, fixed_roofs, tmp_path, capsys):
     for column in ("napkin", "XLA's count", "measured (trace)"):
         assert column in text
     assert "MFU vs measured ceiling" in text and "xprof --logdir" in text
-    c = compare(
-        XLA_CFG,
-        XLA_BATCH,
-        cost=xla_cost(compiled),
-        trace=read_trace(logdir),
-        measured_peak=1e11,
-        measured_bandwidth=1e10,
-    )
+    c = compare(XLA_CFG, XLA_BATCH, fixed_roofs, cost=xla_cost(compiled), trace=read_trace(logdir))
     assert c.use.flops_per_s == pytest.approx(train_flops(XLA_CFG, XLA_BATCH) / c.trace.step_s)
     assert c.use.mfu_measured == pytest.approx(c.use.flops_per_s / 1e11)
     assert c.napkin.step_s <= c.xla.step_s  # XLA moves more bytes than the lower bound
@@ -356,7 +350,7 @@ def test_the_prediction_holds_every_op_the_trace_ran(trace, compiled_step):
     split as the kinds are, add up to its kind's."""
     hlo = compiled_step[0].as_text()
     t = read_trace(trace[0], hlo_text=hlo)
-    p = predict_ops(hlo, OpRoofs("fixed", 1e11, 1e11, 1e10, None, None))
+    p = predict_ops(hlo, Roofs("fixed", 1e11, "fixed", 1e10, "fixed"))
     measured = t.op_seconds()
     assert measured and set(measured) <= {o.name for o in p.ops}
     kinds, by_kind = classify_hlo(hlo), t.kind_seconds()
@@ -413,10 +407,8 @@ def test_the_best_case_from_this_machines_ceilings_is_below_its_traced_step(trac
     c = compare(
         XLA_CFG,
         XLA_BATCH,
+        roofs,
         trace=read_trace(trace[0], hlo_text=compiled_step[0].as_text()),
-        measured_peak=roofs.peak_flops,
-        measured_bandwidth=roofs.bandwidth,
-        measured_cache=roofs.cache,
         hlo_text=compiled_step[0].as_text(),
     )
     assert c.ops.step_s <= c.trace.step_s
@@ -425,12 +417,7 @@ def test_the_best_case_from_this_machines_ceilings_is_below_its_traced_step(trac
 def test_the_chart_places_each_op_group(trace, compiled_step, fixed_roofs):
     hlo = compiled_step[0].as_text()
     c = compare(
-        XLA_CFG,
-        XLA_BATCH,
-        trace=read_trace(trace[0], hlo_text=hlo),
-        measured_peak=1e11,
-        measured_bandwidth=1e10,
-        hlo_text=hlo,
+        XLA_CFG, XLA_BATCH, fixed_roofs, trace=read_trace(trace[0], hlo_text=hlo), hlo_text=hlo
     )
     groups = [g for g in group_alike(c.ops.ops) if g.flops > 0 and g.bytes > 0]
     fig, points = roofline_figure(c)

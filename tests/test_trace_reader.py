@@ -38,8 +38,8 @@ import pytest
 from helpers import roofline_command
 from xspace_fixtures import Plane, Ref, U, write_run
 
+from roofline.chip import Roofs
 from roofline.flops import train_flops
-from roofline.hardware import LocalRoofs
 from roofline.measured import compare as compare_module
 from roofline.measured import record
 from roofline.measured.compare import local_comparison
@@ -389,7 +389,7 @@ def roofs_here(monkeypatch, peak, bandwidth):
     """This machine's measured roofs, fixed (no calibration runs in a test)."""
 
     def local_roofs(dtype, **_):
-        return LocalRoofs(peak, "fixed", bandwidth, "fixed", None)
+        return Roofs("measured on this machine", peak, "fixed", bandwidth, "fixed", measured=True)
 
     monkeypatch.setattr(compare_module, "local_roofs", local_roofs)
     monkeypatch.setattr(record, "local_roofs", local_roofs)

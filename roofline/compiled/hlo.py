@@ -15,66 +15,29 @@ prints it, or several where an attribute's value spans lines:
 TYPE is an array, `bf16[8,32]{1,0}` (dtype, shape, layout), or a tuple of them.
 Operands are named, not typed, in a compiled module, so an operand's shape is
 its defining instruction's (`Module.types`). `trip_counts` says how often each
-computation runs per execution of the program (loop bodies run once a trip).
+computation runs per execution of the program (loop bodies run once a trip:
+roofline/compiled/loops.py).
 roofline/compiled/program.py (collectives, kernels, matmul dtypes) and roofline/compiled/kinds.py
 (what kind of work an op does) read HLO through this module only.
 """
 
 import dataclasses
 import functools
-import math
 import re
 
-# Bytes per element of each HLO dtype.
-BYTES = {
-    **dict.fromkeys(("pred", "s8", "u8", "f8e4m3fn", "f8e5m2"), 1),
-    **dict.fromkeys(("bf16", "f16", "s16", "u16"), 2),
-    **dict.fromkeys(("f32", "s32", "u32"), 4),
-    **dict.fromkeys(("f64", "s64", "u64"), 8),
-}
+from roofline.compiled.arrays import arrays
+from roofline.compiled.loops import trip_counts
 
 # Attributes whose values name computations: the ones an instruction calls.
 CALL_ATTRIBUTES = {"calls", "to_apply", "body", "condition", "branch_computations"}
 CALL_ATTRIBUTES |= {"true_computation", "false_computation", "called_computations"}
 
 _NAME = r"%?([\w.\-]+)"
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([^\]]*)\]")
 _INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?" + _NAME + r"\s*=\s*")
 _HEADER = re.compile(r"^(ENTRY\s+)?" + _NAME + r"\s*\(")
 _OPCODE = re.compile(r"\s*([a-z][\w\-]*)\(")
 _COMMENT = re.compile(r"/\*.*?\*/")  # XLA numbers long lists: /*index=5*/
 _OPENS, _CLOSES = "([{", ")]}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Array:
-    """One array of an HLO type: its dtype ('bf16') and shape ((8, 32))."""
-
-    dtype: str
-    shape: tuple
-
-    @property
-    def size(self):
-        return math.prod(self.shape)
-
-    @property
-    def bytes(self):
-        """Bytes of its elements; 0 for a dtype without a fixed width (token, opaque)."""
-        return BYTES.get(self.dtype, 0) * self.size
-
-
-def arrays(type_text):
-    """The arrays of an HLO type, in order: 'bf16[96,768]{1,0}' or a tuple of them.
-    A dynamic dimension, '<=8', counts at its bound."""
-    return tuple(
-        Array(dtype, tuple(int(d.lstrip("<=")) for d in dims.split(",") if d))
-        for dtype, dims in _ARRAY.findall(type_text)
-    )
-
-
-def array_bytes(type_text):
-    """Bytes of every array in an HLO type: 'bf16[96,768]{1,0}' or a tuple of them."""
-    return sum(a.bytes for a in arrays(type_text))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,79 +126,9 @@ class Module:
     @functools.cached_property
     def trip_counts(self):
         """{computation name: how many times it runs per execution}, for the
-        bodies of `while` loops (and loops inside them) and everything they
-        call (fusions, async collectives); computations not listed run once,
-        outside any loop.
-
-        A loop's trip count is read from its condition, `counter < N` with N a
-        constant, the form XLA gives the loops it builds itself (collective
-        matmuls, scans, decode's chunk of steps); a loop whose count cannot be
-        read (a fori_loop over a traced count) counts once."""
-        loops = [
-            (computation.name, i.calls["body"][0], self._trips(i, computation))
-            for computation, i in self.instructions()
-            if i.opcode == "while" and "body" in i.calls and "condition" in i.calls
-        ]
-        times = {}
-        for _ in range(4):  # loops nested up to four deep
-            for holder, body, trips in loops:
-                times[body] = times.get(holder, 1) * trips
-        for body in sorted(times, key=times.get):  # inner loops last: they run more often
-            todo = list(self._called(body))
-            while todo:
-                name = todo.pop()
-                if name in self.computations and times.get(name, 0) < times[body]:
-                    times[name] = times[body]
-                    todo += self._called(name)
-        return times
-
-    def _called(self, name):
-        computation = self.computations.get(name)
-        return [c for i in computation.instructions for c in i.called] if computation else []
-
-    @staticmethod
-    def _constant(name, scope):
-        """The integer value of the constant `name` in scope ({name: instruction}:
-        one computation's, as snippets reuse names), seen through copies; or None."""
-        op = scope.get(name)
-        while op is not None and op.opcode in ("copy", "convert", "bitcast") and op.operands:
-            op = scope.get(op.operands[0])
-        if op is None or op.opcode != "constant" or not op.literal.lstrip("-").isdigit():
-            return None
-        return int(op.literal)
-
-    def _trips(self, loop, holder):
-        """How many trips a `while` (in computation `holder`) makes: its condition
-        is `counter < N` (N a constant), its body adds a constant step to the
-        counter, and the loop starts it at a constant; else 1. Counters step by
-        more than one where XLA unrolled a loop (a bidirectional collective
-        matmul steps by 2)."""
-        condition = self.computations.get(loop.calls["condition"][0])
-        body = self.computations.get(loop.calls["body"][0])
-        if condition is None:
-            return 1
-        compare = next((i for i in condition.instructions if i.opcode == "compare"), None)
-        if compare is None or compare.attributes.get("direction") != "LT":
-            return 1
-        local = {i.name: i for i in condition.instructions}
-        counter = local.get(compare.operands[0])
-        limit = self._constant(compare.operands[1], local)
-        if limit is None or counter is None or counter.opcode != "get-tuple-element":
-            return 1
-        index = int(counter.attributes.get("index", -1))
-        start, step = 0, 1
-        outside = {i.name: i for i in holder.instructions}
-        init = outside.get(loop.operands[0]) if loop.operands else None
-        if init is not None and init.opcode == "tuple" and 0 <= index < len(init.operands):
-            start = self._constant(init.operands[index], outside) or 0
-        inside = {i.name: i for i in body.instructions} if body else {}
-        root = body.root if body else None
-        if root is not None and root.opcode == "tuple" and 0 <= index < len(root.operands):
-            update = inside.get(root.operands[index])
-            if update is not None and update.opcode == "add":
-                steps = [self._constant(n, inside) for n in update.operands]
-                step = next((s for s in steps if s), 1)
-        return max(1, -(-(limit - start) // step))
+        bodies of `while` loops and everything they call; computations not
+        listed run once (roofline/compiled/loops.py reads the counts)."""
+        return trip_counts(self)
 
 
 def _scan(text):

@@ -16,7 +16,7 @@ import json
 import math
 import re
 
-from roofline.compiled.hlo import arrays
+from roofline.compiled.arrays import arrays
 from roofline.compiled.program import collective_kind
 
 # Instructions that are no work of their own: names, views, containers, markers.

@@ -18,7 +18,7 @@ def prediction_lines(p, tokens, model_flops, bound_s=None, top=10):
     """The per-op prediction as text: the step, by kind, the ops that cost most.
     model_flops: the exact count per device (its MFU numerator); bound_s: the
     whole-step bound to set beside it."""
-    mfu = model_flops / p.roofs.matmul_peak / p.step_s
+    mfu = model_flops / p.roofs.peak_flops / p.step_s
     beside = f"; the whole-step bound: {ms(bound_s)}" if bound_s else ""
     lines = [
         "per-op prediction (each op on its roof, in the compiler's order, asynchronous "
@@ -63,7 +63,7 @@ def prediction_summary(p, model_flops, top=10):
     """The per-op prediction as JSON-ready values (--summary-out)."""
     return {
         "predicted_step_seconds": p.step_s,
-        "predicted_mfu": model_flops / p.roofs.matmul_peak / p.step_s,
+        "predicted_mfu": model_flops / p.roofs.peak_flops / p.step_s,
         "predicted_seconds_by_kind": dict(p.seconds_by_kind),
         "top_ops": [
             {

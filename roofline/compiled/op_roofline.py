@@ -2,7 +2,7 @@
 run in the compiler's order, collectives and copies the compiler made
 asynchronous overlapped with the ops between their start and their use.
 
-    roofs = chip_roofs(chip, "bfloat16", precision)   # or measured ones, on a CPU
+    roofs = chip_roofs(chip, "bfloat16", precision)   # roofline/chip.py; measured on a CPU
     p = predict_ops(hlo_text, roofs, devices=8)
     p.step_s, p.seconds_by_kind, p.top(10)
 
@@ -26,84 +26,6 @@ import re
 from roofline.compiled.hlo import parse
 from roofline.compiled.kinds import classify_hlo
 from roofline.compiled.op_work import executed, program_work
-
-# What each chip's matmul units work on, as (M, N, K): a dimension of a dot is
-# padded up to a multiple of these before the units multiply it.
-#  TPU v2-v5: a 128x128 systolic array (MXU) holds a 128x128 tile of one operand
-#    (cloud.google.com/tpu/docs/system-architecture-tpu-vm, "TensorCore"); the
-#    other streams through in rows of 8 sublanes (a vreg is 8x128). v6e's MXU
-#    is 256x256 (cloud.google.com/tpu/docs/v6e, "System architecture").
-#  NVIDIA Hopper: wgmma multiplies m64 x n(8..256) x k16 for 16-bit inputs;
-#    Ampere and Ada: mma.sync m16 x n8 x k16 (PTX ISA, "Warpgroup MMA: matrix
-#    shape" and "Matrix fragments for mma.m16n8k16":
-#    docs.nvidia.com/cuda/parallel-thread-execution).
-MATMUL_TILES = {
-    "tpu-v6e": (8, 256, 256),
-    "tpu": (8, 128, 128),
-    "9.0": (64, 8, 16),
-    "8.0": (16, 8, 16),
-    "8.6": (16, 8, 16),
-    "8.9": (16, 8, 16),
-}
-
-
-def matmul_tile(chip):
-    """(M, N, K) the chip's matmul units pad a dot's dimensions to, or None."""
-    if chip.platform == "tpu":
-        return MATMUL_TILES.get(chip.name, MATMUL_TILES["tpu"])
-    return MATMUL_TILES.get(chip.compute_capability or "")
-
-
-@dataclasses.dataclass(frozen=True)
-class OpRoofs:
-    """One device's roofs, as the per-op model needs them."""
-
-    name: str  # whose they are: "h100-sxm datasheet", "measured on this machine"
-    matmul_peak: float  # FLOP/s of a matmul at the step's precision
-    vector_peak: float  # FLOP/s of elementwise arithmetic
-    bandwidth: float  # HBM bytes/s
-    link: float | None  # bytes/s a device sends, one direction; None: no figure
-    tile: tuple | None  # (M, N, K) the matmul units pad to
-    cache_bandwidth: float | None = None  # bytes/s of data in the last-level cache (a CPU)
-    cache_bytes: float | None = None  # that cache's size
-    matmul_rates: dict | None = None  # {(batch, M, N, K, dtype): FLOP/s measured at that shape}
-
-    def matmul_seconds(self, work):
-        """Its matmuls' time: at the rate measured for each one's shape where there
-        is one (a CPU's rate depends on the shape), else at the peak."""
-        if not self.matmul_rates or not work.matmul_shapes:
-            return work.matmul_flops / self.matmul_peak
-        seconds = 0.0
-        for b, m, n, k, dtype in work.matmul_shapes:
-            rate = self.matmul_rates.get((b, m, n, k, dtype), self.matmul_peak)
-            seconds += 2 * b * m * n * k / rate
-        shaped = sum(2 * b * m * n * k for b, m, n, k, _ in work.matmul_shapes)
-        return seconds + max(work.matmul_flops - shaped, 0.0) / self.matmul_peak  # a kernel's
-
-    def memory_seconds(self, moved):
-        """The least time to move `moved` bytes: as many as the cache holds at its
-        bandwidth (the op before may have left them there), the rest at the
-        memory's. Without a cache figure, all at the memory's."""
-        if not self.cache_bandwidth or not self.cache_bytes:
-            return moved / self.bandwidth
-        cached = min(moved, self.cache_bytes)
-        return cached / self.cache_bandwidth + (moved - cached) / self.bandwidth
-
-
-def chip_roofs(chip, dtype, precision="default", devices_per_chip=1):
-    """OpRoofs of one device of a chip, from the chip table. Elementwise work
-    runs on the vector units: NVIDIA's float32 (CUDA core) rate; a TPU's
-    VPU rate is not published, so its matmul peak stands in (a best case)."""
-    matmul = chip.peak(dtype, precision)
-    vector = chip.flops.get("float32", matmul) if chip.platform == "gpu" else matmul
-    return OpRoofs(
-        name=f"{chip.name} datasheet",
-        matmul_peak=matmul,
-        vector_peak=vector,
-        bandwidth=chip.hbm_bandwidth / devices_per_chip,
-        link=chip.interconnect / 2 if chip.interconnect else None,
-        tile=matmul_tile(chip),
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +78,7 @@ def op_time(work, kind, roofs, source="", shape=""):
 class OpPrediction:
     """The step predicted op by op, per device."""
 
-    roofs: OpRoofs
+    roofs: object  # roofline.chip.Roofs
     ops: tuple  # of OpTime, in program order
     step_s: float  # the simulated step
     seconds_by_kind: dict  # kind -> seconds of the step; adds up to step_s
@@ -175,7 +97,7 @@ class OpPrediction:
         r = self.roofs
         flops = sum(o.flops for o in self.ops)
         return (
-            flops / r.matmul_peak,
+            flops / r.peak_flops,
             sum(o.bytes for o in self.ops) / r.bandwidth,
             sum(o.link_bytes for o in self.ops) / r.link if r.link else 0.0,
         )

@@ -6,7 +6,7 @@ per-op prediction (roofline/compiled/op_roofline.py) divides these by a chip's r
         work.name, work.count, work.matmul_flops, work.hbm_bytes, work.link_bytes
 
 An op is an instruction the program executes: one of ENTRY, or of a loop's
-body run once a trip (hlo trip_counts). A fusion is one op: its FLOPs are
+body run once a trip (roofline/compiled/loops.py). A fusion is one op: its FLOPs are
 those of the instructions inside it, its bytes what it reads and writes
 (roofline/README.md, "Per op"):
 
@@ -26,7 +26,8 @@ import functools
 import math
 import re
 
-from roofline.compiled.hlo import BYTES, arrays, parse
+from roofline.compiled.arrays import BYTES, arrays
+from roofline.compiled.hlo import parse
 from roofline.compiled.op_flops import NO_OP, FlopCounter
 from roofline.compiled.program import collective_kind, group_size, link_bytes
 

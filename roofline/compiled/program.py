@@ -12,7 +12,8 @@ import math
 import re
 from typing import NamedTuple
 
-from roofline.compiled.hlo import array_bytes, arrays, parse
+from roofline.compiled.arrays import array_bytes, arrays
+from roofline.compiled.hlo import parse
 from roofline.memory import planned_bytes
 
 # Collectives as HLO names them; the "-start" forms are their asynchronous halves.
@@ -87,7 +88,7 @@ class Collective(NamedTuple):
 
 def collectives(hlo_text, devices, in_loops=None, by_group=False):
     """{kind: Collective} for the collectives in a compiled (partitioned) HLO
-    module, per step: one inside a loop counts once per trip (hlo trip_counts).
+    module, per step: one inside a loop counts once per trip (roofline/compiled/loops.py).
     in_loops=True keeps only those inside a while loop, False those outside any.
     by_group=True: keyed by (kind, devices per group) instead, which tells the
     mesh axes apart: on data=2,fsdp=4 an all-reduce over data has groups of 2.

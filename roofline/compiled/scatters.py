@@ -12,7 +12,8 @@ does not say which dtype a sum runs in; the compiled program does.
 
 from typing import NamedTuple
 
-from roofline.compiled.hlo import BYTES, parse
+from roofline.compiled.arrays import BYTES
+from roofline.compiled.hlo import parse
 
 
 class Scatter(NamedTuple):

@@ -85,9 +85,10 @@ def roofline_figure(c):
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     fig, ax = plt.subplots(figsize=(8, 5.5))
     roofs = [(c.roof_name, c.peak, c.bandwidth, "-")]
-    if c.datasheet_name and c.measured_peak:
-        roofs.append((c.measured_name, c.measured_peak, c.measured_bandwidth, "--"))
-    if c.ops and c.ops.roofs.vector_peak < c.ops.roofs.matmul_peak:
+    if c.roofs.datasheet and c.roofs.measured:
+        r = c.roofs
+        roofs.append((r.name, r.peak_flops, r.bandwidth, "--"))
+    if c.ops and c.ops.roofs.vector_peak < c.ops.roofs.peak_flops:
         r = c.ops.roofs  # elementwise work has a lower roof on a GPU
         roofs.append((f"{r.name}, vector units", r.vector_peak, r.bandwidth, ":"))
     for name, peak, bandwidth, style in roofs:

@@ -20,11 +20,12 @@ import dataclasses
 import jax
 
 from roofline import calibrate
+from roofline.chip import chip_roofs
+from roofline.compiled.op_roofline import predict_ops
 from roofline.compiled.op_work import matmul_shapes
 from roofline.compiled.program import cost_analysis
 from roofline.flops import ledger, train_bytes
 from roofline.hardware import local_roofs
-from roofline.measured.op_table import predict_step
 from roofline.measured.record import chip_record, save_hlo, save_metadata
 from roofline.measured.table import report_lines
 from roofline.measured.trace import read_trace
@@ -69,46 +70,29 @@ class Comparison:
     xla_bytes: float | None = None
     trace: object = None  # roofline.measured.trace.TraceProfile, or None
     use: object = None  # roofline.predict.Utilisation of the traced step, or None
-    datasheet_name: str | None = None
-    measured_peak: float | None = None  # the measured ceiling, FLOP/s per device
-    measured_bandwidth: float | None = None
+    roofs: object = None  # roofline.chip.Roofs the step was held against, whole
     log_peak: tuple | None = None  # (FLOP/s per device, source) the training log used
-    measured_name: str = "measured on this machine"  # whose the measured roof is
     ops: object = None  # roofline.compiled.op_roofline.OpPrediction of the compiled step, or None
     best_ops: object = None  # the same on the ceilings alone, where ops used measured rates
 
 
-def compare(
-    cfg,
-    batch,
-    *,
-    cost=None,
-    trace=None,
-    devices=1,
-    datasheet=None,
-    measured_peak=None,
-    measured_bandwidth=None,
-    log_peak=None,
-    measured_name="measured on this machine",
-    hlo_text=None,
-    measured_cache=None,
-    measured_matmul_rates=None,
-):
-    """The three columns for one training step of `batch` sequences.
+def compare(cfg, batch, roofs, *, devices=1, cost=None, trace=None, hlo_text=None, log_peak=None):
+    """The three columns for one training step of `batch` sequences, per device
+    on `roofs` (a roofline.chip.Roofs).
 
-    cost: (FLOPs, bytes) from `xla_cost`, or None. trace: a TraceProfile, or
-    None. The predictions stand on the datasheet's roof when there is one,
-    else on the measured one (a CPU), which measured_name says whose it is.
-    hlo_text: the compiled step's HLO, for the per-op prediction (on the same
-    roofs: roofline/measured/op_table.py), or None."""
+    The predictions stand on the datasheet's roof when roofs has one, else on
+    the measured one (a CPU), which roofs.name says whose it is. cost: (FLOPs,
+    bytes) from `xla_cost`, or None. trace: a TraceProfile, or None. hlo_text:
+    the compiled step's HLO, for the per-op prediction (on the same roofs), or
+    None. log_peak: (FLOP/s, source) the training log's MFU divided by."""
     g = ledger(cfg, batch)
     bytes_bound = train_bytes(cfg, batch).total
+    datasheet = roofs.datasheet
     if datasheet is not None:
         roof_name = f"{datasheet.name} datasheet, {cfg.dtype}"
         peak, bandwidth = datasheet.peak(cfg.dtype), datasheet.hbm_bandwidth
     else:
-        roof_name = measured_name
-        peak, bandwidth = measured_peak, measured_bandwidth
+        roof_name, peak, bandwidth = roofs.name, roofs.peak_flops, roofs.bandwidth
 
     def bound(flops, bytes_moved):
         return predict(
@@ -122,22 +106,20 @@ def compare(
             g.exact,
             trace.step_s,
             chips=devices,
-            measured_peak=measured_peak,
+            measured_peak=roofs.peak_flops if roofs.measured else None,
             datasheet_peak=datasheet.peak(cfg.dtype) if datasheet else None,
         )
     ops = best_ops = None
     if hlo_text:  # on the same roofs as the napkin's: a datasheet, else measured
-        roofs = {"peak": measured_peak, "bandwidth": measured_bandwidth, "name": measured_name}
-        # The best case: the ceilings alone, a CPU's cache among them. The prediction:
-        # where matmul rates were measured by shape (a CPU), at those rates instead.
-        best_ops = predict_step(
-            hlo_text, cfg.dtype, devices, datasheet=datasheet, cache=measured_cache, **roofs
-        )
-        ops = best_ops
-        if datasheet is None and measured_matmul_rates:
-            ops = predict_step(
-                hlo_text, cfg.dtype, devices, matmul_rates=measured_matmul_rates, **roofs
-            )
+        if datasheet is not None:
+            best_ops = ops = predict_ops(hlo_text, chip_roofs(datasheet, cfg.dtype), devices)
+        else:
+            # The best case: the ceilings alone, a CPU's cache among them. The prediction:
+            # where matmul rates were measured by shape (a CPU), at those rates instead.
+            best = dataclasses.replace(roofs, matmul_rates=None)
+            best_ops = ops = predict_ops(hlo_text, best, devices)
+            if roofs.matmul_rates:
+                ops = predict_ops(hlo_text, dataclasses.replace(roofs, cache=None), devices)
     return Comparison(
         cfg=cfg,
         batch=batch,
@@ -153,11 +135,8 @@ def compare(
         xla_bytes=cost[1] if cost else None,
         trace=trace,
         use=use,
-        datasheet_name=datasheet.name if datasheet else None,
-        measured_peak=measured_peak,
-        measured_bandwidth=measured_bandwidth,
+        roofs=roofs,
         log_peak=log_peak,
-        measured_name=measured_name,
         ops=ops,
         best_ops=best_ops if best_ops is not ops else None,
     )
@@ -184,32 +163,18 @@ def local_comparison(cfg, batch, compiled=None, peak=None, *, devices=None, logd
         cost = xla_cost(compiled, None if hasattr(compiled, "input_shardings") else devices)
     roofs = local_roofs(cfg.dtype, measured=True, devices=devices)
     hlo_text = compiled.as_text() if hasattr(compiled, "as_text") else None
-    rates = None
     if hlo_text and roofs.datasheet is None:  # a CPU: time each matmul shape of the step
         measured = calibrate.matmul_rates(matmul_shapes(hlo_text))
         rates = {shape: flops / roofs.share for shape, flops in measured.items()}
+        roofs = dataclasses.replace(roofs, matmul_rates=rates)
     trace = None
     if logdir is not None:
-        record = chip_record(
-            cfg.dtype, devices, roofs.peak_flops, roofs.bandwidth, roofs.cache, rates
-        )
-        save_metadata(logdir, cfg, batch, cost, devices, record)
+        save_metadata(logdir, cfg, batch, cost, devices, chip_record(cfg.dtype, devices, roofs))
         if hlo_text:
             save_hlo(logdir, hlo_text)
         trace = read_trace(logdir, hlo_text=hlo_text)
     return compare(
-        cfg,
-        batch,
-        cost=cost,
-        trace=trace,
-        devices=devices,
-        datasheet=roofs.datasheet,
-        measured_peak=roofs.peak_flops,
-        measured_bandwidth=roofs.bandwidth,
-        log_peak=peak,
-        hlo_text=hlo_text,
-        measured_cache=roofs.cache,
-        measured_matmul_rates=rates,
+        cfg, batch, roofs, devices=devices, cost=cost, trace=trace, hlo_text=hlo_text, log_peak=peak
     )
 
 

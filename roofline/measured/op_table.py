@@ -13,45 +13,8 @@ import dataclasses
 import textwrap
 
 from roofline.compiled.op_report import prediction_summary
-from roofline.compiled.op_roofline import OpRoofs, chip_roofs, group_alike, predict_ops
+from roofline.compiled.op_roofline import group_alike
 from roofline.units import ms
-
-
-def op_roofs(
-    dtype,
-    datasheet=None,
-    peak=None,
-    bandwidth=None,
-    name="measured on this machine",
-    cache=None,
-    matmul_rates=None,
-):
-    """The OpRoofs of one device: a chip's datasheet where there is one (a GPU,
-    a TPU), else the ceilings measured on the machine that ran (a CPU): its
-    matmul peak stands for elementwise work too, it has no links, and data in
-    its last-level cache moves at the bandwidth measured there (cache: (bytes/s,
-    bytes)); matmul_rates: FLOP/s measured for each matmul shape
-    (roofline/calibrate.py)."""
-    if datasheet is not None:
-        return chip_roofs(datasheet, dtype)
-    cache_bandwidth, cache_bytes = cache or (None, None)
-    return OpRoofs(
-        name=name,
-        matmul_peak=peak,
-        vector_peak=peak,
-        bandwidth=bandwidth,
-        link=None,
-        tile=None,
-        cache_bandwidth=cache_bandwidth,
-        cache_bytes=cache_bytes,
-        matmul_rates=matmul_rates,
-    )
-
-
-def predict_step(hlo_text, dtype, devices, **roofs):
-    """The OpPrediction of a compiled step's HLO on op_roofs(dtype, **roofs)."""
-    return predict_ops(hlo_text, op_roofs(dtype, **roofs), devices)
-
 
 # Measured at or above this many times its prediction, an op broke the roofline's
 # assumptions (every byte moved once at full bandwidth, every FLOP at the peak).

@@ -26,6 +26,7 @@ import types
 
 import jax
 
+from roofline.chip import Roofs, chip_roofs
 from roofline.hardware import chip_for_kind, datasheet_chip, find_chip, local_roofs
 from roofline.measured.op_table import op_summary
 
@@ -35,12 +36,10 @@ METADATA = "roofline.json"
 HLO = "step.hlo.txt"
 
 
-def chip_record(
-    dtype, devices, measured_peak, measured_bandwidth, measured_cache=None, matmul_rates=None
-):
+def chip_record(dtype, devices, roofs):
     """The chip this process runs on, as roofline.json records it: jax's names for
     it, the datasheet entry if the chip table knows it, and the roofs measured on
-    it (per device)."""
+    it (a roofline.chip.Roofs of local_roofs(measured=True), per device)."""
     device = jax.local_devices()[0]
     chip = datasheet_chip(device)
     return {
@@ -50,11 +49,11 @@ def chip_record(
         "dtype": dtype,
         "datasheet": chip.name if chip else None,
         "host": socket.gethostname(),
-        "measured_peak": measured_peak,
-        "measured_bandwidth": measured_bandwidth,
-        "measured_cache": list(measured_cache) if measured_cache else None,
+        "measured_peak": roofs.peak_flops,
+        "measured_bandwidth": roofs.bandwidth,
+        "measured_cache": list(roofs.cache) if roofs.cache else None,
         # {"batch,M,N,K,dtype": FLOP/s}: each matmul shape of the step, timed (a CPU)
-        "matmul_rates": {",".join(map(str, s)): r for s, r in (matmul_rates or {}).items()},
+        "matmul_rates": {",".join(map(str, s)): r for s, r in (roofs.matmul_rates or {}).items()},
     }
 
 
@@ -121,36 +120,27 @@ def load_metadata(logdir, model=types.SimpleNamespace):
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Roofs:
-    """The roofs a trace is held against; per device."""
-
-    datasheet: object  # roofline.hardware.Chip, or None
-    measured_peak: float | None  # FLOP/s
-    measured_bandwidth: float | None  # bytes/s
-    measured_name: str  # whose measurement it is
-    measured_cache: tuple | None = None  # a CPU's (bytes/s, bytes) of its last-level cache
-    matmul_rates: dict | None = None  # {(batch, M, N, K, dtype): FLOP/s}, timed where captured
-
-
 def roofs_for(chip, dtype, devices, trace_platform=None):
-    """The Roofs for a trace captured on `chip` (a chip_record, or None).
+    """The roofline.chip.Roofs a trace captured on `chip` (a chip_record, or None)
+    is held against, per device: the measured figures recorded with it, the
+    chip table's entry beside them.
 
     This machine's measured roofs (roofline.hardware.local_roofs) stand in only
     where the record has no measured figures of its own."""
+
+    def here(name):
+        roofs = local_roofs(dtype, measured=True, devices=devices)
+        return dataclasses.replace(
+            roofs, name=name, peak_source=name, bandwidth_source=name, datasheet=None
+        )
+
     if chip is None:
-        here = local_roofs(dtype, measured=True, devices=devices)
-        peak, bandwidth = here.peak_flops, here.bandwidth
         ran_on = (
             f"; the trace ran on a {trace_platform}" if trace_platform not in (None, "cpu") else ""
         )
-        return Roofs(
-            None,
-            peak,
-            bandwidth,
+        return here(
             "measured on this machine (roofline.json does not "
-            f"say which chip captured the trace{ran_on})",
-            here.cache,
+            f"say which chip captured the trace{ran_on})"
         )
     datasheet = None
     if chip["platform"] != "cpu":
@@ -166,24 +156,26 @@ def roofs_for(chip, dtype, devices, trace_platform=None):
         host = chip.get("host") or "the machine that captured the trace"
         where = "this machine" if host == socket.gethostname() else host
         name = f"measured on {where} ({chip['platform']}: {chip['device_kind']})"
-        cache = tuple(chip["measured_cache"]) if chip.get("measured_cache") else None
         rates = {
             (*map(int, key.split(",")[:4]), key.split(",")[4]): flops
             for key, flops in (chip.get("matmul_rates") or {}).items()
         }
         return Roofs(
-            datasheet, chip["measured_peak"], chip.get("measured_bandwidth"), name, cache, rates
+            name,
+            chip["measured_peak"],
+            name,
+            chip.get("measured_bandwidth"),
+            name,
+            measured=True,
+            datasheet=datasheet,
+            cache=tuple(chip["measured_cache"]) if chip.get("measured_cache") else None,
+            matmul_rates=rates,
         )
     if datasheet is not None:
-        return Roofs(datasheet, None, None, "")
-    here = local_roofs(dtype, measured=True, devices=devices)
-    return Roofs(
-        None,
-        here.peak_flops,
-        here.bandwidth,
+        return chip_roofs(datasheet, dtype)
+    return here(
         f"measured on this machine, not on the {chip['platform']} "
-        f"({chip['device_kind']}) that captured the trace",
-        here.cache,
+        f"({chip['device_kind']}) that captured the trace"
     )
 
 

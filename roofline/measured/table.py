@@ -83,18 +83,18 @@ def table_lines(c):
         flops.append(f"{u.flops_per_s / 1e12:.3f}")
     lines += [row("step time", *step), row("tokens/s", *tokens), row("TFLOP/s per device", *flops)]
 
-    peaks = []
-    if c.measured_peak:
-        peaks.append(("MFU vs measured ceiling", c.measured_peak, u.mfu_measured if u else None))
-    if c.datasheet_name:
-        peaks.append((f"MFU vs {c.datasheet_name}", c.peak, u.mfu_datasheet if u else None))
+    peaks, datasheet = [], c.roofs.datasheet
+    if c.roofs.measured:
+        peaks.append(("MFU vs measured ceiling", c.roofs.peak_flops, u.mfu_measured if u else None))
+    if datasheet:
+        peaks.append((f"MFU vs {datasheet.name}", c.peak, u.mfu_datasheet if u else None))
     for label, peak, measured in peaks:
         cells = [
             f"<= {_pct(model_flops_per_s(n) / peak)}",
             f"~ {_pct(model_flops_per_s(x) / peak)}" if x else "-",
         ]
         lines.append(row(label, *cells, _pct(measured) if measured is not None else "-"))
-    if not c.datasheet_name:
+    if not datasheet:
         lines.append(row("MFU vs datasheet", "n/a: no datasheet peak (a CPU has none)", "", ""))
     if c.log_peak and u and all(abs(c.log_peak[0] / p - 1) > 1e-3 for _, p, _ in peaks):
         log_flops, source = c.log_peak

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from roofline.compiled.op_roofline import chip_roofs, predict_ops
+from roofline.chip import chip_roofs
+from roofline.compiled.op_roofline import predict_ops
 from roofline.memory import planned_bytes
 from sessions import sharding
 from sessions.attention import attention

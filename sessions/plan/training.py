@@ -10,7 +10,8 @@ from typing import NamedTuple
 
 import jax
 
-from roofline.compiled.op_roofline import chip_roofs, predict_ops
+from roofline.chip import chip_roofs
+from roofline.compiled.op_roofline import predict_ops
 from roofline.compiled.program import read_program
 from roofline.flops import flash_kernel, model_line, param_count
 from roofline.plan.training import plan_lines, plan_summary, training_plan
