@@ -143,7 +143,7 @@ def chip_roofs(chip, dtype, precision="default", devices_per_chip=1):
     """The Roofs of one device of a chip, from its datasheet. Elementwise work
     runs on the vector units: NVIDIA's float32 (CUDA core) rate; a TPU's
     VPU rate is not published, so its matmul peak stands in (a best case)."""
-    matmul = chip.peak(dtype, precision)
+    matmul = chip.peak(dtype, precision) / devices_per_chip  # a TPU v3's TensorCore: half
     source = f"{chip.name} datasheet"
     return Roofs(
         name=source,
@@ -152,7 +152,9 @@ def chip_roofs(chip, dtype, precision="default", devices_per_chip=1):
         bandwidth=chip.hbm_bandwidth / devices_per_chip,
         bandwidth_source=source,
         datasheet=chip,
-        vector_peak=chip.flops.get("float32", matmul) if chip.platform == "gpu" else matmul,
+        vector_peak=chip.flops.get("float32", matmul) / devices_per_chip
+        if chip.platform == "gpu"
+        else matmul,
         link=chip.interconnect / 2 if chip.interconnect else None,
         tile=matmul_tile(chip),
     )

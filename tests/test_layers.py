@@ -256,7 +256,7 @@ def readme_layout():
 def layout_tables(layout):
     """{folder: {the modules its table names}}: a table headed `| concept | module |`
     or `| module | ... |` belongs to the `### folder/` heading above it; one headed
-    `| \`folder/\` | ... |` to that folder. Its module column's `name.py`s are read."""
+    `| `folder/` | ... |` to that folder. Its module column's `name.py`s are read."""
     tables, heading, table, column = {}, None, None, None
     for line in layout.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]

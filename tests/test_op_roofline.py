@@ -278,3 +278,12 @@ def test_each_matmul_runs_at_the_rate_timed_for_its_shape():
     assert timed.matmul_seconds(d) == pytest.approx(2 * 8 * 32 * 16 / 1e9)
     untimed = Roofs("test", 1e12, "test", 1e15, "test", matmul_rates={(2, 2, 2, 2, "f32"): 1})
     assert untimed.matmul_seconds(d) == pytest.approx(2 * 8 * 32 * 16 / 1e12)  # at the peak
+
+
+def test_a_chip_of_two_devices_gives_each_half_its_figures():
+    """A TPU v3 is two jax devices (cloud.google.com/tpu/docs/v3: 123 TFLOP/s bf16
+    and 900 GB/s a chip, two TensorCores): a device's roofs are half of each."""
+    whole = chip_roofs(CHIPS["tpu-v3"], "bfloat16")
+    half = chip_roofs(CHIPS["tpu-v3"], "bfloat16", devices_per_chip=2)
+    assert (whole.peak_flops, whole.bandwidth) == (123e12, 900e9)
+    assert (half.peak_flops, half.bandwidth, half.vector_peak) == (61.5e12, 450e9, 61.5e12)
