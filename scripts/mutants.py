@@ -52,6 +52,7 @@ PLANS = "tests/test_step_plans.py"
 S4 = "tests/test_s4_kernels.py"
 EMBED_GRAD = "tests/test_embedding_gradient.py"
 HLO_READING = "tests/test_hlo_reading.py"
+LAYERS = "tests/test_layers.py"
 
 MUTANTS = [
     Mutant(
@@ -824,6 +825,47 @@ MUTANTS = [
         "roofline/measured/op_table.py",
         (("        flag = ratio is not None and ratio >= BROKEN\n", "        flag = False\n"),),
         (f"{TRUTH}::test_compare_names_the_scatter_as_the_slowest_op_and_says_why",),
+    ),
+    Mutant(
+        "concept-imports-cli",
+        "a concept module reaches into the scripts' flags (sessions/run/cli.py)",
+        "sessions/sample.py",
+        (("import jax\n", "import jax\n\nfrom sessions.run.cli import PROMPT  # noqa: F401\n"),),
+        (f"{LAYERS}::test_concepts_import_neither_plumbing_nor_planning",),
+    ),
+    Mutant(
+        "stale-path",
+        "a docstring names a file that is gone (generate.py, in sessions/)",
+        "sessions/sample.py",
+        (
+            (
+                "with the cached decoder of sessions/inference.py",
+                "with " + os.path.join("sessions", "generate.py"),
+            ),
+        ),
+        (f"{LAYERS}::test_every_path_named_in_the_code_and_docs_exists",),
+    ),
+    Mutant(
+        "concept-unlisted",
+        "the README's concept table loses a concept",
+        "README.md",
+        (("| sampling text | `sample.py` |\n", ""),),
+        (
+            f"{LAYERS}::test_each_concept_has_its_module_at_the_top_of_sessions",
+            f"{LAYERS}::test_the_readme_tables_name_exactly_each_folder_s_modules",
+        ),
+    ),
+    Mutant(
+        "tpu-v3-whole-peak",
+        "a TensorCore of a TPU v3 held to the whole chip's peak",
+        "roofline/chip.py",
+        (
+            (
+                "    matmul = chip.peak(dtype, precision) / devices_per_chip",
+                "    matmul = chip.peak(dtype, precision)",
+            ),
+        ),
+        (f"{OP_ROOFLINE}::test_a_chip_of_two_devices_gives_each_half_its_figures",),
     ),
 ]
 

@@ -18,7 +18,6 @@ this repository named in the code and the docs exists; no module is over 300 lin
 import ast
 import os
 import re
-import subprocess
 
 import pytest
 
@@ -54,6 +53,19 @@ CONCEPTS = {
     "a collective matmul": "collective_matmul.py",
     "checking against a float32 reference on any chip": "precision.py",
 }
+
+
+def repo_files():
+    """The repository's own files, as paths from its root: its folders and the
+    files at its top (no virtual environments, caches or runs; no git needed)."""
+    for name in sorted(os.listdir(REPO)):
+        if os.path.isfile(os.path.join(REPO, name)):
+            yield name
+    for folder in (*FOLDERS, ".ci"):
+        for root, dirs, names in os.walk(os.path.join(REPO, folder)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(names):
+                yield os.path.relpath(os.path.join(root, name), REPO)
 
 
 def python_files(folder):
@@ -300,9 +312,7 @@ def test_the_readme_s_picture_names_every_folder():
     """The picture's first column (`folder/`) is every Python folder of the tree."""
     picture = readme_layout().split("```")[1]
     named = {line.split()[0] for line in picture.splitlines() if re.match(r"[\w.]+/", line)}
-    tracked = subprocess.run(
-        ["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.split()
+    tracked = [p for p in repo_files() if p.endswith(".py")]
     packages = {os.path.dirname(p) + "/" for p in tracked if p.endswith("__init__.py")}
     packages = {p for p in packages if not p.startswith("tests/")}
     top = {p.split("/")[0] + "/" for p in tracked if "/" in p}
@@ -332,11 +342,8 @@ def test_the_path_reader_finds_what_a_comment_names():
 
 
 def test_every_path_named_in_the_code_and_docs_exists():
-    tracked = subprocess.run(
-        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.split()
     missing = {}
-    for name in tracked:
+    for name in repo_files():
         if not name.endswith((".py", ".md", ".toml", ".txt")) and name != ".ci/run":
             continue
         with open(os.path.join(REPO, name)) as f:
