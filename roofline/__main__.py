@@ -58,6 +58,7 @@ def parse_args(argv):
     comp.add_argument("logdir", help="the directory given to --profile")
     comp.add_argument("--summary-out", help="write the measured and predicted step as JSON")
     add_model_flags(comp, preset_default=None)
+    comp.set_defaults(dtype=None)  # no --dtype: resolve's, float32 (as model_from_args resolves)
     return parser.parse_args(argv)
 
 
@@ -77,6 +78,9 @@ def add_model_flags(parser, preset_default="cpu"):
         help="einsum and fused (XLA's) keep the [B, H, S, S] probabilities for "
         "backward; the flash kernels (cudnn, splash) do not",
     )
+    # What the session scripts' resolve reads that one step's cost does not depend on.
+    parser.set_defaults(steps=None, lr=None, seed=None, log_every=None, eval_every=None)
+    parser.set_defaults(data=None, no_attention=False, no_positions=False)
 
 
 def model_from_args(args, **overrides):

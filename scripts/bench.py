@@ -49,6 +49,10 @@ def parse_args(argv):
         "--window-steps", type=positive_int, help="steps a window (default: 2 on a CPU, else 20)"
     )
     parser.add_argument("--compare", choices=["naive", "flax"], help="also time this step")
+    # What s2_train.py's resolve reads that this bench has no flag for: the preset's.
+    shapes = ("embed", "ff", "heads", "head_dim", "layers", "vocab")
+    training = ("steps", "lr", "seed", "log_every", "eval_every", "data")
+    parser.set_defaults(**dict.fromkeys(shapes + training), no_attention=False, no_positions=False)
     return parser.parse_args(argv)
 
 

@@ -23,7 +23,6 @@ python scripts/bench_decode.py --preset tiny --mbu-preset tiny --batches 1,2 \\
         --cache-batches 1,2  # seconds
 """
 
-import argparse
 import dataclasses
 import itertools
 import json
@@ -39,7 +38,7 @@ from sessions import inference, sharding
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
 from sessions.model import init_params
-from sessions.run.cli import PROMPT, ArgumentParser, positive_int, resolve, run_main
+from sessions.run.cli import PROMPT, ArgumentParser, positive_int, resolve, run_main, train_flags
 from sessions.run.serving import time_decode
 
 
@@ -108,7 +107,8 @@ def main(argv=None):
     cache_batches = [int(b) for b in args.cache_batches.split(",")]
     prompt = text_to_tokens(PROMPT)
     # The dtype s2_train.py trains in here (sessions/run/cli.py: the one home of platform defaults).
-    dtype = resolve(argparse.Namespace(preset=args.mbu_preset, dtype=args.dtype)).model.dtype
+    s2_flags = ["--preset", args.mbu_preset, *(["--dtype", args.dtype] if args.dtype else [])]
+    dtype = resolve(train_flags(s2_flags)).model.dtype
     print(f"{jax.devices()[0].device_kind}, JAX {jax.__version__}, {dtype} (goal 1: float32)")
     ratio, same = against_uncached(args, prompt)
 

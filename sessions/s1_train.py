@@ -25,9 +25,11 @@ from sessions.train import init_state, make_optimizer, make_train_step
 def main(argv=None):
     parser = ArgumentParser(prog="s1_train.py", description=__doc__.split("\n\n")[0])
     add_shape_flags(parser)
+    # Session 1's model, not flags: no attention, no positions, float32 einsums.
+    parser.set_defaults(no_attention=True, no_positions=True, dtype="float32")
+    parser.set_defaults(attention_impl="einsum", eval_every=None)
     args = parser.parse_args(argv)
-    # Session 1's shapes and dtype are a CPU's wherever it runs; no attention, no positions.
-    run = resolve(args, platform="cpu", attention=False, positions=False)
+    run = resolve(args, platform="cpu")  # a CPU's shapes, wherever it runs
     cfg, tc = run.model, run.train
     if args.steps is None and args.preset is None:
         tc = dataclasses.replace(tc, steps=120, log_every=20)  # about a minute on 2 cores

@@ -33,6 +33,7 @@ from roofline.memory import allocator_peak, step_memory
 from sessions import data, sample, sharding
 from sessions.manual_fsdp import check_collectives, collectives_line, make_manual_step
 from sessions.meter import Meter
+from sessions.plan import aot
 from sessions.plan import training as training_plan
 from sessions.prefetch import Prefetcher, Synchronous
 from sessions.run import checkpoint, multihost, preemption
@@ -51,8 +52,14 @@ from sessions.train import (
 def main(argv=None):
     args = train_flags(argv)
     if args.target:  # compile the step for a chip this machine lacks, report, exit
-        return training_plan.plan_training(args)
-    multihost.initialize(args)  # before anything touches a device
+        target, devices = aot.devices_for(args.target)
+        run = resolve(args, platform=target.chip.platform)  # that chip's defaults
+        planned = training_plan.plan_target(
+            args.mesh, run, target, devices, print, args.collectives
+        )
+        return aot.write_plan(planned, args.hlo_out, args.summary_out)
+    # Before anything touches a device: join the other processes, if any.
+    multihost.initialize(args.coordinator, args.num_processes, args.process_id)
     check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
     is_main = jax.process_index() == 0
     say = print if is_main else (lambda *a, **k: None)

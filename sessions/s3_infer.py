@@ -27,7 +27,7 @@ from sessions import inference, sharding
 from sessions.plan import aot
 from sessions.plan import inference as inference_plan
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import infer_flags, run_main
+from sessions.run.cli import infer_flags, run_main, serving_config
 from sessions.run.errors import UsageError
 from sessions.run.report import decode_table_lines, plot_decode
 from sessions.run.serving import inference_config, load_params, prompt_for, time_decode
@@ -37,7 +37,10 @@ from sessions.sample import sample_tokens, show
 def main(argv=None):
     args = infer_flags(argv)
     if args.target:  # compile prefill and decode for a chip this machine lacks, report, exit
-        return inference_plan.plan_inference(args)
+        target, devices = aot.devices_for(args.target)
+        serving = serving_config(args, platform=target.chip.platform)  # that chip's defaults
+        planned = inference_plan.plan_inference(serving, args.mesh, args.batches, target, devices)
+        return aot.write_plan(planned, args.hlo_out, args.summary_out)
     check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
     devices = jax.devices() if args.mesh else jax.devices()[:1]
     sizes = sharding.parse_mesh(args.mesh, len(devices))
@@ -45,13 +48,14 @@ def main(argv=None):
     for b in args.batches:
         if b % (sizes["data"] * sizes["fsdp"]):
             raise UsageError(f"--batches: {b} does not divide over data x fsdp of --mesh")
-    cfg, meta = inference_config(args)
-    prompt, unit, tokenizer = prompt_for(args, cfg, meta)  # bytes, or token files' ids
+    serving = serving_config(args)  # the model the flags ask for, and the prompt
+    cfg, meta = inference_config(serving)  # a checkpoint's shapes, or the flags' (random)
+    prompt, unit, tokenizer = prompt_for(serving, cfg, meta)  # bytes, or token files' ids
     sharding.check_divisible(cfg, sizes["data"] * sizes["fsdp"], sizes)
     inference.check_lengths(cfg, len(prompt), args.new_tokens)
     mesh = sharding.make_mesh(sizes, devices)
     with jax.set_mesh(mesh):
-        params, source = load_params(args.checkpoint_dir, args.seed, cfg, meta, mesh)
+        params, source = load_params(serving.checkpoint_dir, args.seed, cfg, meta, mesh)
         print(f"session 3 | {len(devices)} x {devices[0].device_kind} | {source}")
         print(
             f"model: {model_line(cfg, length='T')} | {cfg.dtype} | prompt {len(prompt)} "

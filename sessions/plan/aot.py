@@ -77,18 +77,19 @@ def devices_to_plan_on(target_text, say=print):
         return None
 
 
-def write_plan(args, compiled, summary):
-    """--target's outputs: --hlo-out (the compiled program, to read) and
-    --summary-out (JSON), written first; then a plan that does not fit is a
-    UsageError (exit 2). Returns the exit status otherwise, 0."""
-    if args.hlo_out and compiled is not None:
-        with open(args.hlo_out, "w") as f:
-            f.write(compiled.as_text())
-    if args.summary_out:
-        with open(args.summary_out, "w") as f:
-            json.dump(summary, f, indent=1)
-    if "error" in summary:
-        raise UsageError(summary["error"])
+def write_plan(planned, hlo_out, summary_out):
+    """--target's outputs, each path None when not asked for: the compiled program
+    (planned.compiled, to read) to hlo_out and planned.summary (JSON) to summary_out,
+    written first; then a plan that does not fit is a UsageError (exit 2). Returns
+    the exit status otherwise, 0."""
+    if hlo_out and planned.compiled is not None:
+        with open(hlo_out, "w") as f:
+            f.write(planned.compiled.as_text())
+    if summary_out:
+        with open(summary_out, "w") as f:
+            json.dump(planned.summary, f, indent=1)
+    if "error" in planned.summary:
+        raise UsageError(planned.summary["error"])
     return 0
 
 

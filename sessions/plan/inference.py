@@ -23,16 +23,14 @@ from sessions.run.errors import UsageError
 from sessions.run.serving import inference_config
 
 
-def plan_inference(args, say=print):
-    """--target: plan prefill and decode of the model these flags
-    (sessions.run.cli.infer_flags) describe for the chip, write --hlo-out and
-    --summary-out, and return the exit status (a UsageError if no batch fits)."""
-    target, devices = aot.devices_for(args.target)
-    cfg, _ = inference_config(args, platform=target.chip.platform)
-    prompt_len, preset = len(text_to_tokens(args.prompt)), args.preset or "course"
+def plan_inference(serving, mesh_text, batches, target, devices, say=print):
+    """--target: plan prefill and decode of the model `serving` (sessions.run.cli.Serving,
+    resolved for the target's chip) describes over `mesh_text`, for `batches` (None:
+    the default), and return it as DecodePlanned (aot.write_plan writes it)."""
+    cfg, _ = inference_config(serving)
+    prompt_len = len(text_to_tokens(serving.prompt))
     inference.check_lengths(cfg, prompt_len, 1)  # the decode program takes any count of steps
-    planned = plan_decode(args.mesh, cfg, args.batches, prompt_len, preset, target, devices, say)
-    return aot.write_plan(args, planned.compiled, planned.summary)
+    return plan_decode(mesh_text, cfg, batches, prompt_len, serving.preset, target, devices, say)
 
 
 def plan_prefill(cfg, batch, prompt_len, mesh, target, say):

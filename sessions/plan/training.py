@@ -18,18 +18,7 @@ from roofline.plan.training import plan_lines, plan_summary, training_plan
 from sessions import sharding
 from sessions.manual_fsdp import check_collectives, collectives_line
 from sessions.plan import aot
-from sessions.run.cli import resolve
 from sessions.run.errors import UsageError
-
-
-def plan_training(args, say=print):
-    """--target: plan the step these flags (sessions.run.cli.train_flags) describe,
-    write --hlo-out and --summary-out, and return the exit status: 0, or a
-    UsageError when the step does not fit (after the summary is written)."""
-    target, devices = aot.devices_for(args.target)
-    run = resolve(args, platform=target.chip.platform)
-    planned = plan_target(args.mesh, run, target, devices, say, args.collectives)
-    return aot.write_plan(args, planned.compiled, planned.summary)
 
 
 def too_big(error, target, tc, sizes):

@@ -1,8 +1,9 @@
-"""Command-line plumbing of the session scripts: their flags, one `resolve` from
-preset + flags + platform to configs, and bad input reported on one line.
+"""Command-line plumbing of the session scripts: their flags, turned into
+configs once (library code never sees the flags), and bad input on one line.
 
     args = train_flags(argv)           # s2_train.py's flags (infer_flags: s3_infer.py's)
     run = resolve(args)                # Resolved(preset, model, train, attention_note, data)
+    serving = serving_config(args)     # s3_infer.py's: Serving(model, shapes, checkpoint_dir, ...)
 
 Platform defaults live here and nowhere else: a CPU trains the `cpu` preset in
 float32 with einsum attention; a GPU or TPU the `course` preset in bfloat16
@@ -180,9 +181,6 @@ def train_flags(argv=None):
     return parser.parse_args(argv)
 
 
-TRAINING_ONLY = ("steps", "batch", "lr", "log_every", "data")
-
-
 def infer_flags(argv=None):
     """s3_infer.py's flags, parsed and checked."""
     parser = ArgumentParser(prog="s3_infer.py", description="Session 3: inference.")
@@ -198,16 +196,16 @@ def infer_flags(argv=None):
     parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     add_tokenizer_flag(parser)
     parser.add_argument("--run-dir", default="runs/s3", help="the plot goes here")
+    # What resolve reads that s3 has no flag for: the model as trained, XLA's attention.
+    parser.set_defaults(no_attention=False, no_positions=False, attention_impl=None)
+    parser.set_defaults(eval_every=None)
     args = parser.parse_args(argv)
-    for flag in TRAINING_ONLY:
-        if getattr(args, flag) is not None:
-            raise UsageError(f"--{flag.replace('_', '-')} is a training flag (try --batches)")
+    if training := list(given(args, ("steps", "batch", "lr", "log_every", "data"))):
+        raise UsageError(f"--{training[0].replace('_', '-')} is a training flag (try --batches)")
     try:
-        args.batches = args.batches and [int(b) for b in args.batches.split(",")]
-    except ValueError:
+        args.batches = args.batches and [positive_int(b) for b in args.batches.split(",")]
+    except argparse.ArgumentTypeError:
         raise UsageError(f"--batches {args.batches}: positive integers, e.g. 1,4,16") from None
-    if args.batches is not None and min(args.batches) < 1:
-        raise UsageError(f"--batches {args.batches}: positive integers, e.g. 1,4,16")
     if args.temperature < 0:
         raise UsageError(f"--temperature {args.temperature}: 0 (greedy) or positive")
     return args
@@ -223,43 +221,64 @@ class Resolved(NamedTuple):
 
 MODEL_FLAGS = ("seq", "embed", "ff", "heads", "head_dim", "layers", "vocab")
 TRAIN_FLAGS = ("steps", "batch", "lr", "seed", "log_every", "eval_every")
+READ = ("preset", "dtype", "attention_impl", "no_attention", "no_positions", "data")
+
+
+def given(args, names):  # {name: value} of the flags among `names` that were set
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def resolve(args, platform=None, **model_overrides):
-    """Resolved configs for the chip the step is built for: `platform` ("cpu",
-    "gpu", "tpu"; None: this machine's, whose device also says its compute
-    capability). A flag a command lacks counts as not given."""
-
-    def flag(name):
-        return getattr(args, name, None)
-
-    here = platform is None
+    """Resolved configs for the chip the step is built for: `platform` ("cpu", "gpu",
+    "tpu"; None: this machine's, whose device also says its compute capability). What
+    it reads is each a flag of the command or fixed by its parser's set_defaults."""
+    if missing := [name for name in (*READ, *MODEL_FLAGS, *TRAIN_FLAGS) if name not in vars(args)]:
+        raise TypeError(f"resolve reads {', '.join(missing)}: not a flag of this command")
+    device = None if platform else jax.local_devices()[0]  # this machine's, when it is the chip
     platform = platform or jax.default_backend()
     on_cpu = platform == "cpu"
-    preset = flag("preset") or ("cpu" if on_cpu else "course")
-    device = jax.local_devices()[0] if here else None
-    caps = capability_defaults(device, flag("dtype"), flag("attention_impl"))
-    given = {name: flag(name) for name in MODEL_FLAGS}
-    given["attention"] = not flag("no_attention")
-    given["positions"] = not flag("no_positions")
-    given["dtype"] = caps.dtype or ("float32" if on_cpu else "bfloat16")
-    given.update(model_overrides)
-    model = dataclasses.replace(
-        PRESETS[preset].model, **{k: v for k, v in given.items() if v is not None}
-    )
-    train = dataclasses.replace(
-        PRESETS[preset].train, **{k: flag(k) for k in TRAIN_FLAGS if flag(k) is not None}
-    )
+    preset = args.preset or ("cpu" if on_cpu else "course")
+    caps = capability_defaults(device, args.dtype, args.attention_impl)
+    dtype = caps.dtype or ("float32" if on_cpu else "bfloat16")
+    flags = {"attention": not args.no_attention, "positions": not args.no_positions}
+    model = {**given(args, MODEL_FLAGS), **flags, "dtype": dtype, **model_overrides}
+    model = dataclasses.replace(PRESETS[preset].model, **model)
+    train = dataclasses.replace(PRESETS[preset].train, **given(args, TRAIN_FLAGS))
     if caps.attention_impl:  # below compute capability 8.0: XLA's attention
         impl, note = caps.attention_impl, caps.note
     elif "attention_impl" in model_overrides:
         impl, note = model_overrides["attention_impl"], None
     else:
-        impl, note = choose(flag("attention_impl"), platform, model, train.batch)
+        impl, note = choose(args.attention_impl, platform, model, train.batch)
     # The docs on a CPU, whose losses the README quotes; on a chip, whose default
     # run would pass over the docs 35 times, the standard library's source.
-    corpus = flag("data") or (DOCS if on_cpu else STDLIB)
+    corpus = args.data or (DOCS if on_cpu else STDLIB)
     return Resolved(preset, dataclasses.replace(model, attention_impl=impl), train, note, corpus)
+
+
+SHAPES = ("vocab", "embed", "ff", "heads", "head_dim", "layers", "seq", "attention", "positions")
+
+
+class Serving(NamedTuple):
+    """s3_infer.py's flags as configs (serving_config): the model to serve, and its prompt."""
+
+    model: ModelConfig  # preset + shape flags, the platform's dtype, XLA's attention
+    shapes: dict  # those the flags ask for (all, with --preset): a checkpoint's must match
+    checkpoint_dir: str | None  # None: random parameters (--random-params, --target)
+    prompt: str
+    tokenizer: str | None  # a tokenizer.json that writes token ids as text
+    preset: str  # the preset's name, as resolve chose it
+
+
+def serving_config(args, platform=None):
+    """Serving for s3_infer.py's flags on `platform` (None: this machine's); XLA's attention."""
+    # XLA's attention: a checkpoint may name the kernel of another chip.
+    xla_attention = "einsum" if (platform or jax.default_backend()) == "cpu" else "fused"
+    run = resolve(args, platform, attention_impl=xla_attention)
+    asked = [f for f in SHAPES if args.preset or f in given(args, MODEL_FLAGS)]
+    shapes = {f: getattr(run.model, f) for f in asked}
+    checkpoint_dir = None if args.random_params or args.target else args.checkpoint_dir
+    return Serving(run.model, shapes, checkpoint_dir, args.prompt, args.tokenizer, run.preset)
 
 
 def run_main(main, argv=None):

@@ -42,21 +42,20 @@ def _env_int(name):
     return int(value) if value not in (None, "") else None
 
 
-def initialize(args):
-    """Join the other processes, if this run has any. A no-op for one process."""
-    if not args.coordinator:
+def initialize(coordinator, num_processes, process_id):
+    """Join the other processes, if this run has any (--coordinator HOST:PORT or
+    auto, --num-processes, --process-id). A no-op for one process."""
+    if not coordinator:
         return
-    if args.coordinator == "auto":
+    if coordinator == "auto":
         jax.distributed.initialize()
         return
-    if args.num_processes is None or args.process_id is None:
+    if num_processes is None or process_id is None:
         raise UsageError("--coordinator needs --num-processes and --process-id")
-    if not 0 <= args.process_id < args.num_processes:
-        raise UsageError(f"--process-id {args.process_id} is not in [0, {args.num_processes})")
+    if not 0 <= process_id < num_processes:
+        raise UsageError(f"--process-id {process_id} is not in [0, {num_processes})")
     jax.distributed.initialize(
-        coordinator_address=args.coordinator,
-        num_processes=args.num_processes,
-        process_id=args.process_id,
+        coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
     )
 
 

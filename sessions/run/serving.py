@@ -14,61 +14,54 @@ import numpy as np
 
 from roofline.timing import time_calls
 from sessions import inference, sharding
-from sessions.config import PRESETS, ModelConfig, TrainConfig
+from sessions.config import ModelConfig, TrainConfig
 from sessions.model import init_params
 from sessions.run.checkpoint import Checkpoints, newest_meta
-from sessions.run.cli import PROMPT, resolve
+from sessions.run.cli import PROMPT
 from sessions.run.errors import UsageError
 from sessions.sample import check_prompt, load_tokenizer, prompt_tokens
 from sessions.train import abstract_state
 
-SHAPES = ("vocab", "embed", "ff", "heads", "head_dim", "layers", "seq", "attention", "positions")
 
-
-def inference_config(args, platform=None):
-    """(cfg, the checkpoint's metadata or None) for s3_infer.py's flags: the
-    shapes from the newest checkpoint of an s2 run or, with --random-params or
-    --target, from the flags, for `platform` (default: this machine's). The
-    compute dtype is the platform's (sessions.run.cli.resolve); attention is XLA's,
-    as a checkpoint may name the kernel of another chip."""
-    on_cpu = (platform or jax.default_backend()) == "cpu"
-    xla_attention = "einsum" if on_cpu else "fused"
-    cfg = resolve(args, platform, attention_impl=xla_attention).model
-    if args.random_params or args.target:
-        return cfg, None
-    meta = newest_meta(args.checkpoint_dir)
+def inference_config(serving):
+    """(cfg, the checkpoint's metadata or None) for `serving` (sessions.run.cli.Serving):
+    the shapes of the newest checkpoint in serving.checkpoint_dir, which the shape
+    flags may only confirm, with the flags' dtype and attention; or with no
+    checkpoint (--random-params, --target) the model the flags describe."""
+    if serving.checkpoint_dir is None:
+        return serving.model, None
+    meta = newest_meta(serving.checkpoint_dir)
     if meta is None:
         raise UsageError(
-            f"no checkpoint in {args.checkpoint_dir}: train one with `python sessions/s2_train.py "
-            "--checkpoint-every 200` (it also saves at the end), or pass --random-params"
+            f"no checkpoint in {serving.checkpoint_dir}: train one with `python "
+            "sessions/s2_train.py --checkpoint-every 200` (it also saves at the end), or pass "
+            "--random-params"
         )
     try:
         trained = ModelConfig(**meta["model"])
     except TypeError:
-        raise UsageError(f"{args.checkpoint_dir}: a checkpoint of another version") from None
-    # Shape flags (and --preset) may only confirm the checkpoint's shapes.
-    flags = {f: getattr(args, f) for f in SHAPES if getattr(args, f, None) is not None}
-    wanted = dataclasses.replace(PRESETS[args.preset].model if args.preset else trained, **flags)
-    asked = [f for f in SHAPES if getattr(wanted, f) != getattr(trained, f)]
+        raise UsageError(f"{serving.checkpoint_dir}: a checkpoint of another version") from None
+    asked = {f: v for f, v in serving.shapes.items() if v != getattr(trained, f)}
     if asked:
         theirs = ", ".join(f"{f}={getattr(trained, f)}" for f in asked)
-        ours = ", ".join(f"{f}={getattr(wanted, f)}" for f in asked)
+        ours = ", ".join(f"{f}={v}" for f, v in asked.items())
         raise UsageError(f"the checkpoint has {theirs}, not {ours}; drop the shape flags")
-    return dataclasses.replace(trained, dtype=cfg.dtype, attention_impl=xla_attention), meta
+    cfg = serving.model
+    return dataclasses.replace(trained, dtype=cfg.dtype, attention_impl=cfg.attention_impl), meta
 
 
-def prompt_for(args, cfg, meta):
-    """(prompt ids, unit, tokenizer or None) for s3_infer.py's --prompt: bytes of
-    text, or for a checkpoint of token files (its unit "token"), the ids given or
-    those of --tokenizer."""
+def prompt_for(serving, cfg, meta):
+    """(prompt ids, unit, tokenizer or None) for serving.prompt: bytes of text, or
+    for a checkpoint of token files (its unit "token"), the ids given or those of
+    serving.tokenizer."""
     unit = meta.get("unit", "byte") if meta else "byte"
-    tokenizer = load_tokenizer(args.tokenizer, unit)
-    if unit == "token" and args.prompt == PROMPT and tokenizer is None:
+    tokenizer = load_tokenizer(serving.tokenizer, unit)
+    if unit == "token" and serving.prompt == PROMPT and tokenizer is None:
         raise UsageError(
-            f"{args.checkpoint_dir} was trained on token files: give --prompt as token ids, "
+            f"{serving.checkpoint_dir} was trained on token files: give --prompt as token ids, "
             "e.g. --prompt '464 1330 2643', or --tokenizer FILE to write it as text"
         )
-    prompt = prompt_tokens(args.prompt, unit, tokenizer)
+    prompt = prompt_tokens(serving.prompt, unit, tokenizer)
     check_prompt(prompt, cfg)
     return prompt, unit, tokenizer
 
