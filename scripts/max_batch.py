@@ -29,8 +29,8 @@ def plan_bytes(run, batch, target, devices, mesh_text):
     when the compiler itself refuses it for want of memory."""
     tc = dataclasses.replace(run.train, batch=batch)
     _, mesh = aot.target_mesh(mesh_text, target, devices)
-    step, args, static = aot.train_step_program(run.model, tc, mesh)
-    compiled, _, _ = aot.compile_or_oom(step, args, static, mesh, target.chip, lambda *a: None)
+    step, inputs, static = aot.train_step_program(run.model, tc, mesh)
+    compiled, _, _ = aot.compile_or_oom(step, inputs, static, mesh, target.chip, lambda *a: None)
     return None if compiled is None else planned_bytes(compiled.memory_analysis())
 
 

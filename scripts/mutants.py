@@ -342,6 +342,32 @@ MUTANTS = [
         ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
     ),
     Mutant(
+        "args-below-scripts",
+        "a library function takes the flags (argparse's args) again, not the values it needs",
+        "sessions/run/multihost.py",
+        (
+            (
+                "def initialize(coordinator, num_processes, process_id):",
+                "def initialize(coordinator, num_processes, process_id, args=None):",
+            ),
+        ),
+        ("tests/test_cli.py::test_library_code_takes_configs_not_the_flags",),
+    ),
+    Mutant(
+        "flag-quietly-not-given",
+        "resolve takes a flag its command lacks as not given (getattr with a default)",
+        "sessions/run/cli.py",
+        (
+            (
+                "name: getattr(args, name) for name in names if getattr(args, name) is not None",
+                "name: getattr(args, name, None) for name in names "
+                "if getattr(args, name, None) is not None",
+            ),
+            ('        raise TypeError(f"resolve reads', '        print(f"resolve reads'),
+        ),
+        ("tests/test_cli.py::test_resolve_reads_each_flag_by_name_and_a_missing_one_is_loud",),
+    ),
+    Mutant(
         "best-val",
         "the summary's best validation loss is the last one",
         "sessions/run/report.py",

@@ -1,17 +1,20 @@
 """The session scripts end to end, and every bad input answered on one line
 with exit status 2."""
 
+import ast
 import json
+import os
 import sys
 import time
 import types
 
 import pytest
-from helpers import hand_flops, hand_params, run_python, run_script, s2_in_process
+from helpers import REPO, hand_flops, hand_params, run_python, run_script, s2_in_process
 
 from roofline import calibrate
 from sessions.config import PRESETS
 from sessions.meter import format_record
+from sessions.run.cli import resolve, train_flags
 from sessions.run.report import summary_lines
 
 REQUIRED = {"step", "loss", "tokens_per_sec", "tflops_per_device", "mfu"}
@@ -182,3 +185,65 @@ def test_unreadable_data_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(data.np, "memmap", denied)
     code, err = s2_in_process(["--preset", "tiny", "--data", str(path)], capsys)
     assert code == 2 and f"cannot read {path}" in err and len(err.strip().splitlines()) == 1
+
+
+SCRIPTS = {"s1_train.py", "s2_train.py", "s3_infer.py", "s4_kernels.py"}
+
+
+def library_sources():
+    """(path, syntax tree) of every module below the session scripts: sessions/
+    but for the four scripts and cli.py, the one module that reads the flags."""
+    root = os.path.join(REPO, "sessions")
+    for folder, _, files in os.walk(root):
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, REPO)
+            if name.endswith(".py") and name not in SCRIPTS and relative != "sessions/run/cli.py":
+                with open(path) as f:
+                    yield relative, ast.parse(f.read(), relative)
+
+
+def test_library_code_takes_configs_not_the_flags():
+    """Below the scripts no function takes `args` (argparse's Namespace; *args is
+    not one) and no module reads a flag by name with getattr(args, ...): the
+    scripts and cli turn flags into configs and pass those down."""
+    found = []
+    for path, tree in library_sources():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                named = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                if "args" in named:
+                    found.append(f"{path}:{node.lineno}: a parameter named args")
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == "args"
+            ):
+                found.append(f"{path}:{node.lineno}: getattr(args, ...)")
+    assert len(list(library_sources())) > 30  # the walk found the modules
+    assert not found, "\n".join(found)
+
+
+def test_resolve_reads_each_flag_by_name_and_a_missing_one_is_loud():
+    """A flag a command lacks is an error naming it, not a setting quietly not given;
+    and resolve reads no flag through getattr with a default."""
+    args = train_flags(["--preset", "tiny"])
+    assert resolve(args, platform="cpu").train.eval_every == PRESETS["tiny"].train.eval_every
+    del args.eval_every
+    with pytest.raises(TypeError, match="eval_every"):
+        resolve(args, platform="cpu")
+    with open(os.path.join(REPO, "sessions", "run", "cli.py")) as f:
+        tree = ast.parse(f.read())
+    defaults = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) == 3
+    ]
+    assert not defaults, f"getattr with a default at cli.py lines {defaults}"

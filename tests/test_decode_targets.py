@@ -23,21 +23,17 @@ from sessions import inference, sharding
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
 from sessions.plan import aot
-from sessions.plan.inference import plan_decode
-from sessions.run.cli import PROMPT, infer_flags
-from sessions.run.serving import inference_config
+from sessions.plan.inference import plan_inference
+from sessions.run.cli import PROMPT, infer_flags, serving_config
 
 
 def plan(target_text, mesh, batches, preset="course", *flags):
     """(DecodePlanned, cfg) for s3_infer.py --target TARGET --mesh MESH --batches B [flags]."""
     target, devices = aot.devices_for(target_text)
     args = infer_flags(["--target", target_text, "--preset", preset, "--batches", batches, *flags])
-    cfg, _ = inference_config(args, platform=target.chip.platform)
-    prompt_len = len(text_to_tokens(args.prompt))
-    planned = plan_decode(
-        mesh, cfg, args.batches, prompt_len, preset, target, devices, lambda *a: None
-    )
-    return planned, cfg
+    serving = serving_config(args, platform=target.chip.platform)
+    planned = plan_inference(serving, mesh, args.batches, target, devices, lambda *a: None)
+    return planned, serving.model
 
 
 # The course's shapes, one layer: D = T = 128 and E = 512 fill the TPU's 128-lane

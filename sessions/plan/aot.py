@@ -121,13 +121,13 @@ def one_device_mesh():
 
 
 def count_on_this_cpu(program_for):
-    """XLA's FLOP count of fn(*args, **static) lowered for one device of this CPU,
-    before optimisation, with program_for(mesh) -> (fn, args, static): for a target
+    """XLA's FLOP count of fn(*inputs, **static) lowered for one device of this CPU,
+    before optimisation, with program_for(mesh) -> (fn, inputs, static): for a target
     whose compiler gives no count (NVIDIA, deviceless), or hides FLOPs in a kernel."""
     mesh = one_device_mesh()
-    fn, args, static = program_for(mesh)
+    fn, inputs, static = program_for(mesh)
     with jax.set_mesh(mesh):
-        return float(cost_analysis(fn.lower(*args, **static))["flops"])
+        return float(cost_analysis(fn.lower(*inputs, **static))["flops"])
 
 
 def compiler_needs(error):
@@ -158,11 +158,11 @@ def compile_for(lowered, chip, say):
     return lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
 
 
-def compile_or_oom(fn, args, static, mesh, chip, say):
+def compile_or_oom(fn, inputs, static, mesh, chip, say):
     """(compiled or None, the compiler's out-of-memory verdict or None, seconds)."""
     start = time.perf_counter()
     with jax.set_mesh(mesh):
-        lowered = fn.lower(*args, **static)
+        lowered = fn.lower(*inputs, **static)
         try:
             compiled, oom = compile_for(lowered, chip, say), None
         except Exception as e:  # XlaRuntimeError: the compiler's verdict
@@ -209,8 +209,8 @@ def abstract_decode_inputs(cfg, batch, mesh):
     key = jax.eval_shape(lambda: jax.random.key(0))
     temperature = jax.ShapeDtypeStruct((), np.float32)
     weights = abstract_decode_weights(abstract_weights(cfg, mesh))
-    args = (weights, cache, tokens, logits, start, n, key, temperature)
-    return args, {"cfg": cfg, "greedy": True}
+    inputs = (weights, cache, tokens, logits, start, n, key, temperature)
+    return inputs, {"cfg": cfg, "greedy": True}
 
 
 def held_bytes(tree):

@@ -41,13 +41,15 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     impl, note = choose_attention(None, chip.platform, cfg, batch, seq=prompt_len)
     cfg = dataclasses.replace(cfg, attention_impl=impl)
 
-    def args_for(mesh, cfg=cfg):
+    def inputs_for(mesh, cfg=cfg):
         prompts = ShapeDtypeStruct(
             (batch, prompt_len), "int32", sharding=sharding.batch_sharding(mesh)
         )
         return (aot.abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
 
-    compiled, oom, seconds = aot.compile_or_oom(inference.prefill, *args_for(mesh), mesh, chip, say)
+    compiled, oom, seconds = aot.compile_or_oom(
+        inference.prefill, *inputs_for(mesh), mesh, chip, say
+    )
     napkin = decode_cost.prefill_flops(cfg, batch, prompt_len) / n
     summary = {
         "batch": batch,
@@ -66,7 +68,7 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     xla, source = facts.xla_flops, "XLA's cost analysis of the compiled program"
     if xla is None or impl in KERNEL_PLATFORM:  # no count, or one blind to the kernel
         einsum = dataclasses.replace(cfg, attention_impl="einsum")
-        xla = aot.count_on_this_cpu(lambda mesh: (inference.prefill, *args_for(mesh, einsum))) / n
+        xla = aot.count_on_this_cpu(lambda mesh: (inference.prefill, *inputs_for(mesh, einsum))) / n
         source = "XLA's count before optimisation, lowered for this CPU, attention as einsums"
     fits = facts.memory_bytes <= target.hbm_per_device
     say(
@@ -90,9 +92,9 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     """(DecodePlan, the compiled program) of the decode loop for `batch`
     sequences, or (None, why the compiler refused it)."""
     chip, n = target.chip, target.devices
-    args, static = aot.abstract_decode_inputs(cfg, batch, mesh)
+    inputs, static = aot.abstract_decode_inputs(cfg, batch, mesh)
     compiled, oom, seconds = aot.compile_or_oom(
-        inference.decode_steps, args, static, mesh, chip, say
+        inference.decode_steps, inputs, static, mesh, chip, say
     )
     if compiled is None:
         return None, oom
@@ -123,8 +125,8 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     bandwidth = chip.hbm_bandwidth * target.chips / n
     decoded = DecodePlan(
         batch=batch,
-        weight_bytes=aot.held_bytes(args[0]),
-        cache_bytes=aot.held_bytes(args[1]),
+        weight_bytes=aot.held_bytes(inputs[0]),
+        cache_bytes=aot.held_bytes(inputs[1]),
         argument_bytes=memory.argument_size_in_bytes,
         temp_bytes=memory.temp_size_in_bytes,
         memory_bytes=facts.memory_bytes,
