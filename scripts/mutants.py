@@ -171,6 +171,25 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "loss-read-every-step",
+        "the loop reads the loss after every step: a sync that stalls the device each step",
+        "sessions/s2_train.py",
+        (
+            (
+                "            logged = meter.is_log_step(done)\n",
+                '            logged = meter.is_log_step(done) + 0 * float(metrics["loss"])\n',
+            ),
+        ),
+        ("tests/test_train.py::test_the_loop_reads_the_loss_only_on_log_steps",),
+    ),
+    Mutant(
+        "cache-not-for-children",
+        "the suite's compile cache kept from the child processes: each compiles afresh",
+        "tests/conftest.py",
+        (("        os.environ[name.upper()] = str(value)\n", "        pass\n"),),
+        ("tests/test_compile_cache.py::test_a_child_reads_back_what_this_process_compiled",),
+    ),
+    Mutant(
         "step-time",
         "a log interval's step time divided by one step too many",
         "sessions/meter.py",
@@ -1007,6 +1026,11 @@ def main(argv=None):
         print(f"mutants.py: unknown mutant(s) {', '.join(unknown)} (see --list)", file=sys.stderr)
         return 2
     chosen = [known[n] for n in args.names] if args.names else MUTANTS
+    # One compile cache for every run (tests/conftest.py): a program no mutant
+    # touches compiles once, not once a mutant. Its keys are the programs, so a
+    # mutant that changes one compiles it afresh.
+    cache = tempfile.TemporaryDirectory(prefix="mutants-jax-cache-")
+    os.environ.setdefault("HPLLM_TEST_JAX_CACHE", cache.name)
 
     if not args.no_baseline:
         tests = list(dict.fromkeys(t for m in chosen for t in m.tests))

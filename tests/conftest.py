@@ -3,6 +3,12 @@
 The flag must be set before JAX starts, hence here, before any test imports it.
 Tests that need one device build a one-device mesh or run a subprocess. What
 tests share besides fixtures is in tests/helpers.py.
+
+One persistent compilation cache serves the whole run: this process and every
+child it starts (they inherit the environment). A program compiled by one test
+is read back, not compiled again, by the next test or child that builds the same
+program. The cache lives under pytest's temporary root (or HPLLM_TEST_JAX_CACHE),
+so a student's own runs never see it.
 """
 
 import os
@@ -16,6 +22,37 @@ import jax
 import pytest
 
 from sessions.config import ModelConfig
+
+# What JAX warns when a cache entry cannot be read (jax/_src/compiler.py, _cache_read).
+TORN_READ = "Error reading persistent compilation cache entry"
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's tmp_path plugin has made its root
+def pytest_configure(config):
+    """Turn the cache on before the first compile (JAX decides once per process
+    whether it uses one). Every program is kept, however quick to compile: op by
+    op, a step is hundreds of tiny programs, and those are what the tests compile
+    most. Children inherit the settings through the environment.
+
+    Two children that build the same program at the same moment (a pod's hosts)
+    may race: one reads an entry the other is still writing. JAX then warns and
+    compiles it afresh, which is right; the warning is silenced so that it never
+    lands in a child's stderr that a test reads."""
+    path = os.environ.get("HPLLM_TEST_JAX_CACHE") or str(
+        config._tmp_path_factory.getbasetemp() / "jax-cache"
+    )
+    settings = {
+        "jax_compilation_cache_dir": path,
+        "jax_persistent_cache_min_compile_time_secs": 0,
+        "jax_persistent_cache_min_entry_size_bytes": -1,
+    }
+    for name, value in settings.items():
+        jax.config.update(name, value)
+        os.environ[name.upper()] = str(value)
+    torn_read = f"ignore:{TORN_READ}:UserWarning"
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        filter(None, [os.environ.get("PYTHONWARNINGS"), torn_read])
+    )
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, caps
         "--bench-args",
         BENCH,
         "--s3-args",
-        "--new-tokens 16",
+        "--new-tokens 16 --batches 1,2",
         "--",
         "--preset",
         "tiny",

@@ -119,29 +119,44 @@ class RecordedLoss:
         return float(self.value)
 
 
+class RecordingStep:
+    """The compiled step, its loss handed back as a RecordedLoss; everything
+    else the script asks of the compiled program (its memory plan) passes through."""
+
+    def __init__(self, compiled, calls, reads):
+        self.compiled, self.calls, self.reads = compiled, calls, reads
+
+    def __call__(self, state, batch):
+        self.calls.append(len(self.calls) + 1)
+        state, metrics = self.compiled(state, batch)
+        return state, {"loss": RecordedLoss(metrics["loss"], len(self.calls), self.reads)}
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+
 def test_the_loop_reads_the_loss_only_on_log_steps(monkeypatch, tmp_path):
     """s2_train.py's loop, with every step's loss noting when the host reads it.
     On a CPU, device memory is host memory, so JAX's device-to-host guard (which
     the loop sets, and which fires on GPU and TPU) cannot see a read; here each
-    read is recorded instead. Op by op (--no-jit), so the step can be wrapped."""
+    read is recorded instead. The step compiled ahead (train.compile_ahead) is
+    the one wrapped: the loop every course run takes.
+
+    It once ran op by op (--no-jit) over the 8 devices, and under load aborted
+    now and then: XLA:CPU runs each op's 8 device programs on one thread pool,
+    and with hundreds of ops in flight an all-gather waited on a device that never
+    came ("Termination timeout ... of 40 seconds exceeded ... only 7 of them
+    arrived", rendezvous.cc, then SIGABRT). pytest's faulthandler prints the
+    Python stack of such an abort; -s shows XLA's own line too."""
     reads, calls = [], []
-    real = train.make_train_step
-
-    def recording(*args, **kwargs):
-        step_fn = real(*args, **kwargs)
-
-        def step(state, batch):
-            calls.append(len(calls) + 1)
-            state, metrics = step_fn(state, batch)
-            return state, {"loss": RecordedLoss(metrics["loss"], len(calls), reads)}
-
-        return step
-
-    monkeypatch.setattr(train, "make_train_step", recording)
-    argv = [*TINY, "--no-jit", "--steps", "10", "--log-every", "4", "--run-dir", str(tmp_path)]
+    real = train.compile_ahead
+    monkeypatch.setattr(
+        train, "compile_ahead", lambda *a, **k: RecordingStep(real(*a, **k), calls, reads)
+    )
+    argv = [*TINY, "--steps", "5", "--log-every", "2", "--run-dir", str(tmp_path)]
     assert run_s2(argv, monkeypatch) == 0
-    assert calls == list(range(1, 11))
-    assert reads == [4, 8, 10]
+    assert calls == list(range(1, 6))
+    assert reads == [2, 4, 5]
 
 
 def test_a_log_line_is_in_the_file_before_its_step_is_saved(monkeypatch, tmp_path):
