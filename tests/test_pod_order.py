@@ -128,9 +128,15 @@ def free_coordinator():
 
 
 def test_sigterm_to_one_host_stops_both_after_the_same_step(tmp_path):
-    """SIGTERM reaches process 1 only. Both stop after the same step (the
-    next log step, where the hosts agree), save that one checkpoint together,
-    exit 130, and --resume finishes on the trajectory of a run never stopped."""
+    """SIGTERM reaches process 1 only. Both stop after the same step (the first
+    log step whose agreement comes after the signal), save that one checkpoint
+    together, exit 130, and --resume finishes on the trajectory of a run never
+    stopped.
+
+    The signal goes out once a log step's line is in the file. A host writes that
+    line before it meets the other at the step's agreement (preemption.SaveHook),
+    so a signal that lands in between stops both at that very step: the checkpoint
+    is at or after the step read, and which depends on timing alone."""
     metrics = tmp_path / "metrics.jsonl"
     run = [*TINY, "--steps", "60", "--log-every", "4", "--eval-every", "60", "--mesh", "fsdp=4"]
     saving = ["--checkpoint-every", "1000", "--metrics-out", str(metrics)]
@@ -155,7 +161,7 @@ def test_sigterm_to_one_host_stops_both_after_the_same_step(tmp_path):
     preset = PRESETS["tiny"]
     with Checkpoints(tmp_path / "checkpoints", 0, preset.model, preset.train) as checkpoints:
         saved = checkpoints.steps()
-    assert len(saved) == 1 and saved[0] % 4 == 0 and saved[0] > signalled_after, saved
+    assert len(saved) == 1 and saved[0] % 4 == 0 and saved[0] >= signalled_after, saved
     assert f"after step {saved[0]};" in stops[0]
 
     coordinator = free_coordinator()
