@@ -6,11 +6,17 @@ is cached on disk, keyed by the device, so it is measured once per machine.
 Run `python -m roofline calibrate` to (re)measure.
 """
 
+import contextlib
 import functools
 import glob
 import json
 import os
 import platform
+
+try:
+    import fcntl
+except ImportError:  # Windows: no lock, one process at a time is up to you
+    fcntl = None
 
 import jax
 import jax.numpy as jnp
@@ -83,23 +89,38 @@ def measured(dtype="float32", refresh=False):
 
 def _cached_best(key, measure_now, refresh):
     """The figures cached under key, measuring (measure_now() -> {name: value})
-    if absent or asked to; each figure keeps the best of the old and the new."""
-    cache = {}
-    if os.path.exists(CACHE):
-        try:
-            with open(CACHE) as f:
-                cache = json.load(f)
-        except (OSError, ValueError):
-            cache = {}  # a damaged cache is just measured again
-    if refresh or key not in cache:
-        new, old = measure_now(), cache.get(key, {})
-        cache[key] = {name: max(value, old.get(name, 0)) for name, value in new.items()}
-        os.makedirs(os.path.dirname(CACHE), exist_ok=True)
-        tmp = f"{CACHE}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(cache, f, indent=1)
-        os.replace(tmp, CACHE)
+    if absent or asked to; each figure keeps the best of the old and the new.
+
+    Processes on one machine (a pod's hosts under launch_local.py, pytest's
+    workers) share the file, so one at a time reads, measures and writes it:
+    none measures while another loads the cores, none writes over what another
+    wrote since it read, and a figure is measured once, not once per process."""
+    os.makedirs(os.path.dirname(CACHE), exist_ok=True)
+    with _only_this_process():
+        cache = {}
+        if os.path.exists(CACHE):
+            try:
+                with open(CACHE) as f:
+                    cache = json.load(f)
+            except (OSError, ValueError):
+                cache = {}  # a damaged cache is just measured again
+        if refresh or key not in cache:
+            new, old = measure_now(), cache.get(key, {})
+            cache[key] = {name: max(value, old.get(name, 0)) for name, value in new.items()}
+            tmp = f"{CACHE}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(cache, f, indent=1)
+            os.replace(tmp, CACHE)  # a reader without the lock sees the old file or the new
     return cache[key]
+
+
+@contextlib.contextmanager
+def _only_this_process():
+    """An exclusive lock on CACHE's lock file, held until the block ends."""
+    with open(CACHE + ".lock", "a") as lock:
+        if fcntl:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def measure_read_bandwidth():

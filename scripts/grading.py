@@ -78,6 +78,8 @@ def run_tests(sessions, solutions, timeout, verbose):
             "pytest",
             *files,
             "-q",
+            "-n",  # in this process: the machine's properties reach the report only from here
+            "0",
             "-p",
             "no:cacheprovider",
             f"--junitxml={xml_path}",

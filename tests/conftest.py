@@ -4,11 +4,11 @@ The flag must be set before JAX starts, hence here, before any test imports it.
 Tests that need one device build a one-device mesh or run a subprocess. What
 tests share besides fixtures is in tests/helpers.py.
 
-One persistent compilation cache serves the whole run: this process and every
-child it starts (they inherit the environment). A program compiled by one test
-is read back, not compiled again, by the next test or child that builds the same
-program. The cache lives under pytest's temporary root (or HPLLM_TEST_JAX_CACHE),
-so a student's own runs never see it.
+One persistent compilation cache serves the whole run: both pytest-xdist workers
+(pyproject.toml) and every child they start (children inherit the environment).
+A program compiled by one test is read back, not compiled again, by the next
+test or child that builds the same program. The cache lives under pytest's
+temporary root (or HPLLM_TEST_JAX_CACHE), so a student's own runs never see it.
 """
 
 import os
@@ -38,9 +38,10 @@ def pytest_configure(config):
     may race: one reads an entry the other is still writing. JAX then warns and
     compiles it afresh, which is right; the warning is silenced so that it never
     lands in a child's stderr that a test reads."""
-    path = os.environ.get("HPLLM_TEST_JAX_CACHE") or str(
-        config._tmp_path_factory.getbasetemp() / "jax-cache"
-    )
+    root = config._tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's root is a folder of the run's
+        root = root.parent
+    path = os.environ.get("HPLLM_TEST_JAX_CACHE") or str(root / "jax-cache")
     settings = {
         "jax_compilation_cache_dir": path,
         "jax_persistent_cache_min_compile_time_secs": 0,

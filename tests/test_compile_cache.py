@@ -25,8 +25,16 @@ print(events.count("/jax/compilation_cache/cache_hits"))
 
 
 def test_the_cache_lives_under_this_run_s_temporary_root(tmp_path_factory):
+    """Under pytest-xdist a worker's root is a folder of the run's (gw0, gw1):
+    the cache is the run's, above them, so that the workers share it."""
     cache = jax.config.jax_compilation_cache_dir
-    root = os.environ.get("HPLLM_TEST_JAX_CACHE") or str(tmp_path_factory.getbasetemp())
+    root = tmp_path_factory.getbasetemp()
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        assert root.name.endswith(worker), root
+        root = root.parent
+        assert worker not in os.path.relpath(cache, root), cache
+    root = os.environ.get("HPLLM_TEST_JAX_CACHE") or str(root)
     assert cache and os.path.realpath(cache).startswith(os.path.realpath(root)), cache
 
 

@@ -5,6 +5,7 @@ calibration never passes for the step's memory. Devices, compiled steps and
 machines are faked (tests/hardware_fakes.py): no accelerator here."""
 
 import json
+import threading
 
 import pytest
 from hardware_fakes import FakeCompiled, FakeDevice, fake_root
@@ -387,6 +388,48 @@ def test_calibration_runs_outside_the_step(monkeypatch):
     monkeypatch.setattr(calibrate, "best_time", lambda fn, *args: inside.append("timed") or 1.0)
     calibrate.measure("float32", n=16)
     assert inside[0].platform == "cpu" and inside[1:] == ["timed", "timed", "exit"]
+
+
+def test_processes_sharing_the_calibration_measure_one_at_a_time(monkeypatch, tmp_path):
+    """Three callers at once, as a pod's hosts on one machine or pytest's workers
+    (threads here: each opens the lock file itself, as a process would). The
+    second waits for the first: it never measures while the first loads the
+    cores, and it keeps what the first wrote. The third, asking for the first's
+    figure, reads it instead of measuring it again."""
+    monkeypatch.setattr(calibrate, "CACHE", str(tmp_path / "calibration.json"))
+    first_measures, second_measures = threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        first_measures.set()
+        if second_measures.wait(timeout=0.5):  # never set meanwhile, if one at a time
+            seen.append("the second measured during the first")
+        return {"flops": 1.0}
+
+    def second():
+        second_measures.set()
+        return {"flops": 2.0}
+
+    def again():
+        seen.append("the first's figure measured twice")
+        return {"flops": 3.0}
+
+    def ask(key, measure):
+        first_measures.wait(timeout=5)
+        return calibrate._cached_best(key, measure, refresh=False)
+
+    callers = [
+        threading.Thread(target=calibrate._cached_best, args=("one", first, False)),
+        threading.Thread(target=ask, args=("two", second)),
+        threading.Thread(target=ask, args=("one", again)),
+    ]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(timeout=10)
+    assert seen == []
+    with open(calibrate.CACHE) as f:
+        assert json.load(f) == {"one": {"flops": 1.0}, "two": {"flops": 2.0}}
 
 
 def test_a_tpu_v3_trace_read_elsewhere_is_held_against_one_core():
