@@ -23,8 +23,8 @@ from roofline.measured.trace import read_trace
 from roofline.predict import predict_train_step
 from sessions.attention import IMPLEMENTATIONS
 from sessions.config import PRESETS, ModelConfig
+from sessions.errors import UsageError
 from sessions.run.cli import ArgumentParser, positive_int, resolve
-from sessions.run.errors import UsageError
 
 
 def parse_args(argv):

@@ -3,7 +3,7 @@ MFU and memory, held against the per-op prediction and the whole-step bound
 of the same compiled step on this chip's roofs (roofline/measured/compare.py), and how
 steady the step is over windows of steps run as training runs them. With
 --compare naive, also the same step written as plainly as possible
-(scripts/naive_step.py), in the same run, and the ratio; with --compare flax,
+(harness/naive_step.py), in the same run, and the ratio; with --compare flax,
 the same model and step as Flax NNX writes them (sessions/flax_model.py), and
 the ratio.
 
@@ -18,6 +18,7 @@ import time
 
 import jax
 
+from harness.naive_step import make_naive_step
 from roofline.calibrate import measured
 from roofline.flops import napkin_train_flops, train_flops
 from roofline.hardware import local_peak_flops
@@ -25,7 +26,6 @@ from roofline.measured.compare import local_comparison
 from roofline.memory import step_memory
 from roofline.timing import Timing, steadiness, time_calls
 from roofline.units import ms
-from scripts.naive_step import make_naive_step
 from sessions import data
 from sessions.attention import IMPLEMENTATIONS
 from sessions.config import PRESETS

@@ -30,10 +30,10 @@ import sys
 
 import jax
 
+from harness.naive_step import uncached_generate
 from roofline import decode_cost
 from roofline.hardware import local_roofs
 from roofline.timing import time_calls
-from scripts.naive_step import uncached_generate
 from sessions import inference, sharding
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens

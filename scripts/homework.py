@@ -11,7 +11,7 @@ first line of the failure, or not started; the numbers an exercise measured;
 and the machine it ran on. A Discord message holds 2,000 characters, so a
 longer report is split into numbered parts, each to be pasted as one
 message; --post sends them, in order, through the course's Discord webhook
-(scripts/discord.py). Exit status 0 only when every exercise passes; 2 when
+(harness/discord.py). Exit status 0 only when every exercise passes; 2 when
 posting fails or is refused.
 """
 
@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from scripts import discord, grading
+from harness import discord, grading
 
 
 def main(argv=None):

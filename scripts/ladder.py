@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 
-from scripts import rungs
+from harness import rungs
 
 
 def main(argv=None):

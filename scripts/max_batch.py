@@ -19,18 +19,20 @@ import dataclasses
 import sys
 
 from roofline.memory import largest_batch, planned_bytes, usable_fraction
-from sessions.plan import aot
+from sessions.errors import UsageError
+from sessions.plan import programs
 from sessions.run.cli import resolve, run_main, train_flags
-from sessions.run.errors import UsageError
 
 
 def plan_bytes(run, batch, target, devices, mesh_text):
     """Bytes per device of the step at this batch, by the compiler's plan; None
     when the compiler itself refuses it for want of memory."""
     tc = dataclasses.replace(run.train, batch=batch)
-    _, mesh = aot.target_mesh(mesh_text, target, devices)
-    step, inputs, static = aot.train_step_program(run.model, tc, mesh)
-    compiled, _, _ = aot.compile_or_oom(step, inputs, static, mesh, target.chip, lambda *a: None)
+    _, mesh = programs.target_mesh(mesh_text, target, devices)
+    step, inputs, static = programs.train_step_program(run.model, tc, mesh)
+    compiled, _, _ = programs.compile_or_oom(
+        step, inputs, static, mesh, target.chip, lambda *a: None
+    )
     return None if compiled is None else planned_bytes(compiled.memory_analysis())
 
 
@@ -40,9 +42,9 @@ def main(argv=None):
         raise UsageError(
             "max_batch.py needs --target CHIP[:SHAPE] (e.g. h100:1): its HBM is the limit"
         )
-    target, devices = aot.devices_for(args.target)
+    target, devices = programs.devices_for(args.target)
     run = resolve(args, platform=target.chip.platform)
-    sizes, _ = aot.target_mesh(args.mesh, target, devices)
+    sizes, _ = programs.target_mesh(args.mesh, target, devices)
     unit = sizes["data"] * sizes["fsdp"]
     hbm = target.hbm_per_device * usable_fraction(target.chip.platform)
 

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from sessions.errors import UsageError
 from sessions.flash import flash_attention
-from sessions.run.errors import UsageError
 
 
 def attention_mask(S, T, segment_ids=None):

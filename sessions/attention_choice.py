@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from sessions.attention import cudnn_attention
+from sessions.errors import UsageError
 from sessions.flash import HEAD_DIMS, default_tiles
-from sessions.run.errors import UsageError
 
 KERNEL_PLATFORM = {"cudnn": "gpu", "splash": "tpu"}
 

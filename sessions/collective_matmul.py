@@ -48,7 +48,7 @@ ways), for GPT2_MLP, one row of 1024 tokens a device on a ring of 8:
 At 256 tokens the matmul is a quarter of the hop, and the compiled program
 shows it: the scheduler sends the first three shards back to back.
 
-Compiled for tpu-v5e:2x4 at GPT2_MLP (sessions/plan/collective_matmul.py's
+Compiled for tpu-v5e:2x4 at GPT2_MLP (sessions/plan/collective_matmul_on_target.py's
 `programs_on`, then `schedule_summary`; tests/test_collective_matmul.py checks
 each line):
 
@@ -141,7 +141,7 @@ def auto_matmul(x, w, mesh):
 def compiled_matmul(matmul, mesh, shape, dtype=jnp.bfloat16):
     """The compiled program of matmul(x, w, mesh) for shape (B, S, E, F) over mesh:
     x and w as shapes only, in the model's layout, so a chip this machine lacks
-    can be the target (mesh over compile-only devices, sessions/plan/aot.py)."""
+    can be the target (mesh over compile-only devices, sessions/plan/programs.py)."""
     B, S, E, F = shape
     x = jax.ShapeDtypeStruct((B, S, E), dtype, sharding=NamedSharding(mesh, X_SPEC))
     w = jax.ShapeDtypeStruct((E, F), dtype, sharding=NamedSharding(mesh, W_SPEC))

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from sessions import token_files
-from sessions.run.errors import UsageError
+from sessions.errors import UsageError
 
 DOCS, STDLIB = "docs", "stdlib"
 VAL_FRACTION = 0.1  # a tenth is held out for validation

@@ -59,7 +59,7 @@ def decode_weights(params, cfg):
 
 def abstract_decode_weights(abstract_params):
     """What decode_weights returns, from ShapeDtypeStructs carrying shardings
-    (compile-only planning, sessions/plan/aot.py): shapes and rules permuted alike."""
+    (compile-only planning, sessions/plan/programs.py): shapes and rules permuted alike."""
 
     def relayout(path, x):
         order = out_in_order(path, x.ndim)

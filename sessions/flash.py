@@ -68,7 +68,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from sessions.run.errors import UsageError
+from sessions.errors import UsageError
 
 HEAD_DIMS = (64, 128)  # what the kernel takes: one TPU lane row (128) or half of one
 MAX_TILE = 128  # queries x keys per tile: 128 fills a TPU's MXU and suits an H100's SM

@@ -46,8 +46,8 @@ import jax.numpy as jnp
 from sessions.attention import attention
 from sessions.attention_choice import choose_for_length
 from sessions.decode_layout import decode_weights, dense_out_in
+from sessions.errors import UsageError
 from sessions.model import block, cast, embed, unembed
-from sessions.run.errors import UsageError
 from sessions.sharding import constrain
 
 

@@ -38,8 +38,8 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from sessions.attention import attention
+from sessions.errors import UsageError
 from sessions.model import block, cast, embed, unembed
-from sessions.run.errors import UsageError
 from sessions.sharding import BATCH, PARAM_SPECS
 from sessions.train import (
     cross_entropy,

@@ -14,7 +14,7 @@ import json
 import math
 import time
 
-from sessions.run.errors import TrainingDiverged
+from sessions.errors import TrainingDiverged
 
 
 class Meter:

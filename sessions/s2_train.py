@@ -33,8 +33,7 @@ from roofline.memory import allocator_peak, step_memory
 from sessions import data, sample, sharding
 from sessions.manual_fsdp import check_collectives, collectives_line, make_manual_step
 from sessions.meter import Meter
-from sessions.plan import aot
-from sessions.plan import training as training_plan
+from sessions.plan import programs, train_on_target
 from sessions.prefetch import Prefetcher, Synchronous
 from sessions.run import checkpoint, multihost, preemption
 from sessions.run.accelerator import check_accelerator_visible
@@ -52,12 +51,12 @@ from sessions.train import (
 def main(argv=None):
     args = train_flags(argv)
     if args.target:  # compile the step for a chip this machine lacks, report, exit
-        target, devices = aot.devices_for(args.target)
+        target, devices = programs.devices_for(args.target)
         run = resolve(args, platform=target.chip.platform)  # that chip's defaults
-        planned = training_plan.plan_target(
+        planned = train_on_target.plan_target(
             args.mesh, run, target, devices, print, args.collectives
         )
-        return aot.write_plan(planned, args.hlo_out, args.summary_out)
+        return programs.write_plan(planned, args.hlo_out, args.summary_out)
     # Before anything touches a device: join the other processes, if any.
     multihost.initialize(args.coordinator, args.num_processes, args.process_id)
     check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install

@@ -24,11 +24,10 @@ from roofline import decode_cost
 from roofline.flops import model_line
 from roofline.hardware import local_roofs
 from sessions import inference, sharding
-from sessions.plan import aot
-from sessions.plan import inference as inference_plan
+from sessions.errors import UsageError
+from sessions.plan import infer_on_target, programs
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import infer_flags, run_main, serving_config
-from sessions.run.errors import UsageError
 from sessions.run.report import decode_table_lines, plot_decode
 from sessions.run.serving import inference_config, load_params, prompt_for, time_decode
 from sessions.sample import sample_tokens, show
@@ -37,14 +36,14 @@ from sessions.sample import sample_tokens, show
 def main(argv=None):
     args = infer_flags(argv)
     if args.target:  # compile prefill and decode for a chip this machine lacks, report, exit
-        target, devices = aot.devices_for(args.target)
+        target, devices = programs.devices_for(args.target)
         serving = serving_config(args, platform=target.chip.platform)  # that chip's defaults
-        planned = inference_plan.plan_inference(serving, args.mesh, args.batches, target, devices)
-        return aot.write_plan(planned, args.hlo_out, args.summary_out)
+        planned = infer_on_target.plan_inference(serving, args.mesh, args.batches, target, devices)
+        return programs.write_plan(planned, args.hlo_out, args.summary_out)
     check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
     devices = jax.devices() if args.mesh else jax.devices()[:1]
     sizes = sharding.parse_mesh(args.mesh, len(devices))
-    args.batches = args.batches or [b * sizes["data"] * sizes["fsdp"] for b in aot.DECODE_ROWS]
+    args.batches = args.batches or [b * sizes["data"] * sizes["fsdp"] for b in programs.DECODE_ROWS]
     for b in args.batches:
         if b % (sizes["data"] * sizes["fsdp"]):
             raise UsageError(f"--batches: {b} does not divide over data x fsdp of --mesh")

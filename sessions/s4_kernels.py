@@ -39,14 +39,14 @@ from roofline.compiled.program import collectives_table
 from roofline.plan.targets import missing_extras
 from sessions import collective_matmul, flash, precision, sharding
 from sessions.attention import einsum_attention
-from sessions.plan import aot
-from sessions.plan import attention as attention_plan
-from sessions.plan import collective_matmul as collective_matmul_plan
+from sessions.errors import UsageError
+from sessions.plan import programs
+from sessions.plan.attention_on_target import SEQUENCES, attention_on_target, attention_table_lines
+from sessions.plan.collective_matmul_on_target import programs_on
 from sessions.precision import biggest
 from sessions.run import fsdp_both_ways
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import run_main
-from sessions.run.errors import UsageError
 
 VENDOR = {"gpu": "cudnn", "tpu": "splash"}  # the chip maker's (or JAX's) flash kernel
 NAMES = ("forward == einsum attention", *(f"d{x} == einsum attention's" for x in "qkv"))
@@ -180,11 +180,11 @@ def target_tables(target, devices):
     impls = ("einsum", "pallas", VENDOR[chip.platform])
     print(f"5. attention compiled for {target.name}: einsum, ours (pallas) and {impls[2]}'s")
     rows = [
-        attention_plan.attention_on_target(impl, seq, target, devices)
-        for seq in attention_plan.SEQUENCES
+        attention_on_target(impl, seq, target, devices)
+        for seq in SEQUENCES
         for impl in impls
     ]
-    for line in attention_plan.attention_table_lines(rows, target):
+    for line in attention_table_lines(rows, target):
         print(f"   {line}")
     hbm = target.hbm_per_device
     wall = [r.seq for r in rows if r.impl == "einsum" and (r.bytes is None or r.bytes > hbm)]
@@ -192,7 +192,7 @@ def target_tables(target, devices):
         print(f"   einsum attention stops fitting at S = {wall[0]:,}; the flash kernels hold O(S)")
     if not missing_extras("tpu"):
         print("   the collective matmul compiled for tpu-v5e:2x4, gpt2's MLP (schedule_summary):")
-        for name, text in collective_matmul_plan.programs_on("tpu-v5e:2x4").items():
+        for name, text in programs_on("tpu-v5e:2x4").items():
             schedule = collective_matmul.schedule_summary(text)
             print(f"     {collective_matmul.schedule_line(name, schedule)}")
 
@@ -201,7 +201,7 @@ def main(argv=None):
     args = kernel_flags(argv)
     if args.seq < 1 or args.batch < 1 or args.heads < 1 or args.fsdp_steps < 1:
         raise UsageError("--batch, --seq, --heads and --fsdp-steps must be positive")
-    planned = None if args.no_target else aot.devices_to_plan_on(args.target, say=print)
+    planned = None if args.no_target else programs.devices_to_plan_on(args.target, say=print)
     check_accelerator_visible()
     keys = jax.random.split(jax.random.key(0), 3)
     held = check_online_softmax(keys[0])

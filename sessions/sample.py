@@ -19,7 +19,7 @@ import numpy as np
 
 from sessions import inference
 from sessions.data import text_to_tokens, tokens_to_text
-from sessions.run.errors import UsageError
+from sessions.errors import UsageError
 
 
 def check_prompt(tokens, cfg):

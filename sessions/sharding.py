@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sessions.run.errors import UsageError
+from sessions.errors import UsageError
 from sessions.topology import AXES, device_grid
 
 BATCH = ("data", "fsdp")  # the batch dimension is split over both

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sessions.run.errors import UsageError
+from sessions.errors import UsageError
 
 TOKEN_SUFFIX = ".bin"
 HEADER_BYTES = 256 * 4  # llm.c's header: 256 int32

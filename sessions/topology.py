@@ -34,7 +34,7 @@ import math
 import numpy as np
 from jax.experimental import mesh_utils
 
-from sessions.run.errors import UsageError
+from sessions.errors import UsageError
 
 AXES = ("data", "fsdp", "tp")  # ordered as mesh_utils wants: least network traffic first
 

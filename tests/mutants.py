@@ -2,10 +2,10 @@
 copy of the repository, and run the tests that must catch it. A bug that
 every named test lets through is a hole in the suite.
 
-    python scripts/mutants.py                     # every mutant (about 16 minutes on 2 cores)
-    python scripts/mutants.py --list
-    python scripts/mutants.py --check             # only: does every mutant still fit the tree?
-    python scripts/mutants.py clip decay-mask     # only these
+    python tests/mutants.py                     # every mutant (about 16 minutes on 2 cores)
+    python tests/mutants.py --list
+    python tests/mutants.py --check             # only: does every mutant still fit the tree?
+    python tests/mutants.py clip decay-mask     # only these
 
 Each mutant names a file, a text in it and its replacement, and the tests
 that must fail, every one of them: a test named here that passes with the
@@ -103,28 +103,28 @@ MUTANTS = [
     Mutant(
         "discord-2100",
         "Discord parts of up to 2,100 characters",
-        "scripts/grading.py",
+        "harness/grading.py",
         (("DISCORD_LIMIT = 2000", "DISCORD_LIMIT = 2100"),),
         (DISCORD_TEST,),
     ),
     Mutant(
         "discord-code-points",
         "message length counted in code points, not UTF-16 units",
-        "scripts/grading.py",
+        "harness/grading.py",
         (('return len(text.encode("utf-16-le")) // 2', "return len(text)"),),
         (DISCORD_TEST,),
     ),
     Mutant(
         "exercise-topic-undeclared",
         "an exercise named after no module and not declared a topic",
-        "scripts/grading.py",
+        "harness/grading.py",
         (('    "jit_fusion": ', '    "jit_fusions": '),),
         (f"{NAMES_TEST}::test_each_exercise_is_named_after_a_module_or_a_declared_topic",),
     ),
     Mutant(
         "homework-drops-session",
         "homework.py's session list loses session 3: its exercises are graded by none",
-        "scripts/grading.py",
+        "harness/grading.py",
         (
             (
                 '    "3": ("test_session_3.py", "rooflines: intensity, MFU vs bandwidth, FSDP"),\n',
@@ -818,14 +818,14 @@ MUTANTS = [
     Mutant(
         "target-needs-compilers",
         "step 5 asks for the chip compilers on the very chip it targets",
-        "sessions/plan/aot.py",
+        "sessions/plan/programs.py",
         (("        if here is not None:\n", "        if False:\n"),),
         (f"{S4}::test_a_chip_compiles_its_own_tables_without_the_chip_compilers",),
     ),
     Mutant(
         "target-any-local-device",
         "step 5 takes this machine's devices for the target without an accelerator here",
-        "sessions/plan/aot.py",
+        "sessions/plan/programs.py",
         (("    if unseen_accelerator() is not None:  # a GPU", "    if True:  # a GPU"),),
         (f"{S4}::test_a_chip_compiles_its_own_tables_without_the_chip_compilers",),
     ),

@@ -11,7 +11,7 @@ from sessions import sharding
 from sessions.attention import einsum_attention, splash_attention, splash_kernel
 from sessions.attention_choice import choose
 from sessions.config import ModelConfig
-from sessions.run.errors import UsageError
+from sessions.errors import UsageError
 
 
 def test_attention_kernel_follows_the_target():

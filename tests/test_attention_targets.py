@@ -1,17 +1,17 @@
 """Attention alone, compiled for an H100 this machine lacks: the einsums write
-the whole score matrix, a flash kernel does not (sessions/plan/attention.py)."""
+the whole score matrix, a flash kernel does not (sessions/plan/attention_on_target.py)."""
 
 import pytest
 from helpers import need
 
-from sessions.plan import aot
-from sessions.plan.attention import HEADS, attention_on_target, attention_table_lines
+from sessions.plan import programs
+from sessions.plan.attention_on_target import HEADS, attention_on_target, attention_table_lines
 
 
 @pytest.fixture(scope="module")
 def h100():
     need("gpu")
-    return aot.devices_for("h100:1")
+    return programs.devices_for("h100:1")
 
 
 def test_einsum_attention_holds_the_scores_and_cudnn_does_not(h100):

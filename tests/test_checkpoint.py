@@ -18,8 +18,8 @@ from helpers import PYTHON, REPO, run_python, s2_in_process, subprocess_env
 
 from sessions import sharding
 from sessions.config import PRESETS
+from sessions.errors import UsageError
 from sessions.run.checkpoint import Checkpoints, newest_meta
-from sessions.run.errors import UsageError
 from sessions.train import init_state, make_optimizer
 
 RUN = [

@@ -24,7 +24,7 @@ from sessions.collective_matmul import (
     schedule_line,
     schedule_summary,
 )
-from sessions.plan.collective_matmul import programs_on
+from sessions.plan.collective_matmul_on_target import programs_on
 
 B, S, E, F = 8, 6, 24, 40  # B and E split 8 ways; pairwise different, so a swap fails
 MESHES = ["fsdp=8", "fsdp=4", "data=2,fsdp=4", "fsdp=4,tp=2"]

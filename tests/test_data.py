@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from sessions import data
+from sessions.errors import UsageError
 from sessions.prefetch import Prefetcher, Synchronous
 from sessions.run.cli import resolve, train_flags
-from sessions.run.errors import UsageError
 
 TOKENS = np.arange(1000, dtype=np.uint8)
 

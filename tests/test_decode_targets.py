@@ -22,14 +22,14 @@ from roofline.flops import param_count
 from sessions import inference, sharding
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
-from sessions.plan import aot
-from sessions.plan.inference import plan_inference
+from sessions.plan import programs
+from sessions.plan.infer_on_target import plan_inference
 from sessions.run.cli import PROMPT, infer_flags, serving_config
 
 
 def plan(target_text, mesh, batches, preset="course", *flags):
     """(DecodePlanned, cfg) for s3_infer.py --target TARGET --mesh MESH --batches B [flags]."""
-    target, devices = aot.devices_for(target_text)
+    target, devices = programs.devices_for(target_text)
     args = infer_flags(["--target", target_text, "--preset", preset, "--batches", batches, *flags])
     serving = serving_config(args, platform=target.chip.platform)
     planned = plan_inference(serving, mesh, args.batches, target, devices, lambda *a: None)
@@ -271,12 +271,12 @@ def test_the_gpu_decode_programs_never_wait_on_the_host():
     times), over every loop."""
     need("gpu")
     planned, cfg = plan("h100:1", None, "2", "tiny")
-    target, devices = aot.devices_for("h100:1")
+    target, devices = programs.devices_for("h100:1")
     mesh = sharding.make_mesh(sharding.parse_mesh(None, 1), devices=np.array(devices))
-    args, static = aot.abstract_decode_inputs(cfg, 2, mesh)
+    args, static = programs.abstract_decode_inputs(cfg, 2, mesh)
     with jax.set_mesh(mesh):
         lowered = inference.decode_steps.lower(*args, **{**static, "greedy": False})
-        sampling = aot.compile_for(lowered, target.chip, lambda *a: None)
+        sampling = programs.compile_for(lowered, target.chip, lambda *a: None)
     for program in (planned.compiled, sampling):
         text = program.as_text()
         assert trip_counts_known(text) == [inference.STEPS], trip_counts_known(text)

@@ -14,8 +14,8 @@ from sessions import sharding
 from sessions.attention import einsum_attention, pallas_attention
 from sessions.attention_choice import choose
 from sessions.config import ModelConfig
+from sessions.errors import UsageError
 from sessions.flash import flash_attention, online_softmax
-from sessions.run.errors import UsageError
 from tests.helpers import need, run_script
 
 
@@ -151,7 +151,7 @@ KERNEL_CALLS = {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton"}
 @pytest.mark.parametrize("target, platform", [("tpu-v5e:2x2", "tpu"), ("h100:1", "gpu")])
 def test_compiled_for_a_chip_the_kernel_is_a_custom_call(target, platform):
     need(platform)
-    from sessions.plan.aot import devices_for
+    from sessions.plan.programs import devices_for
 
     _, devices = devices_for(target)
     B, S, H, D = 2, 256, 2, 128

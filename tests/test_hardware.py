@@ -18,11 +18,11 @@ from roofline.hardware import (
     local_peak_flops,
     local_roofs,
 )
+from sessions.errors import UsageError
 from sessions.meter import format_record, make_record
 from sessions.run import accelerator
 from sessions.run.accelerator import Defaults, capability_defaults, check_accelerator_visible
 from sessions.run.cli import run_main
-from sessions.run.errors import UsageError
 from sessions.run.report import summarize, summary_lines
 
 T, G, GiB, MiB = 1e12, 1e9, 2**30, 2**20

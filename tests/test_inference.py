@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from helpers import s3_in_process
 
+from harness.naive_step import uncached_generate
 from roofline.decode_cost import kv_cache_bytes
-from scripts.naive_step import uncached_generate
 from sessions import inference, sharding
 from sessions.config import PRESETS, TrainConfig
+from sessions.errors import UsageError
 from sessions.model import forward, init_params
 from sessions.run.checkpoint import Checkpoints
-from sessions.run.errors import UsageError
 from sessions.sample import sample_text as generate_text
 from sessions.train import init_state, make_optimizer
 

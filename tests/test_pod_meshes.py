@@ -14,7 +14,7 @@ from jax.experimental import mesh_utils
 from pod_devices import SLICES, mock_tpu_devices, slice_devices
 
 from sessions import sharding
-from sessions.run.errors import UsageError
+from sessions.errors import UsageError
 from sessions.topology import device_grid
 
 AXES = ("data", "fsdp", "tp")

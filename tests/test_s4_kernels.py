@@ -14,7 +14,7 @@ from helpers import REPO, run_script
 from roofline.plan.targets import local_target
 from sessions import flash, precision
 from sessions.attention import einsum_attention
-from sessions.plan import aot
+from sessions.plan import programs
 
 H100 = "NVIDIA H100 80GB HBM3"
 SCRIPT = "sessions/s4_kernels.py"
@@ -170,19 +170,19 @@ def test_a_chip_compiles_its_own_tables_without_the_chip_compilers(monkeypatch, 
     v5e = [FakeDevice("tpu", "TPU v5 lite", id=i) for i in range(4)]
     assert local_target("tpu-v5e:2x2", v5e)[0].name == "tpu-v5e:2x2"
     # s4_kernels.py's step 5 on an H100 whose machine lacks the chip compilers:
-    monkeypatch.setattr(aot, "unseen_accelerator", lambda: ("nvidia", "/dev/nvidia0"))
-    monkeypatch.setattr(aot, "missing_extras", lambda platform: "the NVIDIA compiler")
+    monkeypatch.setattr(programs, "unseen_accelerator", lambda: ("nvidia", "/dev/nvidia0"))
+    monkeypatch.setattr(programs, "missing_extras", lambda platform: "the NVIDIA compiler")
     monkeypatch.setattr(jax, "devices", lambda *a: gpus)
-    target, devices = aot.devices_to_plan_on("h100:1")
+    target, devices = programs.devices_to_plan_on("h100:1")
     assert (target.name, devices) == ("h100-sxm:1", gpus[:1])
-    assert aot.devices_to_plan_on("a100-80gb:1") is None  # not this chip: the compilers
+    assert programs.devices_to_plan_on("a100-80gb:1") is None  # not this chip: the compilers
     assert "pip install -r requirements-aot.txt" in capsys.readouterr().out
     # With the compilers: another chip's compiler beside this one; this chip still its own.
-    monkeypatch.setattr(aot, "missing_extras", lambda platform: None)
-    monkeypatch.setattr(aot, "compile_only_devices", lambda text: ("compile-only", text))
-    assert aot.devices_to_plan_on("a100-80gb:1") == ("compile-only", "a100-80gb:1")
-    assert aot.devices_to_plan_on("h100:2")[1] == gpus
+    monkeypatch.setattr(programs, "missing_extras", lambda platform: None)
+    monkeypatch.setattr(programs, "compile_only_devices", lambda text: ("compile-only", text))
+    assert programs.devices_to_plan_on("a100-80gb:1") == ("compile-only", "a100-80gb:1")
+    assert programs.devices_to_plan_on("h100:2")[1] == gpus
     # No accelerator on this machine: as before, whatever jax.devices() says.
-    monkeypatch.setattr(aot, "unseen_accelerator", lambda: None)
-    monkeypatch.setattr(aot, "devices_for", lambda text: ("deviceless", text))
-    assert aot.devices_to_plan_on("h100:1") == ("deviceless", "h100:1")
+    monkeypatch.setattr(programs, "unseen_accelerator", lambda: None)
+    monkeypatch.setattr(programs, "devices_for", lambda text: ("deviceless", text))
+    assert programs.devices_to_plan_on("h100:1") == ("deviceless", "h100:1")

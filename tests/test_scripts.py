@@ -8,11 +8,11 @@ import pytest
 from helpers import hand_flops, hand_params, run_python, run_script
 from jax._src import xla_bridge
 
+from harness import rungs
 from roofline import calibrate, timing
 from roofline.hardware import local_peak_flops
 from roofline.memory import largest_batch, usable_fraction
 from roofline.timing import Timing
-from scripts import rungs
 from sessions.config import PRESETS
 
 
@@ -169,9 +169,9 @@ def test_a_rung_that_ran_elsewhere_is_no_row(monkeypatch, capsys, platform, n_de
 
 
 def test_every_mutant_still_fits_the_tree():
-    """scripts/mutants.py plants its bugs by exact text: code that moves must take
+    """tests/mutants.py plants its bugs by exact text: code that moves must take
     its mutants along, or the mutation check silently tests nothing."""
-    result = run_python("scripts/mutants.py", "--check")
+    result = run_python("tests/mutants.py", "--check")
     fit = re.search(r"(\d+) of (\d+) mutants fit the tree", result.stdout)
     assert result.returncode == 0 and fit, result.stdout
     assert fit.group(1) == fit.group(2)

@@ -17,17 +17,17 @@ from helpers import need
 from roofline.compiled.hlo import parse
 from roofline.compiled.scatters import scatters
 from roofline.flops import attention_flops, param_count, train_flops
-from sessions.plan import aot
-from sessions.plan.training import plan_target
+from sessions.plan import programs
+from sessions.plan.train_on_target import plan_target
 from sessions.run.cli import resolve, train_flags
 
 
 def compile_step(target_text, preset="tiny", mesh=None, **flags):
-    """Planned (sessions/plan/training.py) for s2_train.py --target TARGET --preset PRESET [flags]."""
+    """Planned (sessions/plan/train_on_target.py) for s2_train.py --target TARGET --preset PRESET [flags]."""
     argv = ["--preset", preset, "--target", target_text]
     for flag, value in flags.items():
         argv += [f"--{flag.replace('_', '-')}", str(value)]
-    target, devices = aot.devices_for(target_text)
+    target, devices = programs.devices_for(target_text)
     run = resolve(train_flags(argv), platform=target.chip.platform)
     return plan_target(mesh, run, target, devices, lambda *a: None), run.model, run.train
 

@@ -19,9 +19,9 @@ from roofline.flops import param_count, train_flops
 from roofline.hardware import CHIPS
 from roofline.plan.targets import TargetError, parse_target
 from sessions.config import ModelConfig
+from sessions.errors import UsageError
 from sessions.model import init_params
-from sessions.plan import aot
-from sessions.run.errors import UsageError
+from sessions.plan import programs
 
 # Chips and targets, with or without the compilers.
 
@@ -51,9 +51,9 @@ def test_missing_compilers_name_the_file(monkeypatch):
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(UsageError, match=r"libtpu.*pip install -r requirements-aot\.txt"):
-        aot.devices_for("tpu-v5e:2x2")
+        programs.devices_for("tpu-v5e:2x2")
     with pytest.raises(UsageError, match=r"requirements-aot\.txt"):
-        aot.devices_for("h100:8")
+        programs.devices_for("h100:8")
 
 
 def test_param_count_formula_equals_the_params_built(cfg):
@@ -168,4 +168,4 @@ def test_bad_targets_are_one_line_and_exit_2(argv, message, capsys):
 def test_a_tpu_topology_the_compiler_refuses_is_one_line():
     need("tpu")
     with pytest.raises(UsageError, match="3x3"):
-        aot.devices_for("tpu-v5e:3x3")
+        programs.devices_for("tpu-v5e:3x3")

@@ -17,10 +17,10 @@ import pytest
 from sessions import data, train
 from sessions import meter as meter_module
 from sessions.config import PRESETS, TrainConfig
+from sessions.errors import TrainingDiverged
 from sessions.meter import Meter, format_record
 from sessions.model import init_params
 from sessions.run import preemption
-from sessions.run.errors import TrainingDiverged
 from sessions.run.report import summarize, summary_lines
 from sessions.sharding import batch_sharding, make_mesh
 from sessions.train import (

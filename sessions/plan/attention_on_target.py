@@ -31,7 +31,7 @@ from roofline.compiled.op_roofline import predict_ops
 from roofline.memory import planned_bytes
 from sessions import sharding
 from sessions.attention import attention
-from sessions.plan import aot
+from sessions.plan import programs
 
 SEQUENCES = (1024, 4096, 16384, 32768)  # the issue asks 1k, 4k, 16k; 32k shows the wall
 TOKENS = 32 * 1024  # gpt2's step: 32 sequences of 1,024
@@ -68,7 +68,7 @@ def attention_on_target(impl, seq, target, devices, say=print):
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, devices=np.array(devices[:1]))
     shape = jax.ShapeDtypeStruct((batch, seq, HEADS, HEAD_DIM), jnp.bfloat16)
     try:
-        compiled, oom, _ = aot.compile_or_oom(
+        compiled, oom, _ = programs.compile_or_oom(
             attention_program(impl), (shape, shape, shape), {}, mesh, target.chip, say
         )
     except Exception as e:  # a kernel that refuses these shapes on this chip

@@ -10,7 +10,7 @@ from sessions.collective_matmul import (
     collective_matmul,
     compiled_matmul,
 )
-from sessions.plan import aot
+from sessions.plan import programs
 
 
 def programs_on(target_text, shape=GPT2_MLP):
@@ -20,7 +20,7 @@ def programs_on(target_text, shape=GPT2_MLP):
         for name, text in programs_on("tpu-v5e:2x4").items():
             print(schedule_line(name, schedule_summary(text)))
     """
-    target, devices = aot.devices_for(target_text)
-    _, mesh = aot.target_mesh(f"fsdp={len(devices)}", target, devices)
+    target, devices = programs.devices_for(target_text)
+    _, mesh = programs.target_mesh(f"fsdp={len(devices)}", target, devices)
     matmuls = (allgather_matmul, collective_matmul, auto_matmul)
     return {m.__name__: compiled_matmul(m, mesh, shape).as_text() for m in matmuls}

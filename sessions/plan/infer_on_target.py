@@ -1,5 +1,5 @@
 """Plan inference on a chip this machine lacks: `s3_infer.py --target
-CHIP[:SHAPE]` compiles prefill and the decode loop for each batch (sessions/plan/aot.py),
+CHIP[:SHAPE]` compiles prefill and the decode loop for each batch (sessions/plan/programs.py),
 prints what each device holds, the decode roofline and what the compiler did
 (roofline/plan/decode.py), and exits.
 """
@@ -18,15 +18,15 @@ from sessions import inference, sharding
 from sessions.attention_choice import KERNEL_PLATFORM
 from sessions.attention_choice import choose as choose_attention
 from sessions.data import text_to_tokens
-from sessions.plan import aot
-from sessions.run.errors import UsageError
+from sessions.errors import UsageError
+from sessions.plan import programs
 from sessions.run.serving import inference_config
 
 
 def plan_inference(serving, mesh_text, batches, target, devices, say=print):
     """--target: plan prefill and decode of the model `serving` (sessions.run.cli.Serving,
     resolved for the target's chip) describes over `mesh_text`, for `batches` (None:
-    the default), and return it as DecodePlanned (aot.write_plan writes it)."""
+    the default), and return it as DecodePlanned (programs.write_plan writes it)."""
     cfg, _ = inference_config(serving)
     prompt_len = len(text_to_tokens(serving.prompt))
     inference.check_lengths(cfg, prompt_len, 1)  # the decode program takes any count of steps
@@ -45,9 +45,9 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
         prompts = ShapeDtypeStruct(
             (batch, prompt_len), "int32", sharding=sharding.batch_sharding(mesh)
         )
-        return (aot.abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
+        return (programs.abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
 
-    compiled, oom, seconds = aot.compile_or_oom(
+    compiled, oom, seconds = programs.compile_or_oom(
         inference.prefill, *inputs_for(mesh), mesh, chip, say
     )
     napkin = decode_cost.prefill_flops(cfg, batch, prompt_len) / n
@@ -68,7 +68,10 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     xla, source = facts.xla_flops, "XLA's cost analysis of the compiled program"
     if xla is None or impl in KERNEL_PLATFORM:  # no count, or one blind to the kernel
         einsum = dataclasses.replace(cfg, attention_impl="einsum")
-        xla = aot.count_on_this_cpu(lambda mesh: (inference.prefill, *inputs_for(mesh, einsum))) / n
+        xla = (
+            programs.count_on_this_cpu(lambda mesh: (inference.prefill, *inputs_for(mesh, einsum)))
+            / n
+        )
         source = "XLA's count before optimisation, lowered for this CPU, attention as einsums"
     fits = facts.memory_bytes <= target.hbm_per_device
     say(
@@ -92,8 +95,8 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     """(DecodePlan, the compiled program) of the decode loop for `batch`
     sequences, or (None, why the compiler refused it)."""
     chip, n = target.chip, target.devices
-    inputs, static = aot.abstract_decode_inputs(cfg, batch, mesh)
-    compiled, oom, seconds = aot.compile_or_oom(
+    inputs, static = programs.abstract_decode_inputs(cfg, batch, mesh)
+    compiled, oom, seconds = programs.compile_or_oom(
         inference.decode_steps, inputs, static, mesh, chip, say
     )
     if compiled is None:
@@ -107,8 +110,11 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     xla, source = facts.xla_flops, "XLA's cost analysis of the compiled loop (one step)"
     if xla is None:
         xla = (
-            aot.count_on_this_cpu(
-                lambda mesh: (inference.decode_steps, *aot.abstract_decode_inputs(cfg, batch, mesh))
+            programs.count_on_this_cpu(
+                lambda mesh: (
+                    inference.decode_steps,
+                    *programs.abstract_decode_inputs(cfg, batch, mesh),
+                )
             )
             / n
         )
@@ -125,8 +131,8 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     bandwidth = chip.hbm_bandwidth * target.chips / n
     decoded = DecodePlan(
         batch=batch,
-        weight_bytes=aot.held_bytes(inputs[0]),
-        cache_bytes=aot.held_bytes(inputs[1]),
+        weight_bytes=programs.held_bytes(inputs[0]),
+        cache_bytes=programs.held_bytes(inputs[1]),
         argument_bytes=memory.argument_size_in_bytes,
         temp_bytes=memory.temp_size_in_bytes,
         memory_bytes=facts.memory_bytes,
@@ -154,12 +160,12 @@ class DecodePlanned(NamedTuple):
 
 def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, say=print):
     """Compile prefill (the largest batch) and the decode loop (each of `batches`;
-    None: aot.DECODE_ROWS per data x fsdp group) for `target` over `mesh_text` (None:
+    None: programs.DECODE_ROWS per data x fsdp group) for `target` over `mesh_text` (None:
     all on fsdp, as s2_train.py), print what each device holds, the decode
     roofline and what the compiler did, and return DecodePlanned."""
-    sizes, mesh = aot.target_mesh(mesh_text, target, devices)
+    sizes, mesh = programs.target_mesh(mesh_text, target, devices)
     ways = sizes["data"] * sizes["fsdp"]
-    batches = batches or [rows * ways for rows in aot.DECODE_ROWS]
+    batches = batches or [rows * ways for rows in programs.DECODE_ROWS]
     for b in batches:
         if b % ways:
             raise UsageError(f"--batches: {b} does not divide over data x fsdp = {ways} of --mesh")

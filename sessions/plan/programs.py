@@ -5,7 +5,7 @@ count, the collectives the partitioner inserted and the kernels it chose can
 all be read off it (roofline/compiled/program.py) before anyone rents the chip. Nothing
 is executed and no array is ever allocated: the inputs are
 `jax.ShapeDtypeStruct`s carrying their shardings, exactly as the session
-scripts build them for real. sessions/plan/training.py and inference.py
+scripts build them for real. sessions/plan/train_on_target.py and infer_on_target.py
 plan training and inference on such a chip (`--target CHIP[:SHAPE]`).
 """
 
@@ -29,10 +29,10 @@ from roofline.plan.targets import (
 )
 from sessions import inference, sharding
 from sessions.decode_layout import abstract_decode_weights
+from sessions.errors import UsageError
 from sessions.manual_fsdp import make_manual_step
 from sessions.model import init_params
 from sessions.run.accelerator import unseen_accelerator
-from sessions.run.errors import UsageError
 from sessions.train import abstract_batch, abstract_state, make_train_step
 
 DECODE_ROWS = (1, 4, 16, 64)  # decode's default batches, per data x fsdp group of devices

@@ -16,14 +16,14 @@ from roofline.compiled.program import read_program
 from roofline.flops import flash_kernel, model_line, param_count
 from roofline.plan.training import plan_lines, plan_summary, training_plan
 from sessions import sharding
+from sessions.errors import UsageError
 from sessions.manual_fsdp import check_collectives, collectives_line
-from sessions.plan import aot
-from sessions.run.errors import UsageError
+from sessions.plan import programs
 
 
 def too_big(error, target, tc, sizes):
     """The compiler's out-of-memory error as one line with what to try."""
-    needed = aot.compiler_needs(error)
+    needed = programs.compiler_needs(error)
     tries = [f"a smaller --batch (now {tc.batch})"]
     if sizes["fsdp"] < target.devices:
         tries.append("a larger fsdp axis in --mesh")
@@ -50,7 +50,7 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
     Planned. Raises UsageError for a mesh the target cannot hold or a step the
     compiler refuses for want of memory."""
     cfg, tc = run.model, run.train
-    sizes, mesh = aot.target_mesh(mesh_text, target, devices)
+    sizes, mesh = programs.target_mesh(mesh_text, target, devices)
     sharding.check_divisible(cfg, tc.batch, sizes)
     check_collectives(collectives, sizes)
     chip = target.chip
@@ -67,7 +67,7 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
     say(f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens")
 
     say(collectives_line(collectives))
-    step, (state, batch), _ = aot.train_step_program(cfg, tc, mesh, collectives)
+    step, (state, batch), _ = programs.train_step_program(cfg, tc, mesh, collectives)
     shardings = jax.tree.map(lambda x: x.sharding, state)
     for line in sharding.describe(state["params"], shardings["params"], mesh):
         say(line)
@@ -77,7 +77,7 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
         f"{held / 2**20:,.1f} MiB per device"
     )
 
-    compiled, oom, seconds = aot.compile_or_oom(step, (state, batch), {}, mesh, chip, say)
+    compiled, oom, seconds = programs.compile_or_oom(step, (state, batch), {}, mesh, chip, say)
     if compiled is None:
         raise too_big(oom, target, tc, sizes)
     say(
@@ -90,8 +90,8 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
     xla_flops, source = facts.xla_flops, "XLA's cost analysis of the compiled step"
     if xla_flops is None:
         einsum = dataclasses.replace(cfg, attention_impl="einsum")  # a kernel's FLOPs are unseen
-        program = functools.partial(aot.train_step_program, einsum, tc)
-        xla_flops = aot.count_on_this_cpu(program) / target.devices
+        program = functools.partial(programs.train_step_program, einsum, tc)
+        xla_flops = programs.count_on_this_cpu(program) / target.devices
         source = (
             "the target's compiler gives none; this is XLA's count of the step "
             "before optimisation (lowered for this CPU, attention as einsums)"

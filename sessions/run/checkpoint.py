@@ -28,7 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from sessions.run.errors import TrainingDiverged, UsageError
+from sessions.errors import TrainingDiverged, UsageError
 
 KEEP = 3  # the newest three checkpoints are kept
 

@@ -23,9 +23,9 @@ from sessions.attention import IMPLEMENTATIONS
 from sessions.attention_choice import choose
 from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.data import DOCS, STDLIB
+from sessions.errors import Interrupted, TrainingDiverged, UsageError
 from sessions.run import multihost
 from sessions.run.accelerator import capability_defaults
-from sessions.run.errors import Interrupted, TrainingDiverged, UsageError
 
 PROMPT = "The import statement "  # the sample's start, in both sessions' scripts
 
@@ -283,7 +283,7 @@ def serving_config(args, platform=None):
 
 def run_main(main, argv=None):
     """main(argv), with every way a run stops on purpose turned into one line
-    on stderr and its exit status (sessions/run/errors.py)."""
+    on stderr and its exit status (sessions/errors.py)."""
     try:
         return main(argv)
     except UsageError as e:

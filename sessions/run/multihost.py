@@ -24,7 +24,7 @@ import os
 import jax
 import numpy as np
 
-from sessions.run.errors import UsageError
+from sessions.errors import UsageError
 
 
 def add_flags(parser):

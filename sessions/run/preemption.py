@@ -31,8 +31,8 @@ from signal import SIGINT, SIGTERM
 
 import jax
 
+from sessions.errors import Interrupted
 from sessions.run import multihost
-from sessions.run.errors import Interrupted
 
 
 class SaveHook:

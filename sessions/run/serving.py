@@ -15,10 +15,10 @@ import numpy as np
 from roofline.timing import time_calls
 from sessions import inference, sharding
 from sessions.config import ModelConfig, TrainConfig
+from sessions.errors import UsageError
 from sessions.model import init_params
 from sessions.run.checkpoint import Checkpoints, newest_meta
 from sessions.run.cli import PROMPT
-from sessions.run.errors import UsageError
 from sessions.sample import check_prompt, load_tokenizer, prompt_tokens
 from sessions.train import abstract_state
 

@@ -3,7 +3,7 @@
 exercises/inference.py practises sessions/inference.py; a student who finishes
 it knows which file to read next. An exercise that practises no one module
 (a napkin, a find-the-bug drill) keeps a topic name, listed with its reason in
-scripts/grading.py's TOPIC_EXERCISES. Every exercise module is graded by a
+harness/grading.py's TOPIC_EXERCISES. Every exercise module is graded by a
 test file that scripts/homework.py runs for some session.
 """
 
@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from scripts import grading
+from harness import grading
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def test_each_exercise_is_named_after_a_module_or_a_declared_topic(folder):
     unnamed = module_names(folder) - modules - set(grading.TOPIC_EXERCISES)
     assert not unnamed, (
         f"{folder}/: {sorted(unnamed)} name no module of sessions/ or roofline/ "
-        "and are not in scripts/grading.py's TOPIC_EXERCISES"
+        "and are not in harness/grading.py's TOPIC_EXERCISES"
     )
 
 

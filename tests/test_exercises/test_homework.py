@@ -9,7 +9,7 @@ import sys
 import pytest
 from adapters import graded_tree
 
-from scripts import grading
+from harness import grading
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
