@@ -86,6 +86,12 @@ def choose(requested, platform, cfg, batch, seq=None):
     return "fused", f"{refusal}: XLA's fused attention instead"
 
 
+def xla_attention(platform):
+    """XLA's own attention on `platform`: the einsums on a CPU (what every implementation
+    is checked against), its fused call on a GPU or TPU."""
+    return "einsum" if platform == "cpu" else "fused"
+
+
 def choose_for_length(cfg, platform, batch, seq):
     """(implementation, note) for `batch` sequences of `seq` tokens on `platform`,
     in a model built for cfg.attention_impl: inference's prefill, whose prompts
@@ -105,5 +111,5 @@ def choose_for_length(cfg, platform, batch, seq):
         refusal = kernel_refusal(impl, cfg, batch, seq)
     if refusal is None:
         return impl, None
-    xla = "einsum" if platform == "cpu" else "fused"
+    xla = xla_attention(platform)
     return xla, f"{refusal}: {xla} attention instead"

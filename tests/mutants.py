@@ -363,7 +363,7 @@ MUTANTS = [
     Mutant(
         "chip-corpus",
         "a GPU or TPU defaults to the docs, which its default run passes over 35 times",
-        "sessions/run/cli.py",
+        "sessions/defaults.py",
         (("(DOCS if on_cpu else STDLIB)", "DOCS"),),
         ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
     ),

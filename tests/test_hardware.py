@@ -18,10 +18,11 @@ from roofline.hardware import (
     local_peak_flops,
     local_roofs,
 )
+from sessions.defaults import Defaults, capability_defaults, configs_for
 from sessions.errors import UsageError
 from sessions.meter import format_record, make_record
 from sessions.run import accelerator
-from sessions.run.accelerator import Defaults, capability_defaults, check_accelerator_visible
+from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import run_main
 from sessions.run.report import summarize, summary_lines
 
@@ -211,6 +212,21 @@ def test_below_compute_capability_8_runs_default_to_float32_and_xla_attention(ki
     assert "no bf16 tensor cores, so XLA computes the bfloat16 matmuls in float32" in bf16.note
     with pytest.raises(UsageError, match=f"cudnn: {kind} is compute capability {cc}; .* 8.0"):
         capability_defaults(gpu, "bfloat16", "cudnn")
+
+
+def test_a_run_on_a_t4_takes_the_chip_s_preset_and_corpus_and_the_capability_s_choices():
+    """The whole decision for a run on the GPU itself (s2_train.py there): preset and
+    corpus by platform, dtype and attention by compute capability, the note for the header."""
+    t4 = FakeDevice("gpu", "Tesla T4", "7.5")
+    run = configs_for("gpu", t4)
+    assert (run.preset, run.data) == ("course", "stdlib")
+    assert (run.model.dtype, run.model.attention_impl) == ("float32", "fused")
+    assert run.attention_note == f"Tesla T4 is compute capability 7.5: {PRE_AMPERE}; " + (
+        "float32 and XLA's attention"
+    )
+    asked = configs_for("gpu", t4, preset="tiny", dtype="bfloat16", data="docs")
+    assert (asked.preset, asked.data, asked.model.dtype) == ("tiny", "docs", "bfloat16")
+    assert asked.model.attention_impl == "fused" and "no bf16 tensor cores" in asked.attention_note
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Plan a training run on a chip this machine lacks: `s2_train.py --target
 CHIP[:SHAPE]` compiles the exact step the other flags describe for that chip
-(sessions/plan/aot.py), prints what the compiler did and the roofline
+(sessions/plan/programs.py), prints what the compiler did and the roofline
 (roofline/plan/training.py), and exits without training.
 """
 
@@ -44,7 +44,7 @@ class Planned(NamedTuple):
 
 
 def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
-    """Compile the step of `run` (sessions.run.cli.Resolved) for `target` over the mesh `mesh_text`
+    """Compile the step of `run` (sessions.defaults.Resolved) for `target` over the mesh `mesh_text`
     ('fsdp=4,tp=2', None: all on fsdp), its collectives "auto" (the partitioner's)
     or "manual" (sessions/manual_fsdp.py), print its report, and return it as
     Planned. Raises UsageError for a mesh the target cannot hold or a step the

@@ -1,100 +1,22 @@
-"""The accelerator under a run: what its generation can do, and one JAX cannot see.
+"""An accelerator on this machine that JAX cannot see: the check the session scripts
+make before they build anything.
 
-Two decisions the session scripts make before they build anything:
-
-- Defaults by capability, not by platform alone. An NVIDIA GPU below compute
-  capability 8.0 (T4: 7.5, V100: 7.0) has no bf16 tensor cores and cannot run
-  cuDNN's flash attention, the GPU defaults, so a run there defaults to float32
-  and XLA's attention (`capability_defaults`).
-- A machine with an NVIDIA GPU or a TPU on which JAX sees only the CPU (the
-  platform's jax extra is not installed) stops before training, naming the file
-  to install; JAX_PLATFORMS=cpu says "train on the CPU anyway"
-  (`check_accelerator_visible`).
+A machine with an NVIDIA GPU or a TPU on which JAX sees only the CPU (the platform's
+jax extra is not installed) stops before training, naming the file to install;
+JAX_PLATFORMS=cpu says "train on the CPU anyway" (`check_accelerator_visible`). What
+a GPU's generation can do (its defaults by compute capability) is sessions/defaults.py's.
 
 (Not named platform.py: a script run as `python sessions/s2_train.py` has
 sessions/ first on sys.path, and that name would hide the standard library's.)
 """
 
-import dataclasses
 import glob
 import importlib.util
 import os
 
 import jax
 
-from sessions.run.errors import UsageError
-
-# Compute capability 8.0 (Ampere) is where bf16 tensor cores begin, and where cuDNN's fused
-# attention begins: "cudnn SDPA operation requires SM80 (Ampere) or newer architectures"
-# (docs.nvidia.com/deeplearning/cudnn/frontend/latest/operations/Attention.html). JAX's own
-# trace-time checks of that kernel test head dim and sequence, not this.
-AMPERE = (8, 0)
-ATTENTION_WORDS = {
-    "fused": "XLA's attention",
-    "einsum": "einsum attention",
-    "pallas": "our Pallas flash attention",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Defaults:
-    dtype: str | None  # matmul dtype; None: the platform's usual default
-    attention_impl: str | None  # use as is; None: sessions.attention_choice.choose picks
-    note: str | None  # one header line saying why the usual defaults do not hold
-
-
-def compute_capability(device):
-    """(major, minor) of an NVIDIA GPU, or None (a CPU, a TPU, a GPU that does not say).
-
-    jax's CUDA devices carry it as a string attribute, "7.5": XLA's GPU client builds it
-    as major "." minor (xla/pjrt/gpu/se_gpu_pjrt_client.cc, MakeComputeCapabilityString),
-    and jax's cuDNN attention reads it so (jax/_src/cudnn/fused_attention_stablehlo.py,
-    check_compute_capability). A ROCm GPU's ("gfx90a") is not a number: None."""
-    text = getattr(device, "compute_capability", None)
-    if device is None or device.platform != "gpu" or not isinstance(text, str):
-        return None
-    try:
-        major, minor = (int(part) for part in text.split("."))
-    except ValueError:
-        return None
-    return major, minor
-
-
-def capability_defaults(device, dtype=None, attention_impl=None):
-    """Defaults for a run on `device`, given the --dtype and --attention-impl asked
-    for (None where not given). device None (a step compiled for a chip this machine
-    lacks, --target; those are all 8.0+) keeps what was asked.
-
-    Below compute capability 8.0: float32 and XLA's attention ("einsum" is kept if
-    asked for), with a note for the header. An explicit --dtype bfloat16 is honoured
-    with a warning in the note: XLA computes its matmuls in float32 there, correct
-    and slower (github.com/jax-ml/jax/issues/21212), and the attention is still
-    XLA's. --attention-impl cudnn cannot run there at all: a UsageError."""
-    cc = compute_capability(device)
-    if cc is None or cc >= AMPERE:
-        return Defaults(dtype, None, None)
-    chip = f"{device.device_kind} is compute capability {cc[0]}.{cc[1]}"
-    if attention_impl in ("cudnn", "splash"):
-        need = "8.0+" if attention_impl == "cudnn" else "a TPU"
-        raise UsageError(
-            f"--attention-impl {attention_impl}: {chip}; that kernel needs {need} "
-            "(fused or einsum run here)"
-        )
-    attention = attention_impl or "fused"
-    if dtype == "bfloat16":
-        note = (
-            f"{chip}: no bf16 tensor cores, so XLA computes the bfloat16 matmuls in "
-            f"float32, slower than --dtype float32; {ATTENTION_WORDS[attention]}, as "
-            "cuDNN flash attention needs 8.0+"
-        )
-        return Defaults("bfloat16", attention, note)
-    dtype = dtype or "float32"
-    note = (
-        f"{chip}: cuDNN flash attention and bf16 matmuls need 8.0+; {dtype} and "
-        f"{ATTENTION_WORDS[attention]}"
-    )
-    return Defaults(dtype, attention, note)
-
+from sessions.errors import UsageError
 
 # What JAX itself looks for (jax/_src/hardware_utils.py, jax 0.10.2): Google's PCI vendor id,
 # and the device ids of the TPUs its runtime knows (v3, v4, v5p, v5e, v6e, 7x; the vendor id

@@ -5,14 +5,11 @@ configs once (library code never sees the flags), and bad input on one line.
     run = resolve(args)                # Resolved(preset, model, train, attention_note, data)
     serving = serving_config(args)     # s3_infer.py's: Serving(model, shapes, checkpoint_dir, ...)
 
-Platform defaults live here and nowhere else: a CPU trains the `cpu` preset in
-float32 with einsum attention; a GPU or TPU the `course` preset in bfloat16
-with its flash kernel (sessions/attention.py), or float32 and XLA's attention
-on a GPU below compute capability 8.0 (sessions/run/accelerator.py).
+What a flag leaves open (the preset, dtype, corpus and attention of each platform)
+is decided in sessions/defaults.py; resolve reads the flags and hands it their values.
 """
 
 import argparse
-import dataclasses
 import os
 import sys
 from typing import NamedTuple
@@ -20,12 +17,10 @@ from typing import NamedTuple
 import jax
 
 from sessions.attention import IMPLEMENTATIONS
-from sessions.attention_choice import choose
-from sessions.config import PRESETS, ModelConfig, TrainConfig
-from sessions.data import DOCS, STDLIB
+from sessions.config import PRESETS, ModelConfig
+from sessions.defaults import configs_for, serving_attention
 from sessions.errors import Interrupted, TrainingDiverged, UsageError
 from sessions.run import multihost
-from sessions.run.accelerator import capability_defaults
 
 PROMPT = "The import statement "  # the sample's start, in both sessions' scripts
 
@@ -211,14 +206,6 @@ def infer_flags(argv=None):
     return args
 
 
-class Resolved(NamedTuple):
-    preset: str
-    model: ModelConfig
-    train: TrainConfig
-    attention_note: str | None  # one header line when the attention is not the usual choice
-    data: str  # the corpus: "docs", "stdlib" or a path (sessions/data.py)
-
-
 MODEL_FLAGS = ("seq", "embed", "ff", "heads", "head_dim", "layers", "vocab")
 TRAIN_FLAGS = ("steps", "batch", "lr", "seed", "log_every", "eval_every")
 READ = ("preset", "dtype", "attention_impl", "no_attention", "no_positions", "data")
@@ -229,31 +216,24 @@ def given(args, names):  # {name: value} of the flags among `names` that were se
 
 
 def resolve(args, platform=None, **model_overrides):
-    """Resolved configs for the chip the step is built for: `platform` ("cpu", "gpu",
-    "tpu"; None: this machine's, whose device also says its compute capability). What
-    it reads is each a flag of the command or fixed by its parser's set_defaults."""
+    """sessions.defaults.Resolved configs for the chip the step is built for: `platform`
+    ("cpu", "gpu", "tpu"; None: this machine's, whose device also says its compute
+    capability). What it reads is each a flag of the command or fixed by its parser's
+    set_defaults; model_overrides are ModelConfig fields set over the flags."""
     if missing := [name for name in (*READ, *MODEL_FLAGS, *TRAIN_FLAGS) if name not in vars(args)]:
         raise TypeError(f"resolve reads {', '.join(missing)}: not a flag of this command")
     device = None if platform else jax.local_devices()[0]  # this machine's, when it is the chip
-    platform = platform or jax.default_backend()
-    on_cpu = platform == "cpu"
-    preset = args.preset or ("cpu" if on_cpu else "course")
-    caps = capability_defaults(device, args.dtype, args.attention_impl)
-    dtype = caps.dtype or ("float32" if on_cpu else "bfloat16")
     flags = {"attention": not args.no_attention, "positions": not args.no_positions}
-    model = {**given(args, MODEL_FLAGS), **flags, "dtype": dtype, **model_overrides}
-    model = dataclasses.replace(PRESETS[preset].model, **model)
-    train = dataclasses.replace(PRESETS[preset].train, **given(args, TRAIN_FLAGS))
-    if caps.attention_impl:  # below compute capability 8.0: XLA's attention
-        impl, note = caps.attention_impl, caps.note
-    elif "attention_impl" in model_overrides:
-        impl, note = model_overrides["attention_impl"], None
-    else:
-        impl, note = choose(args.attention_impl, platform, model, train.batch)
-    # The docs on a CPU, whose losses the README quotes; on a chip, whose default
-    # run would pass over the docs 35 times, the standard library's source.
-    corpus = args.data or (DOCS if on_cpu else STDLIB)
-    return Resolved(preset, dataclasses.replace(model, attention_impl=impl), train, note, corpus)
+    return configs_for(
+        platform or jax.default_backend(),
+        device,
+        preset=args.preset,
+        dtype=args.dtype,
+        attention_impl=args.attention_impl,
+        data=args.data,
+        model_fields={**given(args, MODEL_FLAGS), **flags, **model_overrides},
+        train_fields=given(args, TRAIN_FLAGS),
+    )
 
 
 SHAPES = ("vocab", "embed", "ff", "heads", "head_dim", "layers", "seq", "attention", "positions")
@@ -271,10 +251,9 @@ class Serving(NamedTuple):
 
 
 def serving_config(args, platform=None):
-    """Serving for s3_infer.py's flags on `platform` (None: this machine's); XLA's attention."""
-    # XLA's attention: a checkpoint may name the kernel of another chip.
-    xla_attention = "einsum" if (platform or jax.default_backend()) == "cpu" else "fused"
-    run = resolve(args, platform, attention_impl=xla_attention)
+    """Serving for s3_infer.py's flags on `platform` (None: this machine's)."""
+    attention = serving_attention(platform or jax.default_backend())
+    run = resolve(args, platform, attention_impl=attention)
     asked = [f for f in SHAPES if args.preset or f in given(args, MODEL_FLAGS)]
     shapes = {f: getattr(run.model, f) for f in asked}
     checkpoint_dir = None if args.random_params or args.target else args.checkpoint_dir
