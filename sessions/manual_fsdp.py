@@ -28,6 +28,9 @@ positions are gathered once and kept, as they are used at both ends of the model
 
 Only meshes with tp=1: with tp > 1 the shards of a weight would also be split over
 heads, F and V, a different program (left to the partitioner, `--collectives auto`).
+
+Session 4 checks it against the partitioner (`train_both_ways`): the same steps trained
+twice, from the same state on the same batches, once with each step's collectives.
 """
 
 import functools
@@ -37,13 +40,18 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from sessions import data, sharding
 from sessions.attention import attention
+from sessions.config import PRESETS
 from sessions.errors import UsageError
 from sessions.model import block, cast, embed, unembed
 from sessions.sharding import BATCH, PARAM_SPECS
 from sessions.train import (
     cross_entropy,
+    init_state,
     jit_step,
+    make_optimizer,
+    make_train_step,
 )
 
 # What a layer keeps for its backward: its matmuls' outputs, never its gathered weights.
@@ -163,3 +171,38 @@ def make_manual_step(cfg, optimizer, clip, state_shardings, batch_sharding, *, j
         step, mesh=mesh, in_specs=(specs, rows), out_specs=(specs, P()), check_vma=False
     )
     return jit_step(step, state_shardings, batch_sharding) if jit else step
+
+
+def train_both_ways(mesh_text, steps, devices, preset="tiny"):
+    """{"auto" | "manual": (losses, compiled step)}: the same `steps` steps of
+    `preset` over `mesh_text` on `devices`, from the same initial state and
+    batches, once with the partitioner's collectives and once with ours."""
+    cfg, tc = PRESETS[preset].model, PRESETS[preset].train
+    optimizer = make_optimizer(tc, steps)
+    tokens = data.split(data.default_corpus(), cfg.seq)[0]
+    mesh = sharding.make_mesh(sharding.parse_mesh(mesh_text, len(devices)), devices)
+    runs = {}
+    with jax.set_mesh(mesh):
+        rows = sharding.batch_sharding(mesh)
+        init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
+        for mode in ("auto", "manual"):
+            state, shardings = sharding.init_sharded(init, jax.random.key(tc.seed), mesh)
+            if mode == "manual":
+                step = make_manual_step(cfg, optimizer, tc.clip, shardings, rows)
+            else:
+                step = make_train_step(
+                    cfg, optimizer, state_shardings=shardings, batch_sharding=rows
+                )
+            batches = [
+                sharding.place_batch(
+                    data.get_batch(tokens, i, batch=tc.batch, seq=cfg.seq, seed=tc.seed), rows
+                )
+                for i in range(steps)
+            ]
+            compiled = step.lower(state, batches[0]).compile()
+            losses = []
+            for batch in batches:
+                state, metrics = compiled(state, batch)
+                losses.append(float(metrics["loss"]))
+            runs[mode] = (losses, compiled)
+    return runs

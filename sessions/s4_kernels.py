@@ -37,14 +37,13 @@ import jax.numpy as jnp
 
 from roofline.compiled.program import collectives_table
 from roofline.plan.targets import missing_extras
-from sessions import collective_matmul, flash, precision, sharding
+from sessions import collective_matmul, flash, manual_fsdp, precision, sharding
 from sessions.attention import einsum_attention
 from sessions.errors import UsageError
 from sessions.plan import programs
 from sessions.plan.attention_on_target import SEQUENCES, attention_on_target, attention_table_lines
 from sessions.plan.collective_matmul_on_target import programs_on
 from sessions.precision import biggest
-from sessions.run import fsdp_both_ways
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import run_main
 
@@ -153,7 +152,7 @@ def check_fsdp(steps):
     held = True
     for mesh_text in ("fsdp=8", "data=2,fsdp=4"):
         print(f"3. FSDP over {mesh_text} (8 simulated CPU devices, the tiny preset, {steps} steps)")
-        runs = fsdp_both_ways.train_both_ways(mesh_text, steps, jax.devices("cpu")[:8])
+        runs = manual_fsdp.train_both_ways(mesh_text, steps, jax.devices("cpu")[:8])
         (auto_losses, auto_program), (losses, program) = runs["auto"], runs["manual"]
         print(f"     auto   losses {' '.join(f'{x:.4f}' for x in auto_losses)}")
         print(f"     manual losses {' '.join(f'{x:.4f}' for x in losses)}")
@@ -179,11 +178,7 @@ def target_tables(target, devices):
     chip = target.chip
     impls = ("einsum", "pallas", VENDOR[chip.platform])
     print(f"5. attention compiled for {target.name}: einsum, ours (pallas) and {impls[2]}'s")
-    rows = [
-        attention_on_target(impl, seq, target, devices)
-        for seq in SEQUENCES
-        for impl in impls
-    ]
+    rows = [attention_on_target(impl, seq, target, devices) for seq in SEQUENCES for impl in impls]
     for line in attention_table_lines(rows, target):
         print(f"   {line}")
     hbm = target.hbm_per_device

@@ -69,13 +69,13 @@ def test_a_failed_check_fails_the_run(capsys, monkeypatch):
     and our kernel's output off by 2e-4, past float32's 1e-4 (its gradients are
     not: a constant added to the output changes none): FAIL printed for both,
     the other checks still run, exit status 1."""
-    from sessions.run import fsdp_both_ways
+    from sessions import manual_fsdp
 
     def drifting(mesh_text, steps, devices):
         return {"auto": ([6.29, 6.22], ""), "manual": ([6.29, 6.23], "")}
 
     kernel = flash.flash_attention
-    monkeypatch.setattr(fsdp_both_ways, "train_both_ways", drifting)
+    monkeypatch.setattr(manual_fsdp, "train_both_ways", drifting)
     monkeypatch.setattr(flash, "flash_attention", lambda q, k, v: kernel(q, k, v) + 2e-4)
     argv = ["--no-target", "--seq", "40", "--fsdp-steps", "2"]
     code, out, _ = run_script(SCRIPT, argv, capsys)

@@ -39,7 +39,7 @@ def test_both_trees_hold_the_same_modules():
 @pytest.mark.parametrize("folder", ["exercises", "solutions"])
 def test_each_exercise_is_named_after_a_module_or_a_declared_topic(folder):
     modules = repository_modules()
-    assert {"inference", "fsdp_both_ways", "decode"} <= modules, "subfolders searched"
+    assert {"inference", "preemption", "decode"} <= modules, "subfolders searched"
     unnamed = module_names(folder) - modules - set(grading.TOPIC_EXERCISES)
     assert not unnamed, (
         f"{folder}/: {sorted(unnamed)} name no module of sessions/ or roofline/ "
