@@ -886,6 +886,13 @@ MUTANTS = [
         (f"{LAYERS}::test_concepts_import_neither_plumbing_nor_planning",),
     ),
     Mutant(
+        "concept-errors-from-run",
+        "a concept takes its UsageError from the plumbing again (sessions/run/cli.py has it)",
+        "sessions/attention.py",
+        (("from sessions.errors import UsageError", "from sessions.run.cli import UsageError"),),
+        (f"{LAYERS}::test_concepts_import_neither_plumbing_nor_planning",),
+    ),
+    Mutant(
         "stale-path",
         "a docstring names a file that is gone (generate.py, in sessions/)",
         "sessions/sample.py",

@@ -3,13 +3,13 @@ module level or inside a function), and the README's picture of it:
 
     sessions/*.py   the session scripts and the concepts: a concept imports
                     concepts and roofline/, never sessions/run/ or sessions/plan/
-                    (except sessions/run/errors.py)
     sessions/run/   plumbing; imports concepts, never sessions/plan/
     sessions/plan/  compiling for a chip; imports concepts and run/
     roofline/       a library: imports nothing from sessions/, except its
                     command-line entry point, roofline/__main__.py
-    s1..s4, scripts/*.py with a __main__ block
-                    programs: run, never imported by anything
+    harness/        what the programs in scripts/ share
+    s1..s4, scripts/*.py
+                    programs, each with a __main__ block: run, never imported
 
 The README's "Repository layout" names every folder and module; every path of
 this repository named in the code and the docs exists; no module is over 300 lines.
@@ -28,11 +28,13 @@ SESSION_SCRIPTS = (
     "sessions.s3_infer",
     "sessions.s4_kernels",
 )
-FOLDERS = ("roofline", "sessions", "scripts", "tests", "exercises", "solutions")
+FOLDERS = ("roofline", "sessions", "scripts", "harness", "tests", "exercises", "solutions")
 
 # The README's concept table: what a student looks for -> the module at sessions/' top level.
 CONCEPTS = {
     "the model's shapes, the run's knobs, the presets": "config.py",
+    "the course's choices per platform: preset, dtype, corpus, attention": "defaults.py",
+    "how a run stops on purpose": "errors.py",
     "the transformer": "model.py",
     "attention, five implementations of it": "attention.py",
     "which attention runs where": "attention_choice.py",
@@ -99,8 +101,8 @@ def sessions_imports(modules):
 
 def module_file(dotted):
     """The file of this repository that a dotted name imports, or None: the
-    longest prefix that is a module ('sessions.run.errors.UsageError' ->
-    sessions/run/errors.py); a package alone ('sessions.run') is no module."""
+    longest prefix that is a module ('sessions.run.cli.resolve' ->
+    sessions/run/cli.py); a package alone ('sessions.run') is no module."""
     parts = dotted.split(".")
     for end in range(len(parts), 0, -1):
         path = os.path.join(*parts[:end]) + ".py"
@@ -127,7 +129,7 @@ def test_the_reader_sees_imports_inside_functions():
 
 
 def test_a_dotted_name_resolves_to_its_module_file():
-    assert module_file("sessions.run.errors.UsageError") == "sessions/run/errors.py"
+    assert module_file("sessions.run.cli.resolve") == "sessions/run/cli.py"
     assert module_file("sessions.run") is None
     assert module_file("jax.numpy") is None
 
@@ -140,26 +142,24 @@ def concept_files():
     ]
 
 
-def layer_offenders(files, forbidden, allowed=()):
-    """{file: [modules of this repository it imports under a forbidden folder,
-    not allowed]}, for {file: its source}."""
+def layer_offenders(files, forbidden):
+    """{file: [modules of this repository it imports under a forbidden folder]},
+    for {file: its source}."""
     offenders = {}
     for path, source in files.items():
         found = {module_file(m) for m in imported(source)} - {None}
-        found = sorted(f for f in found if f.startswith(forbidden) and f not in allowed)
+        found = sorted(f for f in found if f.startswith(forbidden))
         if found:
             offenders[path] = found
     return offenders
 
 
-CONCEPT_MAY_IMPORT = ("sessions/run/errors.py",)
-
-
 def test_concepts_import_neither_plumbing_nor_planning():
-    """A student reads a concept without its plumbing: the one exception is
-    how a run stops on purpose (errors.py)."""
+    """A student reads a concept without its plumbing, with no exception: how a run
+    stops on purpose (errors.py) and the platform's defaults (defaults.py) are
+    concepts themselves."""
     forbidden = ("sessions/run/", "sessions/plan/")
-    assert not layer_offenders(sources(concept_files()), forbidden, CONCEPT_MAY_IMPORT)
+    assert not layer_offenders(sources(concept_files()), forbidden)
 
 
 def test_plumbing_never_imports_planning():
@@ -168,13 +168,14 @@ def test_plumbing_never_imports_planning():
 
 def test_a_planted_plumbing_import_in_a_concept_is_caught():
     planted = {
-        "sessions/model.py": "from sessions.run import cli\nfrom sessions.run.errors import E\n",
-        "sessions/train.py": "def f():\n    from sessions.plan.aot import devices_for\n",
+        "sessions/model.py": "from sessions.run import cli\nfrom sessions.run.report import x\n",
+        "sessions/train.py": "def f():\n    from sessions.plan.programs import devices_for\n",
+        "sessions/data.py": "from sessions.errors import UsageError\n",
     }
-    found = layer_offenders(planted, ("sessions/run/", "sessions/plan/"), CONCEPT_MAY_IMPORT)
+    found = layer_offenders(planted, ("sessions/run/", "sessions/plan/"))
     assert found == {
-        "sessions/model.py": ["sessions/run/cli.py"],
-        "sessions/train.py": ["sessions/plan/aot.py"],
+        "sessions/model.py": ["sessions/run/cli.py", "sessions/run/report.py"],
+        "sessions/train.py": ["sessions/plan/programs.py"],
     }
 
 
@@ -192,7 +193,7 @@ def test_roofline_library_imports_nothing_from_sessions():
 ENTRY_POINT_MAY_IMPORT = {
     "sessions/run/cli.py",
     "sessions/config.py",
-    "sessions/run/errors.py",
+    "sessions/errors.py",
     "sessions/attention.py",
 }
 
@@ -209,15 +210,25 @@ def test_a_planted_sessions_import_in_roofline_is_caught():
 
 
 def is_script(module):
-    """A program: a session script, or a file under scripts/ that runs as __main__
-    (scripts/ also holds modules the programs share: discord, grading, naive_step)."""
-    if module.startswith(SESSION_SCRIPTS):
-        return True
-    path = os.path.join(REPO, *module.split(".")[:2]) + ".py"
-    if not module.startswith("scripts.") or not os.path.exists(path):
-        return False
-    with open(path) as f:
-        return 'if __name__ == "__main__":' in f.read()
+    """A program: a session script, or anything under scripts/, which holds programs
+    only (what they share is the package harness/)."""
+    return module.startswith(SESSION_SCRIPTS) or module.split(".")[0] == "scripts"
+
+
+def test_every_file_in_scripts_is_a_program():
+    """scripts/ holds what a student runs; a module the programs share is harness/'s."""
+    modules = [p for p in python_files("scripts") if os.path.basename(p) != "__init__.py"]
+    assert len(modules) > 5  # the walk found the programs
+    for path in modules:
+        with open(os.path.join(REPO, path)) as f:
+            assert 'if __name__ == "__main__":' in f.read(), f"{path} is no program"
+
+
+def test_a_planted_import_of_a_script_s_module_is_caught():
+    planted = "from scripts import rungs\n\ndef f():\n    import scripts.bench\n"
+    found = sorted(m for m in imported(planted) if is_script(m))
+    assert found == ["scripts", "scripts.bench", "scripts.rungs"]
+    assert not [m for m in imported("from harness import rungs\n") if is_script(m)]
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -327,7 +338,7 @@ NOT_OURS = {
     "roofline/xplane.proto": "the name xspace.py gives the protocol buffer it builds in memory",
 }
 PATH = re.compile(
-    r"(?<![\w/.-])((?:sessions|roofline|scripts|tests|exercises|solutions|\.ci)(?:/[\w.*-]+)+/?)"
+    r"(?<![\w/.-])((?:sessions|roofline|scripts|harness|tests|exercises|solutions|\.ci)(?:/[\w.*-]+)+/?)"
 )
 
 
@@ -357,16 +368,16 @@ def test_every_path_named_in_the_code_and_docs_exists():
 # Size.
 
 LONGEST = 300
-# scripts/mutants.py is a table: one entry per planted bug, each with the tests it names.
-TABLES = {"scripts/mutants.py"}
 
 
 def test_no_module_is_over_300_lines():
+    """Every module a student reads (tests/ is not held to it: tests/mutants.py is a
+    table, one entry per planted bug, each with the tests it names)."""
     over = {}
-    for folder in ("sessions", "roofline", "scripts", "exercises", "solutions"):
+    for folder in ("sessions", "roofline", "scripts", "harness", "exercises", "solutions"):
         for path in python_files(folder):
             with open(os.path.join(REPO, path)) as f:
                 lines = sum(1 for _ in f)
-            if lines > LONGEST and path not in TABLES:
+            if lines > LONGEST:
                 over[path] = lines
     assert not over
