@@ -16,9 +16,6 @@ TESTS = os.path.join("tests", "test_exercises")
 SESSIONS = {
     "1": ("test_session_1.py", "session 1: a model without attention"),
     "2": ("test_session_2.py", "session 2: attention, positions, jit, loading, multichip, FLOPs"),
-    "3": ("test_session_3.py", "rooflines: intensity, MFU vs bandwidth, FSDP"),
-    "4": ("test_session_4.py", "inference rooflines"),
-    "5": ("test_session_5.py", "numerics and Pallas"),
     "infer": ("test_session_infer.py", "session 3 (s3_infer): the KV cache, the decode roofline"),
     "kernels": (
         "test_session_kernels.py",

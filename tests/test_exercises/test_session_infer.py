@@ -1,5 +1,7 @@
-"""Session 3, inference: the KV cache's bytes and the decode roofline by hand,
-and a decode step with a cache against attention over the whole sequence."""
+"""Session 3, inference: the KV cache's bytes and the decode roofline by hand, a
+decode step with a cache against attention over the whole sequence; the inference
+rooflines (chips for a prefill deadline, to hold the weights, for a generation rate);
+MFU against memory-bandwidth utilisation."""
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +18,16 @@ cache_bytes = exercise("inference.cache_bytes")
 decode_step_seconds = exercise("inference.decode_step_seconds")
 compute_bound_batch = exercise("inference.compute_bound_batch")
 decode_attention = exercise("inference.decode_attention")
+chips_for_prefill = exercise("inference_roofline.chips_for_prefill")
+kv_cache_bytes = exercise("inference_roofline.kv_cache_bytes")
+chips_to_hold = exercise("inference_roofline.chips_to_hold")
+chips_for_generation = exercise("inference_roofline.chips_for_generation")
+matmul_utilisation = exercise("mfu_vs_bandwidth.matmul_utilisation")
+elementwise_utilisation = exercise("mfu_vs_bandwidth.elementwise_utilisation")
+best_mfu = exercise("mfu_vs_bandwidth.best_mfu")
 
 GPT2 = PRESETS["gpt2"].model  # L=12, E=768, F=3072, H=12, D=64, T=1024, V=256
-H100 = CHIPS["h100-sxm"]  # 989 TFLOP/s bf16, 3.35 TB/s
+H100 = CHIPS["h100-sxm"]  # 989 TFLOP/s bf16, 80 GB at 3.35 TB/s
 # The gpt2 preset in bf16, by hand (roofline/decode_cost.py checks the same numbers):
 W = 85_151_232 * 2  # 12·(2·768·3072 + 4·768·768) + 256·768 matmul weights, 19,968 others
 C = 2 * 12 * 1024 * 12 * 64 * 2  # one sequence's cache: 37,748,736 bytes
@@ -82,3 +91,71 @@ def test_decode_attention_equals_attention_over_the_sequence():
     np.testing.assert_allclose(k_cache[:, :S], k, atol=0)
     np.testing.assert_allclose(v_cache[:, :S], v, atol=0)
     assert np.all(np.asarray(k_cache[:, S:]) == 100.0), "slots after the last position changed"
+
+
+# Inference rooflines: how many chips, and for what.
+
+P70B = 70e9  # a 70-billion-parameter model in bf16: 140 GB of weights
+
+
+@pytest.mark.exercise("inference_roofline.chips_for_prefill")
+def test_chips_for_prefill_by_hand():
+    # 2 * 70e9 * 32768 = 4.59e15 FLOPs in 1 s at 989e12 * 0.5: 9.28 -> 10 chips.
+    assert chips_for_prefill(P70B, 32768, 1.0, H100.peak("bfloat16"), mfu=0.5) == 10
+    assert chips_for_prefill(P70B, 2048, 1.0, H100.peak("bfloat16"), mfu=0.5) == 1
+    assert chips_for_prefill(P70B, 32768, 0.5, H100.peak("bfloat16"), mfu=1.0) == 10
+
+
+@pytest.mark.exercise("inference_roofline.kv_cache_bytes")
+def test_kv_cache_bytes_by_hand():
+    # 80 layers, 8 KV heads of 128, 8192 tokens, 16 sequences, bf16: 42.9 GB.
+    assert kv_cache_bytes(80, 8, 128, 8192, 16, 2) == 2 * 80 * 8 * 128 * 8192 * 16 * 2
+
+
+@pytest.mark.exercise("inference_roofline.chips_to_hold")
+def test_chips_to_hold_by_hand():
+    assert chips_to_hold(P70B, 2, H100.hbm_bytes) == 2  # 140 GB in 80 GB chips
+    assert chips_to_hold(P70B, 1, H100.hbm_bytes) == 1  # int8 weights: 70 GB
+    kv = 2 * 80 * 8 * 128 * 8192 * 16 * 2
+    assert chips_to_hold(P70B, 2, H100.hbm_bytes, kv) == 3  # 183 GB
+
+
+@pytest.mark.exercise("inference_roofline.chips_for_generation")
+def test_chips_for_generation_by_hand():
+    # 140 GB per step at 3.35 TB/s: 41.8 ms, 24 tokens/s on one chip's bandwidth.
+    assert chips_for_generation(P70B, 2, 20, H100.hbm_bandwidth) == 1
+    assert chips_for_generation(P70B, 2, 100, H100.hbm_bandwidth) == 5  # 4.18 -> 5
+    assert chips_for_generation(P70B, 1, 100, H100.hbm_bandwidth) == 3  # int8: 2.09 -> 3
+
+
+# MFU versus bandwidth.
+
+
+@pytest.mark.exercise("mfu_vs_bandwidth.matmul_utilisation")
+def test_matmul_utilisation_by_hand():
+    M = K = N = 8192
+    flops, moved = 2 * M * K * N, 2 * 3 * M * N
+    seconds = 2 * flops / H100.peak("bfloat16")  # half the peak
+    got = matmul_utilisation(M, K, N, seconds, H100.peak("bfloat16"), H100.hbm_bandwidth, 2)
+    assert got[0] == pytest.approx(0.5)
+    assert got[1] == pytest.approx(moved / seconds / H100.hbm_bandwidth)
+
+
+@pytest.mark.exercise("mfu_vs_bandwidth.elementwise_utilisation")
+def test_elementwise_at_full_bandwidth_has_tiny_mfu():
+    """x + y over 2^28 bf16 elements at the memory roofline: MBU 1, MFU about 1/1000."""
+    n, peak, bandwidth = 2**28, H100.peak("bfloat16"), H100.hbm_bandwidth
+    seconds = 2 * n * 3 / bandwidth  # two inputs read, one output written
+    got_mfu, got_mbu = elementwise_utilisation(n, seconds, peak, bandwidth, 2, inputs=2)
+    assert got_mbu == pytest.approx(1.0)
+    assert got_mfu == pytest.approx(n / seconds / peak)
+    assert got_mfu < 0.001
+
+
+@pytest.mark.exercise("mfu_vs_bandwidth.best_mfu")
+def test_best_mfu_is_capped_by_intensity_over_ridge():
+    peak, bandwidth = H100.peak("bfloat16"), H100.hbm_bandwidth
+    ridge = peak / bandwidth
+    assert best_mfu(ridge / 4, peak, bandwidth) == pytest.approx(0.25)
+    assert best_mfu(10 * ridge, peak, bandwidth) == pytest.approx(1.0)
+    assert best_mfu(1 / 6, peak, bandwidth) == pytest.approx(1 / 6 / ridge)  # an elementwise add

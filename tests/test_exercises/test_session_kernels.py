@@ -1,5 +1,7 @@
 """Session 4 (s4_kernels): flash attention's pieces by hand, FSDP's all-gather
-and a collective matmul under jax.shard_map, on 8 simulated CPU devices."""
+and a collective matmul under jax.shard_map, on 8 simulated CPU devices; the FSDP
+napkin (when communication hides); a Pallas matmul with relu fused in; an int8
+absmax-scaled sum."""
 
 import math
 import re
@@ -10,11 +12,20 @@ import numpy as np
 import pytest
 from adapters import exercise
 
+from roofline.hardware import CHIPS
+
 online_softmax_attention = exercise("flash.online_softmax_attention")
 flash_tile = exercise("flash.flash_tile")
 causal_key_blocks = exercise("flash.causal_key_blocks")
 fsdp_dense = exercise("manual_fsdp.fsdp_dense")
 ring_matmul = exercise("manual_fsdp.ring_matmul")
+fsdp_flops_per_chip = exercise("sharding.fsdp_flops_per_chip")
+fsdp_bytes_per_chip = exercise("sharding.fsdp_bytes_per_chip")
+fsdp_comm_hidden = exercise("sharding.fsdp_comm_hidden")
+matmul_relu = exercise("pallas_matmul.matmul_relu")
+quantize_absmax = exercise("int8_numerics.quantize_absmax")
+int8_sum = exercise("int8_numerics.int8_sum")
+int8_sum_error_bound = exercise("int8_numerics.int8_sum_error_bound")
 
 S, T, D = 32, 64, 16
 
@@ -146,3 +157,97 @@ def test_ring_matmul_equals_the_product_with_permutes_only(n):
     np.testing.assert_allclose(ring_matmul(x, w, mesh), x @ w, rtol=1e-5, atol=1e-4)
     found = collectives(lambda x, w: ring_matmul(x, w, mesh), x, w)
     assert found == ["collective-permute"] * (n - 1), found
+
+
+# The FSDP napkin.
+
+LAYER = 12 * 4096**2  # a layer of a 4096-wide transformer: 4·E² attention + 8·E² MLP
+
+
+@pytest.mark.exercise("sharding.fsdp_flops_per_chip")
+def test_fsdp_flops_per_chip_by_hand():
+    assert fsdp_flops_per_chip(LAYER, 1_048_576, 256) == pytest.approx(6 * 4096 * LAYER)
+
+
+@pytest.mark.exercise("sharding.fsdp_bytes_per_chip")
+def test_fsdp_bytes_per_chip_by_hand():
+    assert fsdp_bytes_per_chip(LAYER, 256, 2) == pytest.approx(3 * LAYER * 2 * 255 / 256)
+    assert fsdp_bytes_per_chip(LAYER, 1, 2) == 0  # one chip: nothing to gather
+
+
+@pytest.mark.exercise("sharding.fsdp_comm_hidden")
+def test_fsdp_hides_communication_above_a_batch_per_chip():
+    """TPU v5e: 197 TFLOP/s, ICI 400 GB/s. Hidden when tokens per chip >=
+    peak * bytes * (n - 1) / n / (2 * ICI) = 492.5 * 255 / 256, about 490."""
+    v5e = CHIPS["tpu-v5e"]
+    chips, peak, ici = 256, v5e.peak("bfloat16"), v5e.interconnect
+    threshold = peak * 2 * (chips - 1) / chips / (2 * ici)
+    assert threshold == pytest.approx(490.6, abs=0.1)
+    for per_chip, hidden in [(threshold * 1.01, True), (threshold * 0.99, False), (4096, True)]:
+        tokens = per_chip * chips
+        assert bool(fsdp_comm_hidden(LAYER, tokens, chips, peak, ici, 2)) == hidden, (
+            f"{per_chip:.0f} tokens per chip: expected hidden={hidden}"
+        )
+
+
+# A Pallas matmul.
+
+
+@pytest.mark.exercise("pallas_matmul.matmul_relu")
+@pytest.mark.parametrize("blocks", [(32, 16, 32), (16, 48, 96)], ids=["2x3x3 grid", "4x1x1 grid"])
+def test_pallas_matmul_relu_matches_jax(blocks):
+    a = jax.random.normal(jax.random.key(1), (64, 96))
+    b = jax.random.normal(jax.random.key(2), (96, 48))
+    block_m, block_n, block_k = blocks
+    got = matmul_relu(a, b, block_m, block_n, block_k, interpret=True)
+    assert got.shape == (64, 48) and got.dtype == jnp.float32
+    np.testing.assert_allclose(
+        got, jax.nn.relu(a @ b), atol=1e-4, rtol=1e-5, err_msg=f"blocks {blocks}"
+    )
+
+
+# int8 numerics.
+
+X = 3 * jax.random.normal(jax.random.key(0), (4096,))
+
+
+@pytest.mark.exercise("int8_numerics.quantize_absmax")
+def test_quantize_absmax_maps_the_largest_value_to_127():
+    q, scale = quantize_absmax(X)
+    assert q.dtype == jnp.int8 and q.shape == X.shape
+    assert float(scale) == pytest.approx(float(jnp.max(jnp.abs(X))) / 127, rel=1e-6)
+    assert int(jnp.max(jnp.abs(q.astype(jnp.int32)))) == 127
+    # Round to nearest: each value moves by at most half a step.
+    assert float(jnp.max(jnp.abs(q * scale - X))) <= float(scale) / 2 * (1 + 1e-5)
+    q0, _ = quantize_absmax(jnp.zeros(8))
+    np.testing.assert_array_equal(q0, 0, err_msg="all-zero input")
+
+
+@pytest.mark.exercise("int8_numerics.int8_sum")
+def test_int8_sum_is_the_sum_of_the_quantised_values(record_property):
+    q = jnp.round(X / (jnp.max(jnp.abs(X)) / 127))
+    expected = float(jnp.sum(q.astype(jnp.int32))) * float(jnp.max(jnp.abs(X))) / 127
+    got = float(int8_sum(X))
+    assert got == pytest.approx(expected, rel=1e-5), "not the int8 values summed, times the scale"
+    exact, bound = float(jnp.sum(X)), float(jnp.max(jnp.abs(X))) / 127 * X.shape[0] / 2
+    assert abs(got - exact) <= bound
+    record_property(
+        "measured", f"N=4096: |int8 - float32| = {abs(got - exact):.3f}, bound {bound:.1f}"
+    )
+
+
+@pytest.mark.exercise("int8_numerics.int8_sum")
+def test_int8_sum_accumulates_without_overflow():
+    """1024 values of 127 sum to 130048: past int8's and int16's range."""
+    assert float(int8_sum(jnp.full((1024,), 0.5))) == pytest.approx(512.0)
+
+
+@pytest.mark.exercise("int8_numerics.int8_sum_error_bound")
+def test_int8_sum_error_bound_by_hand_and_holds():
+    scale = float(jnp.max(jnp.abs(X))) / 127
+    assert float(int8_sum_error_bound(X)) == pytest.approx(4096 * scale / 2, rel=1e-6)
+    for seed in range(3):
+        x = jax.random.uniform(jax.random.key(seed), (1000,), minval=-1, maxval=1)
+        q = jnp.round(x / (jnp.max(jnp.abs(x)) / 127))
+        quantised = float(jnp.sum(q)) * float(jnp.max(jnp.abs(x))) / 127
+        assert abs(quantised - float(jnp.sum(x))) <= float(int8_sum_error_bound(x))
