@@ -10,6 +10,9 @@ Packing several short documents into one row of S tokens wastes no padding;
 segment_ids then keep a token from attending across the document boundary.
 """
 
+import jax
+import jax.numpy as jnp
+
 
 def one_query(q_D, k_TD, v_TD, s):
     """The attention output of the query at position s, one head: [D].

@@ -10,6 +10,8 @@ The tool: XLA's own count of the compiled function,
 jax.jit(fn).lower(*args).compile().cost_analysis()["flops"].
 """
 
+import jax
+
 
 def broken_attention_flops(B, S, T, H, D):
     """Forward FLOPs of attention for q [B, S, H, D] and k, v [B, T, H, D]."""

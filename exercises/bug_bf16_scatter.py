@@ -21,6 +21,8 @@ the gradient against np.add.at in float64.
 import jax
 import jax.numpy as jnp
 
+from roofline.compiled.hlo import parse
+
 
 def broken_embedding_grad(table, tokens, cotangent):
     """table float32 [V, E], tokens int [B, S], cotangent [B, S, E] -> the

@@ -11,6 +11,8 @@ jax.jit(init).lower(key).compile().output_shardings shows one device for
 every weight; jax.profiler.device_memory_profile() shows device 0 full.
 """
 
+import functools
+
 import jax
 
 from sessions.model import init_params

@@ -12,6 +12,8 @@ jax.transfer_guard_device_to_host("disallow"), which turns the implicit
 copy in float(loss) into an error that points at the line.
 """
 
+import jax
+
 
 def broken_loop(step_fn, state, batches):
     """Run step_fn over batches; returns (state, losses: a float per step)."""

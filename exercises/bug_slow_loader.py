@@ -11,6 +11,9 @@ The tool: time a step and time a batch, apart. If load_s > step_s, the
 loader sets the pace.
 """
 
+import collections
+import concurrent.futures
+import math
 import time
 
 import jax

@@ -17,6 +17,10 @@ which see no key past the last of them, so the key blocks after it are never
 loaded. (sessions/flash.py is the Pallas kernel built on these three ideas.)
 """
 
+import math
+
+import jax.numpy as jnp
+
 
 def flash_tile(q, k, v, row_max, row_sum, acc, mask=None):
     """One tile of the flash forward: the running (row_max, row_sum, acc) of a

@@ -11,6 +11,13 @@ MFU (model FLOPs utilisation) = model FLOPs per second / peak FLOP/s of the
 chips (Chowdhery et al. 2022, "PaLM", appendix B).
 """
 
+import functools
+import math
+
+import jax
+
+from sessions.model import init_params
+
 
 def param_count(cfg):
     """P: the number of scalars in init_params(cfg, key), an int.

@@ -12,6 +12,9 @@ each sequence's token costs f FLOPs:
 (sessions/inference.py is the decoder, roofline/decode_cost.py the roofline.)
 """
 
+import jax
+import jax.numpy as jnp
+
 
 def cache_bytes(layers, batch, context, heads, head_dim, bytes_per_value):
     """Bytes of a KV cache: an int.

@@ -7,6 +7,8 @@ small batch each step reads every weight once: memory-bound, so the
 token rate is set by bandwidth, not FLOP/s.
 """
 
+import math
+
 
 def chips_for_prefill(params, prompt_tokens, deadline_s, peak_flops, mfu=0.5):
     """Chips needed to read a prompt of prompt_tokens within deadline_s: an int.

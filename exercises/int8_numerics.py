@@ -7,6 +7,8 @@ by at most N * scale / 2. The sum itself must be accumulated in a wider
 type (int32): 127 * 300 already overflows int8 and int16 alike.
 """
 
+import jax.numpy as jnp
+
 
 def quantize_absmax(x):
     """x: float32 [N] -> (q: int8 [N], scale: float32 scalar), x ≈ q * scale.

@@ -10,6 +10,10 @@ is the ratio of bytes moved.
 A: [M, K], B: [K, N], C and the output: [M, N].
 """
 
+import jax
+
+from roofline.calibrate import best_time
+
 
 def unfused_bytes(M, K, N, itemsize=4):
     """Bytes moved by relu(A @ B) op by op, at least.

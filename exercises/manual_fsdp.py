@@ -18,6 +18,9 @@ in hand while the next one travels: the transfer hides behind the math.
 (sessions/manual_fsdp.py and sessions/collective_matmul.py are the full versions.)
 """
 
+import jax
+from jax.sharding import PartitionSpec as P
+
 
 def fsdp_dense(x, w, mesh):
     """x @ w in FSDP's layout, its all-gather written by hand: float32 [B, F].

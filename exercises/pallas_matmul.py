@@ -13,6 +13,10 @@ backend, a CPU included, which is how the tests check it. On a GPU or TPU,
 interpret=False compiles it (Triton or Mosaic).
 """
 
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
 
 def matmul_relu(a, b, block_m=32, block_n=32, block_k=32, interpret=True):
     """relu(a @ b) as one tiled Pallas kernel: a [M, K], b [K, N] -> float32 [M, N].

@@ -10,6 +10,11 @@ A learned vector per position (sessions/positions.py) breaks the symmetry.
 order of their prefixes, so the invariance holds only for one layer.)
 """
 
+import jax
+import jax.numpy as jnp
+
+from sessions.model import forward
+
 
 def last_output_change(params, tokens, cfg, key):
     """How far the last position's logits move when the earlier tokens are shuffled.

@@ -7,6 +7,9 @@ ready hides the loading whenever one batch loads faster than one step runs
 (sessions/prefetch.py is the course's full version).
 """
 
+import queue
+import threading
+
 
 def prefetch(make_batch, steps, depth=2):
     """Yield make_batch(0), ..., make_batch(steps - 1) in order, each made on a

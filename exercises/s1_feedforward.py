@@ -7,6 +7,12 @@ watch which outputs move, and compute the best loss any bigram model can
 reach, the entropy of the next byte given the current one.
 """
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sessions.model import forward
+
 
 def influence(params, tokens, cfg):
     """Which outputs move when one input token changes: bool [S, S].

@@ -12,6 +12,14 @@ can fetch the next layer's weights while it computes this one, so the
 communication is hidden when a layer's compute takes longer than it.
 """
 
+import functools
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from sessions.model import init_params
+
 
 def param_shapes(cfg):
     """The param tree of sessions.model.init_params(cfg, key) as jax.ShapeDtypeStructs.

@@ -12,18 +12,14 @@ import xml.etree.ElementTree as ET
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join("tests", "test_exercises")
 
-# Session -> (its test file, its title). exercises/README.md lists the same.
+# Session -> (its test file, what it practises): `homework.py N` grades session
+# N's exercises, each set under the session whose concept it practises.
+# exercises/README.md lists the same, in this order.
 SESSIONS = {
-    "1": ("test_session_1.py", "session 1: a model without attention"),
-    "2": ("test_session_2.py", "session 2: attention, positions, jit, loading, multichip, FLOPs"),
-    "3": ("test_session_3.py", "rooflines: intensity, MFU vs bandwidth, FSDP"),
-    "4": ("test_session_4.py", "inference rooflines"),
-    "5": ("test_session_5.py", "numerics and Pallas"),
-    "infer": ("test_session_infer.py", "session 3 (s3_infer): the KV cache, the decode roofline"),
-    "kernels": (
-        "test_session_kernels.py",
-        "session 4 (s4_kernels): flash attention, FSDP and a collective matmul by hand",
-    ),
+    "1": ("test_session_1.py", "a model without attention"),
+    "2": ("test_session_2.py", "attention, positions, jit, loading, multichip, FLOPs, intensity"),
+    "3": ("test_session_3.py", "inference, the KV cache, decode and inference rooflines"),
+    "4": ("test_session_4.py", "flash attention, FSDP and a ring matmul by hand, Pallas, int8"),
     "bugs": ("test_session_bugs.py", "find the bug"),
 }
 # An exercise that rebuilds a module of the repository (its solution mirrors
@@ -64,6 +60,18 @@ def session_names(text):
         return list(SESSIONS)
     key = text.removeprefix("session").removeprefix("s") if text[-1:].isdigit() else text
     return [key] if key in SESSIONS else None
+
+
+def session_title(session):
+    """'3' -> 'session 3: inference, ...'; a set that is no session keeps its name."""
+    what = SESSIONS[session][1]
+    return f"session {session}: {what}" if session.isdigit() else what
+
+
+def report_title(sessions):
+    """The bold line that heads every Discord message of the report."""
+    name = "all sessions" if len(sessions) > 1 else session_title(sessions[0])
+    return f"**Homework · {name}**"
 
 
 def run_tests(sessions, solutions, timeout, verbose):
@@ -179,7 +187,7 @@ def report_blocks(sessions, machine, exercises, solutions):
     for session in sessions:
         test_file = SESSIONS[session][0].removesuffix(".py")
         mine = {n: e for n, e in exercises.items() if e["session_file"] == test_file}
-        heading = [f"__{SESSIONS[session][1]}__"] if len(sessions) > 1 else []
+        heading = [f"__{session_title(session)}__"] if len(sessions) > 1 else []
         blocks.append(heading + [exercise_line(name, entry) for name, entry in mine.items()])
     unplaced = {n: e for n, e in exercises.items() if not e["session_file"]}
     if unplaced:

@@ -1,18 +1,19 @@
 """Grade your exercises/ for one session and print a report to paste into Discord.
 
-    python scripts/homework.py 2            # session 2's exercises
-    python scripts/homework.py all          # every session
+    python scripts/homework.py 2            # session 2's exercises; N for session N
+    python scripts/homework.py bugs         # the find-the-bug set
+    python scripts/homework.py all          # every set
     python scripts/homework.py 2 --solutions   # instructors: grade solutions/
     python scripts/homework.py 2 --post --webhook URL   # and post it (or DISCORD_WEBHOOK_URL)
 
 It runs the session's tests (tests/test_exercises/) against exercises/ in a
-fresh pytest process, then prints one line per exercise: pass, fail with the
-first line of the failure, or not started; the numbers an exercise measured;
-and the machine it ran on. A Discord message holds 2,000 characters, so a
-longer report is split into numbered parts, each to be pasted as one
-message; --post sends them, in order, through the course's Discord webhook
-(harness/discord.py). Exit status 0 only when every exercise passes; 2 when
-posting fails or is refused.
+fresh pytest process, then prints, under a title that names the session, one
+line per exercise: pass, fail with the first line of the failure, or not
+started; the numbers an exercise measured; and the machine it ran on. A
+Discord message holds 2,000 characters, so a longer report is split into
+numbered parts, each to be pasted as one message; --post sends them, in order,
+through the course's Discord webhook (harness/discord.py). Exit status 0
+only when every exercise passes; 2 when posting fails or is refused.
 """
 
 import argparse
@@ -70,10 +71,8 @@ def main(argv=None):
         print(f"homework.py: the tests did not run:\n{tail}", file=sys.stderr)
         return 1
 
-    name = "all sessions" if len(sessions) > 1 else grading.SESSIONS[sessions[0]][1]
-    title = f"**Homework · {name}**"
     blocks = grading.report_blocks(sessions, machine, exercises, args.solutions)
-    parts = grading.split_parts(title, blocks)
+    parts = grading.split_parts(grading.report_title(sessions), blocks)
     print(f"\n{grading.SEPARATOR}\n".join(parts), flush=True)
     if args.post:
 

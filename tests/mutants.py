@@ -41,9 +41,10 @@ CHECKPOINT = "tests/test_checkpoint.py"
 INFERENCE = "tests/test_inference.py"
 OP_ROOFLINE = "tests/test_op_roofline.py"
 POD_ORDER = "tests/test_pod_order.py"
-KERNELS = "tests/test_exercises/test_session_kernels.py"
+SESSION_4 = "tests/test_exercises/test_session_4.py"
 NAMES_TEST = "tests/test_exercises/test_exercise_names.py"
-DISCORD_TEST = "tests/test_exercises/test_homework.py::test_every_part_fits_discord_at_the_boundary"
+HOMEWORK_TEST = "tests/test_exercises/test_homework.py"
+DISCORD_TEST = f"{HOMEWORK_TEST}::test_every_part_fits_discord_at_the_boundary"
 WRITE = "                meter.write(record)\n"
 CMATMUL = "sessions/collective_matmul.py"
 CMATMUL_TEST = "tests/test_collective_matmul.py"
@@ -127,11 +128,31 @@ MUTANTS = [
         "harness/grading.py",
         (
             (
-                '    "3": ("test_session_3.py", "rooflines: intensity, MFU vs bandwidth, FSDP"),\n',
+                '    "3": ("test_session_3.py", '
+                '"inference, the KV cache, decode and inference rooflines"),\n',
                 "",
             ),
         ),
-        (f"{NAMES_TEST}::test_every_exercise_is_graded_by_a_session_of_homework_py",),
+        (
+            f"{NAMES_TEST}::test_every_exercise_is_graded_by_a_session_of_homework_py",
+            f"{HOMEWORK_TEST}::test_homework_n_is_session_n",
+        ),
+    ),
+    Mutant(
+        "homework-title-unnumbered",
+        "the Discord report's title names the session's concept but not its number",
+        "harness/grading.py",
+        (('return f"session {session}: {what}" if session.isdigit() else what', "return what"),),
+        (f"{HOMEWORK_TEST}::test_homework_n_is_session_n",),
+    ),
+    Mutant(
+        "stub-lacks-import",
+        "an exercise stub without an import its solution's body needs (jnp in one_query)",
+        "exercises/attention.py",
+        (("import jax.numpy as jnp\n", ""),),
+        (
+            "tests/test_exercises/test_exercise_tree.py::test_each_stub_imports_what_its_solution_imports",
+        ),
     ),
     Mutant(
         "positions-reversed",
@@ -488,8 +509,8 @@ MUTANTS = [
         "solutions/flash.py",
         (("new_sum = row_sum * shrink + ", "new_sum = row_sum + "),),
         (
-            f"{KERNELS}::test_online_softmax_equals_softmax",
-            f"{KERNELS}::test_two_causal_tiles_equal_causal_attention",
+            f"{SESSION_4}::test_online_softmax_equals_softmax",
+            f"{SESSION_4}::test_two_causal_tiles_equal_causal_attention",
         ),
     ),
     Mutant(
@@ -502,7 +523,7 @@ MUTANTS = [
                 "shrink = jnp.exp(row_max - new_max)",
             ),
         ),
-        (f"{KERNELS}::test_a_tile_with_every_key_hidden_changes_nothing",),
+        (f"{SESSION_4}::test_a_tile_with_every_key_hidden_changes_nothing",),
     ),
     Mutant(
         "causal-blocks-floor",
@@ -514,7 +535,7 @@ MUTANTS = [
                 "return (query_block + 1) * block_q // block_k",
             ),
         ),
-        (f"{KERNELS}::test_causal_key_blocks_against_the_mask",),
+        (f"{SESSION_4}::test_causal_key_blocks_against_the_mask",),
     ),
     Mutant(
         "ring-direction",
@@ -526,7 +547,7 @@ MUTANTS = [
                 "to_previous = [(d, (d + 1) % n) for d in range(n)]",
             ),
         ),
-        (f"{KERNELS}::test_ring_matmul_equals_the_product_with_permutes_only",),
+        (f"{SESSION_4}::test_ring_matmul_equals_the_product_with_permutes_only",),
     ),
     Mutant(
         "ring-backwards",

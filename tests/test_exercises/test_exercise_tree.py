@@ -5,7 +5,8 @@ An exercise is a public function of a solutions/ module; find-the-bug
 modules also hold given code, the `broken_*` functions, which must read the
 same in both trees. In exercises/, each exercise's body is its docstring and
 `raise NotImplementedError`, nothing else, so no answer leaks into the
-student's copy.
+student's copy; its imports are the solution's, so the names its hints use
+(jnp, P, ...) are there when the student fills it in.
 """
 
 import ast
@@ -57,6 +58,45 @@ def test_same_functions_signatures_and_docstrings(name):
             assert inspect.getsource(twin) == inspect.getsource(fn), (
                 f"{fn_name}: given code differs"
             )
+
+
+def top_imports(path):
+    """What the imports at a module's top bind: {(name, what it names)}.
+
+    `import jax.numpy as jnp` binds ("jnp", "jax.numpy"); `import
+    concurrent.futures` binds ("concurrent", "concurrent.futures"), which plain
+    `import concurrent` would not make usable; `from jax.sharding import
+    PartitionSpec as P` binds ("P", "jax.sharding.PartitionSpec")."""
+    bound = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound.add((alias.asname or alias.name.split(".")[0], alias.name))
+        elif isinstance(node, ast.ImportFrom):
+            source = "." * node.level + (node.module or "")
+            for alias in node.names:
+                bound.add((alias.asname or alias.name, f"{source}.{alias.name}"))
+    return bound
+
+
+def test_top_imports_reads_each_form_of_import():
+    assert {("jax", "jax"), ("P", "jax.sharding.PartitionSpec")} <= top_imports(
+        REPO / "solutions" / "manual_fsdp.py"
+    )
+    assert ("concurrent", "concurrent.futures") in top_imports(
+        REPO / "solutions" / "bug_slow_loader.py"
+    )
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_each_stub_imports_what_its_solution_imports(name):
+    """A stub that lacks `import jax.numpy as jnp` fails with a NameError the
+    moment the student writes the body its docstring's hint describes."""
+    solution = top_imports(REPO / "solutions" / f"{name}.py")
+    missing = sorted(solution - top_imports(REPO / "exercises" / f"{name}.py"))
+    assert not missing, (
+        f"exercises/{name}.py lacks its solution's imports (name, module): {missing}"
+    )
 
 
 def test_every_exercise_is_graded_by_a_test():

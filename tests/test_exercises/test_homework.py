@@ -2,6 +2,7 @@
 
 import itertools
 import os
+import pathlib
 import random
 import subprocess
 import sys
@@ -31,6 +32,7 @@ def test_solutions_pass_in_one_message():
     done, parts = run_homework("1", "--solutions")
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(parts) == 1
+    assert parts[0].startswith("**Homework · session 1: "), "the title says the session"
     assert grading.discord_length(parts[0]) <= grading.DISCORD_LIMIT
     assert "✅ `s1_feedforward.influence`" in parts[0]
     assert "machine: cpu" in parts[0] and "JAX " in parts[0]
@@ -61,9 +63,30 @@ def test_unknown_session_is_one_line_and_status_2():
 def test_session_names():
     assert grading.session_names("2") == grading.session_names("s2") == ["2"]
     assert grading.session_names("Session2") == ["2"]
+    assert grading.session_names("3") == grading.session_names("session3") == ["3"]
     assert grading.session_names("bugs") == ["bugs"]
     assert grading.session_names("all") == list(grading.SESSIONS)
     assert grading.session_names("7") is None and grading.session_names("") is None
+    for gone in ("infer", "kernels", "5"):  # the names before sets were numbered by session
+        assert grading.session_names(gone) is None, gone
+
+
+def test_homework_n_is_session_n():
+    """Sessions numbered 1, 2, ... in order, one for each session script, then
+    the sets that are no session; each title says its session's number."""
+    scripts = sorted(
+        p.name.split("_")[0] for p in pathlib.Path(REPO, "sessions").glob("s[0-9]_*.py")
+    )
+    numbered = [key for key in grading.SESSIONS if key.isdigit()]
+    assert numbered == [str(n) for n in range(1, len(numbered) + 1)]
+    assert [f"s{n}" for n in numbered] == scripts, "a session script without its homework"
+    assert list(grading.SESSIONS)[: len(numbered)] == numbered, "sessions first, in order"
+    for key in numbered:
+        title = grading.report_title([key])
+        assert title.startswith(f"**Homework · session {key}: "), title
+        assert title.endswith(f"{grading.SESSIONS[key][1]}**"), title
+    assert grading.report_title(["bugs"]) == "**Homework · find the bug**"
+    assert grading.report_title(list(grading.SESSIONS)) == "**Homework · all sessions**"
 
 
 def test_a_long_report_is_split_under_the_limit():

@@ -1,4 +1,5 @@
-"""Session 2: attention by hand, positions, jit, overlapped loading, multichip, FLOPs."""
+"""Session 2: attention by hand, positions, jit, overlapped loading, multichip, FLOPs,
+and the arithmetic intensity that says whether a step is compute- or memory-bound."""
 
 import dataclasses
 import math
@@ -12,6 +13,7 @@ import pytest
 from adapters import exercise
 from jax.sharding import NamedSharding
 
+from roofline.hardware import CHIPS
 from sessions.attention import attention
 from sessions.config import ModelConfig
 from sessions.model import init_params
@@ -35,6 +37,10 @@ train_flops = exercise("flops.train_flops")
 attention_flops = exercise("flops.attention_flops")
 attention_share = exercise("flops.attention_share")
 mfu = exercise("flops.mfu")
+chain_flops = exercise("intensity.chain_flops")
+chain_bytes = exercise("intensity.chain_bytes")
+chain_intensity = exercise("intensity.chain_intensity")
+bound = exercise("intensity.bound")
 
 B, S, H, D = 2, 6, 3, 8  # sizes that differ pairwise: a swapped axis cannot pass
 
@@ -310,3 +316,45 @@ def test_mfu_by_hand():
     # 6e15 FLOPs in 2 s on 8 chips of 989 TFLOP/s (H100 SXM, bf16).
     assert mfu(6e15, 2.0, 989e12, chips=8) == pytest.approx(6e15 / 2 / (8 * 989e12))
     assert mfu(1e12, 1.0, 1e12) == pytest.approx(1.0)
+
+
+# Arithmetic intensity of C @ relu(A @ B), attention-shaped.
+
+H100 = CHIPS["h100-sxm"]  # bf16 989 TFLOP/s, 3.35 TB/s: ridge about 295 FLOPs per byte
+CHAIN = 2048, 4096, 128  # queries S, keys T, head dim D: attention-like, S != T
+
+
+@pytest.mark.exercise("intensity.chain_flops")
+def test_chain_flops_by_hand():
+    S, T, D = CHAIN
+    assert chain_flops(S, T, D) == 4 * S * T * D
+    assert chain_flops(1, 2, 3) == 2 * 2 * 3 * 1 + 2 * 3 * 2 * 1
+
+
+@pytest.mark.exercise("intensity.chain_bytes")
+def test_chain_bytes_by_hand():
+    S, T, D = CHAIN
+    inputs_and_output = T * D + D * S + D * T + D * S
+    assert chain_bytes(S, T, D, 2, fused=True) == 2 * inputs_and_output
+    assert chain_bytes(S, T, D, 2, fused=False) == 2 * (inputs_and_output + 4 * S * T)
+    assert chain_bytes(S, T, D, 4, fused=True) == 4 * inputs_and_output
+
+
+@pytest.mark.exercise("intensity.chain_intensity")
+def test_chain_intensity_by_hand():
+    S, T, D = CHAIN
+    fused = 4 * S * T * D / (2 * 2 * D * (S + T))
+    assert chain_intensity(S, T, D, 2, fused=True) == pytest.approx(fused)  # ~ 1365
+    unfused = 4 * S * T * D / (2 * (2 * D * (S + T) + 4 * S * T))
+    assert chain_intensity(S, T, D, 2, fused=False) == pytest.approx(unfused)  # ~ 61
+
+
+@pytest.mark.exercise("intensity.bound")
+def test_keeping_the_score_matrix_on_chip_crosses_the_ridge():
+    """Op by op, attention is memory-bound on an H100; fused, compute-bound."""
+    peak, bandwidth = H100.peak("bfloat16"), H100.hbm_bandwidth
+    assert bound(61.0, peak, bandwidth) == "memory"
+    assert bound(1365.0, peak, bandwidth) == "compute"
+    assert (
+        bound(peak / bandwidth, peak, bandwidth) == "compute"
+    )  # on the ridge: either, say compute

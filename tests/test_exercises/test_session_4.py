@@ -1,44 +1,253 @@
-"""Inference rooflines: chips for a prefill deadline, to hold the weights, for a generation rate."""
+"""Session 4 (s4_kernels): flash attention's pieces by hand, FSDP's all-gather
+and a collective matmul under jax.shard_map, on 8 simulated CPU devices; the FSDP
+napkin (when communication hides); a Pallas matmul with relu fused in; an int8
+absmax-scaled sum."""
 
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from adapters import exercise
 
 from roofline.hardware import CHIPS
 
-chips_for_prefill = exercise("inference_roofline.chips_for_prefill")
-kv_cache_bytes = exercise("inference_roofline.kv_cache_bytes")
-chips_to_hold = exercise("inference_roofline.chips_to_hold")
-chips_for_generation = exercise("inference_roofline.chips_for_generation")
+online_softmax_attention = exercise("flash.online_softmax_attention")
+flash_tile = exercise("flash.flash_tile")
+causal_key_blocks = exercise("flash.causal_key_blocks")
+fsdp_dense = exercise("manual_fsdp.fsdp_dense")
+ring_matmul = exercise("manual_fsdp.ring_matmul")
+fsdp_flops_per_chip = exercise("sharding.fsdp_flops_per_chip")
+fsdp_bytes_per_chip = exercise("sharding.fsdp_bytes_per_chip")
+fsdp_comm_hidden = exercise("sharding.fsdp_comm_hidden")
+matmul_relu = exercise("pallas_matmul.matmul_relu")
+quantize_absmax = exercise("int8_numerics.quantize_absmax")
+int8_sum = exercise("int8_numerics.int8_sum")
+int8_sum_error_bound = exercise("int8_numerics.int8_sum_error_bound")
 
-H100 = CHIPS["h100-sxm"]  # 989 TFLOP/s bf16, 80 GB at 3.35 TB/s
-P70B = 70e9  # a 70-billion-parameter model in bf16: 140 GB of weights
-
-
-@pytest.mark.exercise("inference_roofline.chips_for_prefill")
-def test_chips_for_prefill_by_hand():
-    # 2 * 70e9 * 32768 = 4.59e15 FLOPs in 1 s at 989e12 * 0.5: 9.28 -> 10 chips.
-    assert chips_for_prefill(P70B, 32768, 1.0, H100.peak("bfloat16"), mfu=0.5) == 10
-    assert chips_for_prefill(P70B, 2048, 1.0, H100.peak("bfloat16"), mfu=0.5) == 1
-    assert chips_for_prefill(P70B, 32768, 0.5, H100.peak("bfloat16"), mfu=1.0) == 10
-
-
-@pytest.mark.exercise("inference_roofline.kv_cache_bytes")
-def test_kv_cache_bytes_by_hand():
-    # 80 layers, 8 KV heads of 128, 8192 tokens, 16 sequences, bf16: 42.9 GB.
-    assert kv_cache_bytes(80, 8, 128, 8192, 16, 2) == 2 * 80 * 8 * 128 * 8192 * 16 * 2
+S, T, D = 32, 64, 16
 
 
-@pytest.mark.exercise("inference_roofline.chips_to_hold")
-def test_chips_to_hold_by_hand():
-    assert chips_to_hold(P70B, 2, H100.hbm_bytes) == 2  # 140 GB in 80 GB chips
-    assert chips_to_hold(P70B, 1, H100.hbm_bytes) == 1  # int8 weights: 70 GB
-    kv = 2 * 80 * 8 * 128 * 8192 * 16 * 2
-    assert chips_to_hold(P70B, 2, H100.hbm_bytes, kv) == 3  # 183 GB
+def qkv(scale=1.0, seed=0):
+    q, k, v = jax.random.normal(jax.random.key(seed), (3, T, D))
+    return scale * q[:S], scale * k, v
 
 
-@pytest.mark.exercise("inference_roofline.chips_for_generation")
-def test_chips_for_generation_by_hand():
-    # 140 GB per step at 3.35 TB/s: 41.8 ms, 24 tokens/s on one chip's bandwidth.
-    assert chips_for_generation(P70B, 2, 20, H100.hbm_bandwidth) == 1
-    assert chips_for_generation(P70B, 2, 100, H100.hbm_bandwidth) == 5  # 4.18 -> 5
-    assert chips_for_generation(P70B, 1, 100, H100.hbm_bandwidth) == 3  # int8: 2.09 -> 3
+def softmax_attention(q, k, v, mask=None):
+    """The reference, written the plain way: every score at once."""
+    scores = (q @ k.T) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = jnp.where(mask, scores, -jnp.inf)
+    return jax.nn.softmax(scores, axis=-1) @ v
+
+
+@pytest.mark.exercise("flash.online_softmax_attention")
+@pytest.mark.parametrize("scale", [1.0, 10.0], ids=["plain", "large-scores"])
+def test_online_softmax_equals_softmax(scale):
+    """Scores of about 100 overflow exp() in float32 (past 88) unless the running
+    maximum is subtracted first."""
+    q, k, v = qkv(scale)
+    got = online_softmax_attention(q, k, v, 16)
+    assert got.shape == (S, D)
+    np.testing.assert_allclose(got, softmax_attention(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.exercise("flash.online_softmax_attention")
+def test_online_softmax_never_builds_every_score():
+    """Traced, the function holds no [S, T] array: one block of keys at a time."""
+    q, k, v = qkv()
+    jaxpr = jax.make_jaxpr(lambda q, k, v: online_softmax_attention(q, k, v, 16))(q, k, v)
+    shapes = {tuple(var.aval.shape) for eqn in jaxpr.eqns for var in eqn.outvars}
+    assert (S, T) not in shapes and (T, S) not in shapes, "the whole score matrix was built"
+
+
+def fresh(rows):
+    return (
+        jnp.full((rows,), -jnp.inf, jnp.float32),
+        jnp.zeros((rows,), jnp.float32),
+        jnp.zeros((rows, D), jnp.float32),
+    )
+
+
+@pytest.mark.exercise("flash.flash_tile")
+def test_two_causal_tiles_equal_causal_attention():
+    """Queries 16..31 against keys 0..15 (all visible), then keys 16..31 (the
+    diagonal block, masked): the result equals causal attention."""
+    q, k, v = qkv()
+    rows = slice(16, 32)
+    running = fresh(16)
+    running = flash_tile(q[rows], k[:16], v[:16], *running)
+    diagonal = jnp.arange(16)[None, :] <= jnp.arange(16)[:, None]
+    row_max, row_sum, acc = flash_tile(q[rows], k[16:32], v[16:32], *running, mask=diagonal)
+    causal = jnp.arange(32)[None, :] <= jnp.arange(32)[:, None]
+    expected = softmax_attention(q[:32], k[:32], v[:32], causal)[rows]
+    np.testing.assert_allclose(acc / row_sum[:, None], expected, rtol=1e-4, atol=1e-5)
+    scores = (q[rows] @ k[:32].T) / math.sqrt(D)
+    expected_max = jnp.max(jnp.where(causal[rows], scores, -jnp.inf), -1)
+    np.testing.assert_allclose(row_max, expected_max, rtol=1e-6)
+
+
+@pytest.mark.exercise("flash.flash_tile")
+def test_a_tile_with_every_key_hidden_changes_nothing():
+    """A fully masked tile first (as the first rows of a diagonal block see),
+    then a visible one: no NaN, and the visible one's attention alone."""
+    q, k, v = qkv()
+    running = flash_tile(q[:8], k[:8], v[:8], *fresh(8), mask=jnp.zeros((8, 8), bool))
+    assert bool(jnp.all(jnp.isneginf(running[0]))) and not bool(jnp.any(running[1]))
+    _, row_sum, acc = flash_tile(q[:8], k[8:16], v[8:16], *running)
+    assert bool(jnp.all(jnp.isfinite(acc)))
+    expected = softmax_attention(q[:8], k[8:16], v[8:16])
+    np.testing.assert_allclose(acc / row_sum[:, None], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.exercise("flash.causal_key_blocks")
+@pytest.mark.parametrize("block_q, block_k", [(16, 16), (16, 32), (32, 16), (24, 16)])
+def test_causal_key_blocks_against_the_mask(block_q, block_k):
+    """A key block is needed when any (query, key) pair in it has key <= query:
+    counted here from the mask itself, for each query block of a 96-long row."""
+    S_long = 96
+    for i in range(S_long // block_q):
+        queries = np.arange(i * block_q, (i + 1) * block_q)
+        needed = [
+            j
+            for j in range(-(-S_long // block_k))
+            if np.any(np.arange(j * block_k, (j + 1) * block_k)[None, :] <= queries[:, None])
+        ]
+        assert causal_key_blocks(i, block_q, block_k) == max(needed) + 1, (i, block_q, block_k)
+
+
+def fsdp_mesh(n):
+    auto = (jax.sharding.AxisType.Auto,)
+    return jax.make_mesh((n,), ("fsdp",), axis_types=auto, devices=jax.devices()[:n])
+
+
+def x_and_w(n):
+    x = jax.random.normal(jax.random.key(1), (4 * n, 8 * n))  # [B, E]
+    w = jax.random.normal(jax.random.key(2), (8 * n, 24))  # [E, F]
+    return x, w
+
+
+def collectives(fn, *args):
+    """The compiled program's collective ops, by name, as the HLO text spells them."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    names = re.findall(r"= \S+ (all-gather|collective-permute|reduce-scatter|all-reduce)", text)
+    starts = re.findall(r"= \S+ (all-gather|collective-permute|reduce-scatter)-start", text)
+    return sorted(names + starts)
+
+
+@pytest.mark.exercise("manual_fsdp.fsdp_dense")
+def test_fsdp_dense_and_its_gradient_equal_the_plain_product():
+    mesh = fsdp_mesh(8)
+    x, w = x_and_w(8)
+    np.testing.assert_allclose(fsdp_dense(x, w, mesh), x @ w, rtol=1e-5, atol=1e-4)
+    ours = jax.grad(lambda w: jnp.sum(fsdp_dense(x, w, mesh) ** 2))(w)
+    plain = jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)
+    np.testing.assert_allclose(ours, plain, rtol=1e-4, atol=1e-3)
+    assert "all-gather" in collectives(lambda x, w: fsdp_dense(x, w, mesh), x, w)
+
+
+@pytest.mark.exercise("manual_fsdp.ring_matmul")
+@pytest.mark.parametrize("n", [4, 8])
+def test_ring_matmul_equals_the_product_with_permutes_only(n):
+    """N - 1 collective-permutes and no all-gather in the compiled program."""
+    mesh = fsdp_mesh(n)
+    x, w = x_and_w(n)
+    np.testing.assert_allclose(ring_matmul(x, w, mesh), x @ w, rtol=1e-5, atol=1e-4)
+    found = collectives(lambda x, w: ring_matmul(x, w, mesh), x, w)
+    assert found == ["collective-permute"] * (n - 1), found
+
+
+# The FSDP napkin.
+
+LAYER = 12 * 4096**2  # a layer of a 4096-wide transformer: 4·E² attention + 8·E² MLP
+
+
+@pytest.mark.exercise("sharding.fsdp_flops_per_chip")
+def test_fsdp_flops_per_chip_by_hand():
+    assert fsdp_flops_per_chip(LAYER, 1_048_576, 256) == pytest.approx(6 * 4096 * LAYER)
+
+
+@pytest.mark.exercise("sharding.fsdp_bytes_per_chip")
+def test_fsdp_bytes_per_chip_by_hand():
+    assert fsdp_bytes_per_chip(LAYER, 256, 2) == pytest.approx(3 * LAYER * 2 * 255 / 256)
+    assert fsdp_bytes_per_chip(LAYER, 1, 2) == 0  # one chip: nothing to gather
+
+
+@pytest.mark.exercise("sharding.fsdp_comm_hidden")
+def test_fsdp_hides_communication_above_a_batch_per_chip():
+    """TPU v5e: 197 TFLOP/s, ICI 400 GB/s. Hidden when tokens per chip >=
+    peak * bytes * (n - 1) / n / (2 * ICI) = 492.5 * 255 / 256, about 490."""
+    v5e = CHIPS["tpu-v5e"]
+    chips, peak, ici = 256, v5e.peak("bfloat16"), v5e.interconnect
+    threshold = peak * 2 * (chips - 1) / chips / (2 * ici)
+    assert threshold == pytest.approx(490.6, abs=0.1)
+    for per_chip, hidden in [(threshold * 1.01, True), (threshold * 0.99, False), (4096, True)]:
+        tokens = per_chip * chips
+        assert bool(fsdp_comm_hidden(LAYER, tokens, chips, peak, ici, 2)) == hidden, (
+            f"{per_chip:.0f} tokens per chip: expected hidden={hidden}"
+        )
+
+
+# A Pallas matmul.
+
+
+@pytest.mark.exercise("pallas_matmul.matmul_relu")
+@pytest.mark.parametrize("blocks", [(32, 16, 32), (16, 48, 96)], ids=["2x3x3 grid", "4x1x1 grid"])
+def test_pallas_matmul_relu_matches_jax(blocks):
+    a = jax.random.normal(jax.random.key(1), (64, 96))
+    b = jax.random.normal(jax.random.key(2), (96, 48))
+    block_m, block_n, block_k = blocks
+    got = matmul_relu(a, b, block_m, block_n, block_k, interpret=True)
+    assert got.shape == (64, 48) and got.dtype == jnp.float32
+    np.testing.assert_allclose(
+        got, jax.nn.relu(a @ b), atol=1e-4, rtol=1e-5, err_msg=f"blocks {blocks}"
+    )
+
+
+# int8 numerics.
+
+X = 3 * jax.random.normal(jax.random.key(0), (4096,))
+
+
+@pytest.mark.exercise("int8_numerics.quantize_absmax")
+def test_quantize_absmax_maps_the_largest_value_to_127():
+    q, scale = quantize_absmax(X)
+    assert q.dtype == jnp.int8 and q.shape == X.shape
+    assert float(scale) == pytest.approx(float(jnp.max(jnp.abs(X))) / 127, rel=1e-6)
+    assert int(jnp.max(jnp.abs(q.astype(jnp.int32)))) == 127
+    # Round to nearest: each value moves by at most half a step.
+    assert float(jnp.max(jnp.abs(q * scale - X))) <= float(scale) / 2 * (1 + 1e-5)
+    q0, _ = quantize_absmax(jnp.zeros(8))
+    np.testing.assert_array_equal(q0, 0, err_msg="all-zero input")
+
+
+@pytest.mark.exercise("int8_numerics.int8_sum")
+def test_int8_sum_is_the_sum_of_the_quantised_values(record_property):
+    q = jnp.round(X / (jnp.max(jnp.abs(X)) / 127))
+    expected = float(jnp.sum(q.astype(jnp.int32))) * float(jnp.max(jnp.abs(X))) / 127
+    got = float(int8_sum(X))
+    assert got == pytest.approx(expected, rel=1e-5), "not the int8 values summed, times the scale"
+    exact, bound = float(jnp.sum(X)), float(jnp.max(jnp.abs(X))) / 127 * X.shape[0] / 2
+    assert abs(got - exact) <= bound
+    record_property(
+        "measured", f"N=4096: |int8 - float32| = {abs(got - exact):.3f}, bound {bound:.1f}"
+    )
+
+
+@pytest.mark.exercise("int8_numerics.int8_sum")
+def test_int8_sum_accumulates_without_overflow():
+    """1024 values of 127 sum to 130048: past int8's and int16's range."""
+    assert float(int8_sum(jnp.full((1024,), 0.5))) == pytest.approx(512.0)
+
+
+@pytest.mark.exercise("int8_numerics.int8_sum_error_bound")
+def test_int8_sum_error_bound_by_hand_and_holds():
+    scale = float(jnp.max(jnp.abs(X))) / 127
+    assert float(int8_sum_error_bound(X)) == pytest.approx(4096 * scale / 2, rel=1e-6)
+    for seed in range(3):
+        x = jax.random.uniform(jax.random.key(seed), (1000,), minval=-1, maxval=1)
+        q = jnp.round(x / (jnp.max(jnp.abs(x)) / 127))
+        quantised = float(jnp.sum(q)) * float(jnp.max(jnp.abs(x))) / 127
+        assert abs(quantised - float(jnp.sum(x))) <= float(int8_sum_error_bound(x))
