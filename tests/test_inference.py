@@ -66,6 +66,23 @@ def test_each_decode_step_gives_the_model_s_logits(cfg, params):
         np.testing.assert_allclose(logits, expected[:, pos], atol=1e-3, rtol=1e-3, err_msg=pos)
 
 
+def test_a_timed_decode_call_repeats_the_same_slots(cfg, params):
+    """s3_infer.py times repeatable_decode's call again and again: each call samples
+    the n tokens after the prompt (the first as generate does, with the same key)
+    and writes only those slots, however often it runs."""
+    key, n = jax.random.key(3), cfg.seq - P - 2
+    logits, cache = inference.prefill(params, prompts(cfg), cfg)
+    tokens = jnp.pad(prompts(cfg), ((0, 0), (0, cfg.seq - P)))
+    w = inference.decode_weights(params, cfg)
+    call = inference.repeatable_decode(w, cache, tokens, logits, P, n, key, cfg)
+    expected = inference.generate(params, cfg, prompts(cfg), n, key=key, temperature=1.0)
+    np.testing.assert_array_equal(call()[0][:, : P + n], expected)
+    for _ in range(2):  # the cache and tokens were donated: each call takes the last's
+        out = np.asarray(call()[0])
+        np.testing.assert_array_equal(out[:, :P], prompts(cfg))
+        assert (out[:, P + n :] == 0).all() and (out[:, P : P + n] != 0).any()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cache_bytes_equal_the_napkin(cfg, params, dtype):
     c = dataclasses.replace(cfg, dtype=dtype)
