@@ -31,7 +31,7 @@ from sessions import inference, sharding
 from sessions.plan import aot
 from sessions.plan import inference as inference_plan
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import infer_flags, run_main, serving_config
+from sessions.run.cli import NEW_TOKENS, infer_flags, run_main, serving_config
 from sessions.run.errors import UsageError
 from sessions.run.report import decode_table_lines, plot_decode
 from sessions.run.serving import inference_config, load_params, prompt_for
@@ -62,8 +62,10 @@ def main(argv=None):
     prompt, unit, tokenizer = prompt_for(serving, cfg, meta)  # bytes, or token files' ids
     P = len(prompt)
     sharding.check_divisible(cfg, sizes["data"] * sizes["fsdp"], sizes)
-    n = args.new_tokens
-    inference.check_lengths(cfg, P, n)
+    # As many new tokens as asked; by default NEW_TOKENS, or as many as the context
+    # holds after the prompt (a prompt that fills it leaves none: an error).
+    n = args.new_tokens or min(NEW_TOKENS, cfg.seq - P)
+    inference.check_lengths(cfg, P, max(n, 1))
     mesh = sharding.make_mesh(sizes, devices)
     with jax.set_mesh(mesh):
         params, source = load_params(serving.checkpoint_dir, args.seed, cfg, meta, mesh)

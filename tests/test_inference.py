@@ -263,6 +263,8 @@ TINY = ["--random-params", "--preset", "tiny"]
     [
         ([*TINY, "--prompt", "x" * 65], "longer than the context"),
         ([*TINY, "--prompt", "abc", "--new-tokens", "62"], "do not fit the context"),
+        ([*TINY, "--new-tokens", "44"], "ask for at most 43 new tokens"),  # asked: not cut
+        ([*TINY, "--prompt", "x" * 64], "ask for at most 0 new tokens"),  # no room by default
         ([*TINY, "--prompt", ""], "empty"),
         ([*TINY, "--mesh", "data=8", "--batches", "1,8"], "1 does not divide"),
         ([*TINY, "--batches", "1,x"], "--batches"),
@@ -277,6 +279,15 @@ def test_s3_bad_input_is_one_line_and_exit_2(argv, why, capsys, checkpoint_dir):
     code, _, err = s3_in_process(argv, capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and why in err, err
+
+
+def test_s3_runs_on_a_preset_s_defaults(tmp_path, capsys):
+    """The tiny preset's context of 64 holds the 21-byte prompt and 43 new tokens:
+    by default s3 decodes what fits, up to 64."""
+    argv = [*TINY, "--batches", "1", "--run-dir", str(tmp_path)]
+    code, out, err = s3_in_process(argv, capsys)
+    assert code == 0, err
+    assert "prompt 21 bytes, 43 decode steps" in out and "sample:\nThe import statement " in out
 
 
 def test_s3_summary_from_a_checkpoint(tmp_path, capsys, checkpoint_dir):
