@@ -6,13 +6,14 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import s3_in_process
+from helpers import REPO, s3_in_process
 
 from roofline.decode_cost import kv_cache_bytes
 from scripts.naive_step import uncached_generate
@@ -265,6 +266,7 @@ TINY = ["--random-params", "--preset", "tiny"]
         ([*TINY, "--prompt", "abc", "--new-tokens", "62"], "do not fit the context"),
         ([*TINY, "--new-tokens", "44"], "ask for at most 43 new tokens"),  # asked: not cut
         ([*TINY, "--prompt", "x" * 64], "ask for at most 0 new tokens"),  # no room by default
+        ([*TINY, "--run-dir", os.path.join(REPO, "pyproject.toml")], "a file, not a folder"),
         ([*TINY, "--prompt", ""], "empty"),
         ([*TINY, "--mesh", "data=8", "--batches", "1,8"], "1 does not divide"),
         ([*TINY, "--batches", "1,x"], "--batches"),

@@ -165,9 +165,9 @@ def train_flags(argv=None):
         "--checkpoint-every",
         type=non_negative_int,
         default=0,
-        help="save every N steps, on SIGINT/SIGTERM and at the end (0: never)",
+        help="save every N steps, on SIGINT/SIGTERM and at the end (0: only with --checkpoint-dir)",
     )
-    parser.add_argument("--checkpoint-dir", help="default: RUN_DIR/checkpoints")
+    parser.add_argument("--checkpoint-dir", help="saves at the end (default: RUN_DIR/checkpoints)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument(
         "--prompt",
