@@ -29,6 +29,8 @@ import json
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from harness.naive_step import uncached_generate
 from roofline import decode_cost
@@ -39,7 +41,6 @@ from sessions.config import PRESETS
 from sessions.data import text_to_tokens
 from sessions.model import init_params
 from sessions.run.cli import PROMPT, ArgumentParser, positive_int, resolve, run_main, train_flags
-from sessions.run.serving import time_decode
 
 
 def parse_args(argv):
@@ -80,16 +81,29 @@ def against_uncached(args, prompt):
     return old.best / new.best, same
 
 
+def decode_seconds(weights, params, cfg, prompt, batch, n, mesh, repeats):
+    """Seconds per decode step for `batch` copies of the prompt, n steps from its end:
+    the fastest of `repeats` (the least disturbed on a shared machine), as
+    sessions/s3_infer.py runs them."""
+    prompts = jax.device_put(np.tile(prompt, (batch, 1)), sharding.batch_sharding(mesh))
+    logits, cache = inference.prefill(params, prompts, cfg)
+    tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - len(prompt))))
+    key = jax.random.key(0)
+    decode = inference.repeatable_decode(weights, cache, tokens, logits, len(prompt), n, key, cfg)
+    return time_calls(decode, repeats=repeats).best / n
+
+
 def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
     """Rows (batch, Achieved), printed."""
     peak, bandwidth = roofs
     n = min(args.new_tokens, cfg.seq - len(prompt))
+    weights = inference.decode_weights(params, cfg)  # laid out for decode, once per model
     print(
         f"   {'batch':>5} {'ms/step':>9} {'tokens/s':>10} {'roof tok/s':>10} {'MBU':>6} {'MFU':>6}"
     )
     rows = []
     for b in batches:
-        _, step_s = time_decode(params, cfg, prompt, b, n, mesh, repeats=args.repeats, best=True)
+        step_s = decode_seconds(weights, params, cfg, prompt, b, n, mesh, args.repeats)
         step = decode_cost.decode_step_cost(cfg, b, peak_flops=peak, bandwidth=bandwidth)
         got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
         print(

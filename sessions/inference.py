@@ -219,6 +219,21 @@ def decode_loop(weights, cache, tokens, logits, start, n, key, temperature, cfg,
     return tokens, cache, logits
 
 
+def repeatable_decode(weights, cache, tokens, logits, start, n, key, cfg):
+    """A call that runs decode_loop's n steps from `start`, sampled at temperature
+    1, as often as a timing repeats it (roofline.timing.time_calls). decode_steps
+    donates the cache and the tokens, so each call decodes from what the last one
+    returned; every call writes the same slots, so each does the same work."""
+    state = [tokens, cache, logits]  # as decode_loop returns them
+
+    def call():
+        tokens, cache, logits = state
+        state[:] = decode_loop(weights, cache, tokens, logits, start, n, key, 1.0, cfg, False)
+        return state
+
+    return call
+
+
 def check_lengths(cfg, prompt_len, n_new):
     """UsageError unless a prompt of prompt_len tokens and n_new more fit the context."""
     if prompt_len < 1:

@@ -38,7 +38,7 @@ from sessions.prefetch import Prefetcher, Synchronous
 from sessions.run import checkpoint, multihost, preemption
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import PROMPT, resolve, run_main, train_flags
-from sessions.run.report import header_lines, plot_loss, summarize, summary_lines
+from sessions.run.report import header_lines, make_run_dir, plot_loss, summarize, summary_lines
 from sessions.train import (
     abstract_batch,
     abstract_state,
@@ -64,6 +64,7 @@ def main(argv=None):
     say = print if is_main else (lambda *a, **k: None)
     run = resolve(args)  # preset + flags + this machine -> configs
     cfg, tc = run.model, run.train
+    make_run_dir(args.run_dir)  # where the loss curve goes: made now, not after the last step
     B, S = tc.batch, cfg.seq
 
     # Data: bytes (or a tokenizer's ids) split into training and validation;
@@ -80,9 +81,11 @@ def main(argv=None):
     check_collectives(args.collectives, sizes)
     mesh = sharding.make_mesh(sizes, multihost.mesh_devices())
     batch_sharding = sharding.batch_sharding(mesh)
+    # Checkpoints: their folder is made here, before any step, and one named on the
+    # command line gets at least the last step's.
     directory = args.checkpoint_dir or os.path.join(args.run_dir, "checkpoints")
-    every, resume = args.checkpoint_every, args.resume
-    checkpoints = checkpoint.open_for_run(directory, every, resume, cfg, tc, corpus.unit)
+    every, resume, named = args.checkpoint_every, args.resume, args.checkpoint_dir is not None
+    checkpoints = checkpoint.open_for_run(directory, every, resume, cfg, tc, corpus.unit, named)
 
     # The state as shapes first (jax.ShapeDtypeStruct, each with its weight's
     # sharding); then every device builds, or restores, only its own shards.

@@ -14,23 +14,32 @@ roofline, and ends with a sampled continuation.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from roofline import decode_cost
 from roofline.flops import model_line
 from roofline.hardware import local_roofs
+from roofline.timing import time_calls
 from sessions import inference, sharding
 from sessions.errors import UsageError
 from sessions.plan import infer_on_target, programs
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import infer_flags, run_main, serving_config
-from sessions.run.report import decode_table_lines, plot_decode
-from sessions.run.serving import inference_config, load_params, prompt_for, time_decode
+from sessions.run.cli import NEW_TOKENS, infer_flags, run_main, serving_config
+from sessions.run.report import decode_table_lines, make_run_dir, plot_decode
+from sessions.run.serving import inference_config, load_params, prompt_for
 from sessions.sample import sample_tokens, show
+
+# Each timing below: one uncounted call first (it compiles), then the median of
+# REPEATS calls, each waited for with block_until_ready, since JAX returns before
+# the work is done (roofline/timing.py).
+REPEATS = 3
 
 
 def main(argv=None):
@@ -41,6 +50,7 @@ def main(argv=None):
         planned = infer_on_target.plan_inference(serving, args.mesh, args.batches, target, devices)
         return programs.write_plan(planned, args.hlo_out, args.summary_out)
     check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
+    make_run_dir(args.run_dir)  # the plot's folder, made before any work
     devices = jax.devices() if args.mesh else jax.devices()[:1]
     sizes = sharding.parse_mesh(args.mesh, len(devices))
     args.batches = args.batches or [b * sizes["data"] * sizes["fsdp"] for b in programs.DECODE_ROWS]
@@ -50,15 +60,19 @@ def main(argv=None):
     serving = serving_config(args)  # the model the flags ask for, and the prompt
     cfg, meta = inference_config(serving)  # a checkpoint's shapes, or the flags' (random)
     prompt, unit, tokenizer = prompt_for(serving, cfg, meta)  # bytes, or token files' ids
+    P = len(prompt)
     sharding.check_divisible(cfg, sizes["data"] * sizes["fsdp"], sizes)
-    inference.check_lengths(cfg, len(prompt), args.new_tokens)
+    # As many new tokens as asked; by default NEW_TOKENS, or as many as the context
+    # holds after the prompt (a prompt that fills it leaves none: an error).
+    n = args.new_tokens or min(NEW_TOKENS, cfg.seq - P)
+    inference.check_lengths(cfg, P, max(n, 1))
     mesh = sharding.make_mesh(sizes, devices)
     with jax.set_mesh(mesh):
         params, source = load_params(serving.checkpoint_dir, args.seed, cfg, meta, mesh)
         print(f"session 3 | {len(devices)} x {devices[0].device_kind} | {source}")
         print(
-            f"model: {model_line(cfg, length='T')} | {cfg.dtype} | prompt {len(prompt)} "
-            f"{unit}s, {args.new_tokens} decode steps"
+            f"model: {model_line(cfg, length='T')} | {cfg.dtype} | prompt {P} "
+            f"{unit}s, {n} decode steps"
         )
         # The roofs of the whole mesh: each device's datasheet, or this CPU's measured
         # figures, which its simulated devices share (roofline.hardware.local_roofs).
@@ -67,32 +81,58 @@ def main(argv=None):
         print(f"roofs: {peak / 1e12:.3f} TFLOP/s ({roofs.peak_source}), ", end="")
         print(f"{bandwidth / 1e9:.1f} GB/s ({roofs.bandwidth_source})")
 
+        # Every decode step reads every weight, so they are laid out for it once:
+        # in the compute dtype, each matmul weight [out, in] (sessions/decode_layout.py).
+        weights = inference.decode_weights(params, cfg)
+        key = jax.random.key(0)
         rows = []  # (roofline DecodeStep, Achieved, prefill seconds) per batch
-        for b in args.batches:
-            prefill_s, step_s = time_decode(params, cfg, prompt, b, args.new_tokens, mesh)
-            step = decode_cost.decode_step_cost(cfg, b, peak_flops=peak, bandwidth=bandwidth)
+        for B in args.batches:
+            # The prompt, tiled into B rows [B, P], split over data x fsdp as a training batch is.
+            prompts = jax.device_put(np.tile(prompt, (B, 1)), sharding.batch_sharding(mesh))
+
+            # Prefill: the B·P prompt tokens through the model in one pass, like a training
+            # forward pass: compute-bound, with the model's causal attention.
+            prefill = functools.partial(inference.prefill, params, prompts, cfg)
+            prefill_s = time_calls(prefill, repeats=REPEATS).median
+            logits, cache = prefill()
+            # What it returns: the logits [B, V] for position P, and the cache, one
+            # {"k": [B, H, D, T], "v": [B, H, T, D]} per layer, a key and a value for
+            # each of the H heads at each of the T positions (2·L·B·T·H·D numbers),
+            # slots 0..P-1 filled. Decode reads the filled ones and writes one a step.
+            tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T]: room for n more
+
+            # Decode: one token per row per step, [B, 1] through the model, reading
+            # every weight and the cache: memory-bound until B is large. decode_loop
+            # queues ceil(n / STEPS) calls of one compiled program of inference.STEPS
+            # steps, without waiting for any; each call of `decode` runs the n steps
+            # from the prompt's end again.
+            decode = inference.repeatable_decode(weights, cache, tokens, logits, P, n, key, cfg)
+            step_s = time_calls(decode, repeats=REPEATS).median / n
+
+            # Beside the roofline: the bytes and FLOPs a step of this batch must move.
+            step = decode_cost.decode_step_cost(cfg, B, peak_flops=peak, bandwidth=bandwidth)
             got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
             rows.append((step, got, prefill_s))
-        for line in decode_table_lines(rows, cfg, args.batches[-1], len(prompt), peak, bandwidth):
+        for line in decode_table_lines(rows, cfg, args.batches[-1], P, peak, bandwidth):
             print(line)
         path = os.path.join(args.run_dir, "decode_roofline.png")
         plot_decode([(s.batch, g.tokens_per_s) for s, g, _ in rows], cfg, peak, bandwidth, path)
         print(f"plot: {path}")
     # One device, outside the mesh: the sample is one sequence.
     key = jax.random.key(1)
-    tokens = sample_tokens(params, cfg, prompt, args.new_tokens, key, args.temperature)
-    text = show(tokens, unit, tokenizer)
+    sampled = sample_tokens(params, cfg, prompt, n, key, args.temperature)
+    text = show(sampled, unit, tokenizer)
     print("sample:\n" + text)
 
     if args.summary_out:
-        steps, measured, prefill = zip(*rows)
+        steps, measured, prefill_seconds = zip(*rows)
         summary = decode_cost.measured_summary(
             steps, measured, cfg, peak_flops=peak, bandwidth=bandwidth
         )
         summary.update(
-            prefill_seconds=prefill[-1],
+            prefill_seconds=prefill_seconds[-1],
             prefill_batch=args.batches[-1],
-            prefill_tokens_per_sec=args.batches[-1] * len(prompt) / prefill[-1],
+            prefill_tokens_per_sec=args.batches[-1] * P / prefill_seconds[-1],
             model=dataclasses.asdict(cfg),
             source=source,
             sample=text,

@@ -303,9 +303,18 @@ MUTANTS = [
         "bucket-abspath",
         "a gs:// checkpoint folder made a local path",
         "sessions/run/checkpoint.py",
-        (('    if "://" in str(directory):', "    if False:"),),
+        (("    if is_uri(directory):\n        try:", "    if False:\n        try:"),),
         (
             "tests/test_checkpoint_hosts.py::test_a_bucket_stays_a_bucket_and_a_local_folder_becomes_absolute",
+        ),
+    ),
+    Mutant(
+        "checkpoint-folder-unmade",
+        "a checkpoint folder that cannot be one found at the first save, after training",
+        "sessions/run/checkpoint.py",
+        (("        make_local(directory)\n", ""),),
+        (
+            f"{CHECKPOINT}::test_a_checkpoint_folder_that_cannot_be_one_stops_the_run_before_its_first_step",
         ),
     ),
     Mutant(

@@ -5,6 +5,7 @@ onto another mesh; and every misuse is one line with exit status 2."""
 import dataclasses
 import functools
 import json
+import os
 import random
 import shutil
 import signal
@@ -14,12 +15,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import PYTHON, REPO, run_python, s2_in_process, subprocess_env
+from helpers import PYTHON, REPO, run_python, run_script, s2_in_process, subprocess_env
 
 from sessions import sharding
 from sessions.config import PRESETS
 from sessions.errors import UsageError
-from sessions.run.checkpoint import Checkpoints, newest_meta
+from sessions.run.checkpoint import Checkpoints, make_local, newest_meta
 from sessions.train import init_state, make_optimizer
 
 RUN = [
@@ -329,3 +330,57 @@ def test_a_diverged_state_is_never_saved_over_the_last_good_one(tmp_path, capsys
         _, restored = checkpoints.restore_latest(abstract, log=lambda line: None)
     assert kept and kept[-1] < 30
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored))
+
+
+@pytest.mark.parametrize(
+    "where, every, message",
+    [
+        ("a file", "1", "a file, not a folder"),
+        ("under a file", "1", "(Not a directory)"),
+        ("under a file", "0", "(Not a directory)"),  # named: it saves at the end
+        ("/proc/x", "1", "(No such file or directory)"),  # a folder no one can make
+    ],
+    ids=["file", "under-file", "under-file-named", "proc"],  # no spaces: mutants.py reads them
+)
+def test_a_checkpoint_folder_that_cannot_be_one_stops_the_run_before_its_first_step(
+    tmp_path, capsys, where, every, message
+):
+    """One line, exit 2, and nothing trained: the folder is made when the run
+    opens it, not at the first save, after the steps before it were computed."""
+    if where == "/proc/x" and not os.path.isdir("/proc"):
+        pytest.skip("no /proc on this system")
+    (tmp_path / "a file").write_text("not a folder")
+    folder = {"a file": tmp_path / "a file", "under a file": tmp_path / "a file" / "sub"}
+    folder = str(folder.get(where, where))
+    argv = ["--preset", "tiny", "--steps", "2", "--log-every", "1", "--run-dir", str(tmp_path)]
+    code, out, err = run_script(
+        "sessions/s2_train.py",
+        [*argv, "--checkpoint-dir", folder, "--checkpoint-every", every],
+        capsys,
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"checkpoint folder {folder}" in err and message in err
+    assert "params + optimizer state" not in out  # stopped before the state was built
+
+
+def test_a_named_checkpoint_folder_gets_the_last_step_without_checkpoint_every(tmp_path, capsys):
+    """A user who names a folder expects a checkpoint in it at the end."""
+    folder = tmp_path / "named"
+    argv = ["--preset", "tiny", "--steps", "2", "--log-every", "1", "--sample-bytes", "0"]
+    argv += ["--run-dir", str(tmp_path)]
+    code, err = s2_in_process([*argv, "--checkpoint-dir", str(folder)], capsys)
+    assert code == 0, err
+    assert newest_meta(str(folder))["step"] == 2
+    # The folder left to its default is still kept empty without --checkpoint-every.
+    code, err = s2_in_process(argv, capsys)
+    assert code == 0, err
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_bucket_is_never_made_as_a_local_folder(tmp_path, monkeypatch):
+    """gs://bucket/run made locally would be a folder `gs:` in the working folder."""
+    monkeypatch.chdir(tmp_path)
+    make_local("gs://course-bucket/run7/checkpoints")
+    assert list(tmp_path.iterdir()) == []
+    make_local("local/checkpoints")
+    assert (tmp_path / "local" / "checkpoints").is_dir()

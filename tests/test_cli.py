@@ -159,6 +159,32 @@ def test_bad_data_file_is_one_line_and_exit_2(tmp_path, content, message, capsys
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        ("a file", "a file, not a folder"),
+        ("under a file", "cannot make this folder (Not a directory)"),
+        ("/proc/x", "cannot make this folder (No such file or directory)"),
+    ],
+    ids=["file", "under-file", "proc"],
+)
+def test_a_run_dir_that_cannot_be_made_stops_the_run_before_it_trains(
+    tmp_path, capsys, where, message
+):
+    """The loss curve is written after the last step; its folder is made before
+    the first, so a mistyped --run-dir costs no training."""
+    if where == "/proc/x" and not os.path.isdir("/proc"):
+        pytest.skip("no /proc on this system")
+    (tmp_path / "a file").write_text("not a folder")
+    folder = {"a file": tmp_path / "a file", "under a file": tmp_path / "a file" / "sub"}
+    folder = str(folder.get(where, where))
+    argv = ["--preset", "tiny", "--steps", "2", "--log-every", "1", "--run-dir", folder]
+    code, out, err = run_script("sessions/s2_train.py", argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"--run-dir {folder}: {message}" in err
+    assert "| loss" not in out and "params + optimizer state" not in out
+
+
 def test_prompt_longer_than_the_context_is_one_line_and_exit_2(tmp_path, capsys):
     argv = ["--preset", "tiny", "--steps", "1", "--prompt", "x" * 65, "--run-dir", str(tmp_path)]
     code, err = s2_in_process(argv, capsys)

@@ -6,13 +6,14 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import s3_in_process
+from helpers import REPO, s3_in_process
 
 from harness.naive_step import uncached_generate
 from roofline.decode_cost import kv_cache_bytes
@@ -64,6 +65,23 @@ def test_each_decode_step_gives_the_model_s_logits(cfg, params):
     for pos in range(P, cfg.seq):
         logits, cache = step(w, cache, tokens[:, pos], pos, cfg=cfg)
         np.testing.assert_allclose(logits, expected[:, pos], atol=1e-3, rtol=1e-3, err_msg=pos)
+
+
+def test_a_timed_decode_call_repeats_the_same_slots(cfg, params):
+    """s3_infer.py times repeatable_decode's call again and again: each call samples
+    the n tokens after the prompt (the first as generate does, with the same key)
+    and writes only those slots, however often it runs."""
+    key, n = jax.random.key(3), cfg.seq - P - 2
+    logits, cache = inference.prefill(params, prompts(cfg), cfg)
+    tokens = jnp.pad(prompts(cfg), ((0, 0), (0, cfg.seq - P)))
+    w = inference.decode_weights(params, cfg)
+    call = inference.repeatable_decode(w, cache, tokens, logits, P, n, key, cfg)
+    expected = inference.generate(params, cfg, prompts(cfg), n, key=key, temperature=1.0)
+    np.testing.assert_array_equal(call()[0][:, : P + n], expected)
+    for _ in range(2):  # the cache and tokens were donated: each call takes the last's
+        out = np.asarray(call()[0])
+        np.testing.assert_array_equal(out[:, :P], prompts(cfg))
+        assert (out[:, P + n :] == 0).all() and (out[:, P : P + n] != 0).any()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -246,6 +264,9 @@ TINY = ["--random-params", "--preset", "tiny"]
     [
         ([*TINY, "--prompt", "x" * 65], "longer than the context"),
         ([*TINY, "--prompt", "abc", "--new-tokens", "62"], "do not fit the context"),
+        ([*TINY, "--new-tokens", "44"], "ask for at most 43 new tokens"),  # asked: not cut
+        ([*TINY, "--prompt", "x" * 64], "ask for at most 0 new tokens"),  # no room by default
+        ([*TINY, "--run-dir", os.path.join(REPO, "pyproject.toml")], "a file, not a folder"),
         ([*TINY, "--prompt", ""], "empty"),
         ([*TINY, "--mesh", "data=8", "--batches", "1,8"], "1 does not divide"),
         ([*TINY, "--batches", "1,x"], "--batches"),
@@ -260,6 +281,15 @@ def test_s3_bad_input_is_one_line_and_exit_2(argv, why, capsys, checkpoint_dir):
     code, _, err = s3_in_process(argv, capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and why in err, err
+
+
+def test_s3_runs_on_a_preset_s_defaults(tmp_path, capsys):
+    """The tiny preset's context of 64 holds the 21-byte prompt and 43 new tokens:
+    by default s3 decodes what fits, up to 64."""
+    argv = [*TINY, "--batches", "1", "--run-dir", str(tmp_path)]
+    code, out, err = s3_in_process(argv, capsys)
+    assert code == 0, err
+    assert "prompt 21 bytes, 43 decode steps" in out and "sample:\nThe import statement " in out
 
 
 def test_s3_summary_from_a_checkpoint(tmp_path, capsys, checkpoint_dir):

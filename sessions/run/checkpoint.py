@@ -58,15 +58,35 @@ def identity(cfg, tc, unit="byte"):
     }
 
 
+def is_uri(directory):
+    """Whether the folder is in a store (gs://bucket/run, s3://...), not on this disk."""
+    return "://" in str(directory)
+
+
 def checkpoint_path(directory):
     """The folder as orbax should see it: URIs (gs://, s3://) untouched, a local
     path absolute (orbax wants one, and the run's working folder may change)."""
-    if "://" in str(directory):
+    if is_uri(directory):
         try:
             return epath.Path(directory)
         except (KeyError, ValueError):  # epath knows gs://, s3://, az://, hf:// only
             raise UsageError(f"checkpoint folder {directory}: a URI orbax cannot write") from None
     return epath.Path(os.path.abspath(directory))
+
+
+def make_local(directory):
+    """Make a local checkpoint folder now, when the run opens it: a path that cannot be
+    a folder (a file's name, or under /proc) stops the run before its first step, not
+    at its first save. A URI is left to its store: a bucket has no folders to make."""
+    if is_uri(directory):
+        return
+    path = os.path.abspath(directory)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"checkpoint folder {path}: a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"checkpoint folder {path}: cannot make it ({e.strerror})") from None
 
 
 def check_shared(path):
@@ -124,6 +144,7 @@ class Checkpoints:
         self.directory = str(checkpoint_path(directory))
         self.every = every
         self.identity = identity(cfg, tc, unit)
+        make_local(directory)
         self.manager = ocp.CheckpointManager(
             checkpoint_path(directory),
             # Synchronous: the next step donates (reuses) the state's buffers,
@@ -226,10 +247,12 @@ class Checkpoints:
         self.close()
 
 
-def open_for_run(directory, every, resume, cfg, tc, unit="byte"):
-    """The run's Checkpoints, or None when it keeps none (every=0, no resume).
-    A fresh run refuses a directory that already holds another run's."""
-    if not (every or resume):
+def open_for_run(directory, every, resume, cfg, tc, unit="byte", named=False):
+    """The run's Checkpoints, or None when it keeps none (every=0, no resume, and
+    no folder `named` on the command line: one named is asked for a checkpoint,
+    at least at the end). A fresh run refuses a directory that already holds
+    another run's."""
+    if not (every or resume or named):
         return None
     checkpoints = Checkpoints(directory, every, cfg, tc, unit)
     if not resume and checkpoints.steps():

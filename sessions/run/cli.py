@@ -23,6 +23,7 @@ from sessions.errors import Interrupted, TrainingDiverged, UsageError
 from sessions.run import multihost
 
 PROMPT = "The import statement "  # the sample's start, in both sessions' scripts
+NEW_TOKENS = 64  # s3_infer.py's decode steps, where the context holds them after the prompt
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -159,9 +160,9 @@ def train_flags(argv=None):
         "--checkpoint-every",
         type=non_negative_int,
         default=0,
-        help="save every N steps, on SIGINT/SIGTERM and at the end (0: never)",
+        help="save every N steps, on SIGINT/SIGTERM and at the end (0: only with --checkpoint-dir)",
     )
-    parser.add_argument("--checkpoint-dir", help="default: RUN_DIR/checkpoints")
+    parser.add_argument("--checkpoint-dir", help="saves at the end (default: RUN_DIR/checkpoints)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument(
         "--prompt",
@@ -184,10 +185,8 @@ def infer_flags(argv=None):
     parser.add_argument("--checkpoint-dir", default="runs/s2/checkpoints")
     parser.add_argument("--random-params", action="store_true", help="no checkpoint: speed only")
     parser.add_argument("--batches", help="decode batch sizes (default 1,4,16,64 x data x fsdp)")
-    parser.add_argument("--new-tokens", type=positive_int, default=64, help="decode steps")
-    parser.add_argument(
-        "--prompt", default=PROMPT, help="text; for a model of token files, ids: '464 1330'"
-    )
+    parser.add_argument("--new-tokens", type=positive_int, help=f"{NEW_TOKENS}, or what fits")
+    parser.add_argument("--prompt", default=PROMPT, help="text; ids ('464 1330') on token files")
     parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     add_tokenizer_flag(parser)
     parser.add_argument("--run-dir", default="runs/s3", help="the plot goes here")

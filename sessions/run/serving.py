@@ -1,19 +1,14 @@
 """A trained model, served: its shapes from session 2's newest checkpoint,
-its weights restored onto a mesh, and prefill and decode timed on them.
-
-s3_infer.py reads its model this way; scripts/bench_decode.py times decode
-with the same `time_decode`.
+its weights restored onto a mesh, and the prompt in its tokens. s3_infer.py
+reads its model this way, then shows prefill and decode on it.
 """
 
 import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from roofline.timing import time_calls
-from sessions import inference, sharding
+from sessions import sharding
 from sessions.config import ModelConfig, TrainConfig
 from sessions.errors import UsageError
 from sessions.model import init_params
@@ -78,25 +73,3 @@ def load_params(checkpoint_dir, seed, cfg, meta, mesh):
     with Checkpoints(checkpoint_dir, 0, trained, tc, meta.get("unit", "byte")) as checkpoints:
         step, state = checkpoints.restore_latest(abstract)
     return state["params"], f"checkpoint at step {step} of {checkpoints.directory}"
-
-
-def time_decode(params, cfg, prompt, batch, n, mesh, repeats=3, best=False):
-    """(prefill seconds, decode seconds per step) for `batch` copies of the prompt:
-    the median of `repeats` timed calls, or the fastest (best)."""
-    tokens = jax.device_put(np.tile(prompt, (batch, 1)), sharding.batch_sharding(mesh))
-    prefill = time_calls(lambda: inference.prefill(params, tokens, cfg), repeats=repeats)
-    logits, cache = inference.prefill(params, tokens, cfg)
-    state = [jnp.pad(tokens, ((0, 0), (0, cfg.seq - len(prompt)))), cache, logits]
-    key, weights = jax.random.key(0), inference.decode_weights(params, cfg)
-
-    def steps():  # n steps from the prompt's end, each call rewriting the same slots
-        tokens, cache, logits = state
-        state[:] = inference.decode_loop(
-            weights, cache, tokens, logits, len(prompt), n, key, 1.0, cfg=cfg, greedy=False
-        )
-        return state
-
-    decode = time_calls(steps, repeats=repeats)
-    if best:
-        return prefill.best, decode.best / n
-    return prefill.median, decode.median / n
