@@ -9,7 +9,7 @@ updates, and once the running sum is large, an update below half its last
 place (8 significant bits) is lost. On an H100 the same sum ran as bf16 atomic
 adds: 4.6 ms a step at first, 58-146 ms after 600 steps, against 0.3 ms in
 float32; the course run went at 0.12x a PyTorch run's speed
-(../shared/h100-run/README.md).
+(docs/h100-run/README.md).
 
 The tool: read what the compiler made. The compiled gradient's HLO text
 (`jax.jit(f).lower(*args).compile().as_text()`) holds a line

@@ -145,7 +145,7 @@ def embed(p, tokens, cfg: ModelConfig, start=0):
     values), against 0.3 ms in f32 and 8.9 ms for the rest of the step; and a
     bf16 sum drops every update below half its last place. Gathered in f32 and
     cast after, the course run went from 0.12x PyTorch's tokens/s to 0.89x
-    (3.60M), steady within 0.3% (../shared/h100-run, measured 2026-11-24).
+    (3.60M), steady within 0.3% (docs/h100-run, measured 2026-11-24).
 
     A one-hot matmul, one_hot(tokens) [B·S, V] @ table, would sum in f32 too,
     at 2·B·S·V·E FLOPs forward and as many for its gradient, through a [B·S, V]

@@ -27,7 +27,7 @@ def add_positions(x, pos_SE, start=0):
     `x + pos[None]` it is a reduction over B, and for it XLA's GPU compiler laid
     the residual stream out batch-minor, transposing it at every norm: 35
     transposing kernels, 1.5 ms of the course step's 8.9 ms (the bf16 scatter
-    aside) on an H100 (its trace, ../shared/h100-run/profile-early). Taken from
+    aside) on an H100 (its trace, tests/fixtures/h100/profile-early). Taken from
     the einsum it is a matmul with the ones, "B,BSE->SE", which reads the
     gradient as it lies: the step compiled for h100:1 has no transpose left."""
     B, S, _ = x.shape

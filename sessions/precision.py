@@ -11,7 +11,7 @@ Rounded to nearest, an input moves by at most its unit roundoff u = 2^-bits of
 itself: 6.0e-8, 4.9e-4, 3.9e-3.
 
 So a check that holds to 1e-5 on a CPU can fail on a GPU with no bug at all:
-session 4's did on an H100 (../shared/h100-run/s4_kernels.log), and TF32 alone
+session 4's did on an H100 (docs/h100-run/s4_kernels.log), and TF32 alone
 explains each figure. The H100 compared our code at TF32 with a reference at
 TF32; the same comparison on a CPU with every matmul's inputs rounded to TF32
 (tests/hardware_fakes.py, rounded_matmuls; the same random inputs, as JAX's

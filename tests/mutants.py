@@ -463,11 +463,11 @@ MUTANTS = [
     ),
     Mutant(
         "readme-table",
-        "the accelerator table's rows renamed, the README's H100 table left as it was",
+        "the accelerator table's rows renamed, the results page's H100 table left as it was",
         "scripts/accelerator_check.py",
         (('                "s2 training run",', '                "s2 run",'),),
         (
-            "tests/test_accelerator_check.py::test_the_readme_shows_the_table_the_h100_check_printed",
+            "tests/test_accelerator_check.py::test_the_results_page_shows_the_table_the_h100_check_printed",
         ),
     ),
     Mutant(
@@ -936,12 +936,12 @@ MUTANTS = [
     ),
     Mutant(
         "concept-unlisted",
-        "the README's concept table loses a concept",
-        "README.md",
+        "docs/layout.md's concept table loses a concept",
+        "docs/layout.md",
         (("| sampling text | `sample.py` |\n", ""),),
         (
             f"{LAYERS}::test_each_concept_has_its_module_at_the_top_of_sessions",
-            f"{LAYERS}::test_the_readme_tables_name_exactly_each_folder_s_modules",
+            f"{LAYERS}::test_the_layout_tables_name_exactly_each_folder_s_modules",
         ),
     ),
     Mutant(

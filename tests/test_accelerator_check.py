@@ -56,18 +56,19 @@ def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, caps
     assert "checkpoint at step 6" in (tmp_path / "s3.log").read_text()
 
 
-def test_the_readme_shows_the_table_the_h100_check_printed(capsys, tmp_path):
-    """README's accelerator table is the table of the H100 run's check.json (the
-    first real chip, before issue 30) as the script prints it, none retyped; a
-    missing file is one line."""
+def test_the_results_page_shows_the_table_the_h100_check_printed(capsys, tmp_path):
+    """docs/results.md's accelerator table is the table of the H100 run's check.json
+    (the first real chip, at commit 4a81693, before the float32-sum fix) as the
+    script prints it, none retyped; a missing file is one line."""
     fixture = os.path.join(os.path.dirname(__file__), "fixtures", "h100", "accelerator-check.json")
     code, out, _ = run_script("scripts/accelerator_check.py", ["--table", fixture], capsys)
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == "accelerator check | 1 x NVIDIA H100 80GB HBM3 | JAX 0.11.2"
-    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")) as f:
-        readme = f.read()
-    assert "```\n" + "\n".join(lines) + "\n```" in readme
+    results = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "results.md")
+    with open(results) as f:
+        page = f.read()
+    assert "```\n" + "\n".join(lines) + "\n```" in page
     code, _, err = run_script(
         "scripts/accelerator_check.py", ["--table", str(tmp_path / "none.json")], capsys
     )

@@ -214,7 +214,7 @@ TRAIN_SPLIT = {
     "3.12.1": {"docs": 444_150, "stdlib": 8_322_187},
     "3.13.0": {"docs": 460_753, "stdlib": 8_124_289},
     # The smallest stdlib seen: the H100 machine's Python (393 files, 8.0 MB), from
-    # the header of its accelerator check's s2.log (../shared/h100-run, 2026-11-24).
+    # the header of its accelerator check's log (docs/h100-run/accelerator-check/s2.log).
     "3.12.3 on the H100": {"stdlib": 7_044_568},
 }
 DEFAULT_PLATFORM = {"tiny": "cpu", "cpu": "cpu", "course": "gpu", "gpt2": "gpu"}

@@ -3,7 +3,7 @@
 The lookup `table[tokens]` is a gather; its gradient is a scatter-add, each
 position's gradient added into its token's row. Cast to bf16 before the lookup,
 that sum ran on the first H100 run as bf16 atomics: 0.12x PyTorch's tokens/s,
-and the updates of frequent bytes lost (../shared/h100-run, sessions/model.py's
+and the updates of frequent bytes lost (docs/h100-run, sessions/model.py's
 embed). tests/test_step_plans.py reads the course step compiled for h100:1 and
 a TPU; these tests hold the same property on any machine: in numbers against a
 float64 sum, and in the program this CPU compiles.

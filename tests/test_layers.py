@@ -1,5 +1,5 @@
 """The layers of the tree, read from the source with `ast` (every import, at
-module level or inside a function), and the README's picture of it:
+module level or inside a function), and docs/layout.md's picture of it:
 
     sessions/*.py   the session scripts and the concepts: a concept imports
                     concepts and roofline/, never sessions/run/ or sessions/plan/
@@ -11,8 +11,9 @@ module level or inside a function), and the README's picture of it:
     s1..s4, scripts/*.py
                     programs, each with a __main__ block: run, never imported
 
-The README's "Repository layout" names every folder and module; every path of
-this repository named in the code and the docs exists; no module is over 300 lines.
+docs/layout.md names every folder and module; every path of this repository named
+in the code and the docs exists, and every relative link of a Markdown page leads
+to a file; no module is over 300 lines.
 """
 
 import ast
@@ -28,9 +29,10 @@ SESSION_SCRIPTS = (
     "sessions.s3_infer",
     "sessions.s4_kernels",
 )
-FOLDERS = ("roofline", "sessions", "scripts", "harness", "tests", "exercises", "solutions")
+FOLDERS = ("roofline", "sessions", "scripts", "harness", "tests", "exercises", "solutions", "docs")
+LAYOUT = os.path.join("docs", "layout.md")
 
-# The README's concept table: what a student looks for -> the module at sessions/' top level.
+# docs/layout.md's concept table: what a student looks for -> the module at sessions/' top level.
 CONCEPTS = {
     "the model's shapes, the run's knobs, the presets": "config.py",
     "the course's choices per platform: preset, dtype, corpus, attention": "defaults.py",
@@ -39,7 +41,8 @@ CONCEPTS = {
     "attention, five implementations of it": "attention.py",
     "which attention runs where": "attention_choice.py",
     "learned positions": "positions.py",
-    "the jitted training step, the state as shapes": "train.py",
+    "every array a program takes, as shapes with their shardings": "shapes.py",
+    "the jitted training step": "train.py",
     "bytes as tokens, batches as a function of (seed, step)": "data.py",
     "token files of other tools, memory-mapped": "token_files.py",
     "overlapped data loading": "prefetch.py",
@@ -266,14 +269,12 @@ def test_no_two_public_names_in_the_library_mean_two_things():
     assert not shared
 
 
-# The README's picture of the tree and its tables.
+# docs/layout.md: the picture of the tree and its tables.
 
 
-def readme_layout():
-    with open(os.path.join(REPO, "README.md")) as f:
-        text = f.read()
-    start = text.index("## Repository layout")
-    return text[start : text.index("\n## ", start + 1)]
+def layout_page():
+    with open(os.path.join(REPO, LAYOUT)) as f:
+        return f.read()
 
 
 def layout_tables(layout):
@@ -297,10 +298,11 @@ def layout_tables(layout):
     return tables
 
 
-def test_the_readme_tables_name_exactly_each_folder_s_modules():
-    tables = layout_tables(readme_layout())
+def test_the_layout_tables_name_exactly_each_folder_s_modules():
+    tables = layout_tables(layout_page())
     folders = ["sessions/", "sessions/run/", "sessions/plan/", "roofline/"]
     folders += ["roofline/compiled/", "roofline/measured/", "roofline/plan/"]
+    folders += ["scripts/", "harness/"]
     assert sorted(tables) == sorted(folders)
     for folder in folders:
         on_disk = {n for n in os.listdir(os.path.join(REPO, folder)) if n.endswith(".py")}
@@ -308,10 +310,10 @@ def test_the_readme_tables_name_exactly_each_folder_s_modules():
 
 
 def test_each_concept_has_its_module_at_the_top_of_sessions():
-    """The concept table, as the README prints it, is this test's CONCEPTS, and
+    """The concept table, as docs/layout.md prints it, is this test's CONCEPTS, and
     each concept's module sits where a student looks first: sessions/ itself."""
     rows = {}
-    for line in readme_layout().splitlines():
+    for line in layout_page().splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if line.startswith("| ") and len(cells) == 2 and cells[0] in CONCEPTS:
             rows[cells[0]] = cells[1].strip("`")
@@ -319,9 +321,9 @@ def test_each_concept_has_its_module_at_the_top_of_sessions():
     assert sorted(f"sessions/{m}" for m in CONCEPTS.values()) == concept_files()
 
 
-def test_the_readme_s_picture_names_every_folder():
+def test_the_layout_picture_names_every_folder():
     """The picture's first column (`folder/`) is every Python folder of the tree."""
-    picture = readme_layout().split("```")[1]
+    picture = layout_page().split("```")[1]
     named = {line.split()[0] for line in picture.splitlines() if re.match(r"[\w.]+/", line)}
     tracked = [p for p in repo_files() if p.endswith(".py")]
     packages = {os.path.dirname(p) + "/" for p in tracked if p.endswith("__init__.py")}
@@ -336,10 +338,14 @@ def test_the_readme_s_picture_names_every_folder():
 NOT_OURS = {
     "tests/mesh_utils_test.py": "jax-ml/jax's test, cited: its mock devices are built as ours are",
     "roofline/xplane.proto": "the name xspace.py gives the protocol buffer it builds in memory",
+    "docs/resources/webhook": "Discord's developer documentation, cited by discord.py",
+    "docs/topics/rate-limits": "Discord's developer documentation, cited by discord.py",
+    "docs/api_compatibility.md": "jax-ml/jax's documentation, cited by sessions/flash.py",
+    "docs/pallas/CHANGELOG.md": "jax-ml/jax's documentation, cited by sessions/flash.py",
+    "docs/pallas/gpu/reference.md": "jax-ml/jax's documentation, cited by sessions/flash.py",
 }
-PATH = re.compile(
-    r"(?<![\w/.-])((?:sessions|roofline|scripts|harness|tests|exercises|solutions|\.ci)(?:/[\w.*-]+)+/?)"
-)
+FOLDER_NAMES = r"sessions|roofline|scripts|harness|tests|exercises|solutions|docs|\.ci"
+PATH = re.compile(rf"(?<![\w/.-])((?:{FOLDER_NAMES})(?:/[\w.*-]+)+/?)")
 
 
 def named_paths(text):
@@ -350,6 +356,8 @@ def named_paths(text):
 def test_the_path_reader_finds_what_a_comment_names():
     text = "see sessions/run/cli.py, (roofline/compiled/hlo.py) and jax/tests/x.py, not x/roofline/a.py"
     assert named_paths(text) == {"sessions/run/cli.py", "roofline/compiled/hlo.py"}
+    text = "logs in `docs/h100-run/`, harness/grading.py; [a link](../docs/chips.md) is a link's"
+    assert named_paths(text) == {"docs/h100-run/", "harness/grading.py"}
 
 
 def test_every_path_named_in_the_code_and_docs_exists():
@@ -363,6 +371,41 @@ def test_every_path_named_in_the_code_and_docs_exists():
             if not os.path.exists(os.path.join(REPO, path)):
                 missing.setdefault(name, []).append(path)
     assert not missing
+
+
+# A Markdown link: [text](target), the target relative to the page (an anchor after #).
+LINK = re.compile(r"\]\(([^()\s]+)\)")
+
+
+def broken_links(page, text):
+    """The relative link targets of a Markdown page (at `page`, a path from the
+    repository's root) that lead to no file or folder; web addresses and anchors
+    within the page are left out."""
+    broken = []
+    for target in LINK.findall(text):
+        path = target.split("#")[0]
+        if not path or re.match(r"[a-z][a-z+.-]*:", path):
+            continue
+        if not os.path.exists(os.path.join(REPO, os.path.dirname(page), path)):
+            broken.append(target)
+    return broken
+
+
+def test_the_link_reader_resolves_from_the_page():
+    text = "[a](chips.md), [b](../roofline/README.md#per-op), [c](https://x.org/a.md), [d](#top)"
+    assert broken_links("docs/layout.md", text) == []
+    assert broken_links("README.md", text) == ["chips.md", "../roofline/README.md#per-op"]
+
+
+def test_every_relative_link_of_a_page_leads_to_a_file():
+    broken = {}
+    for name in repo_files():
+        if name.endswith(".md"):
+            with open(os.path.join(REPO, name)) as f:
+                found = broken_links(name, f.read())
+            if found:
+                broken[name] = found
+    assert not broken
 
 
 # Size.

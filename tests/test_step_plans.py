@@ -197,7 +197,7 @@ def test_float32_on_h100_is_held_against_the_tf32_peak():
 def test_gradients_sum_in_float32_on_a_gpu_and_a_tpu(h100_one, tpu_fsdp):
     """The embedding's gradient is a scatter-add, the lookup's transpose. Looked
     up in a bf16 table, an H100 summed it with bf16 atomics: 0.12x PyTorch's
-    speed, and the frequent bytes' updates lost (../shared/h100-run). In the
+    speed, and the frequent bytes' updates lost (docs/h100-run). In the
     course step compiled for both chips every scatter sums in float32, and
     there is one to check: the compiled program, not the source."""
     for planned, cfg, _ in (h100_one, tpu_fsdp):

@@ -338,8 +338,8 @@ def summary_of(history, corpus):
 
 def test_the_final_gap_by_hand():
     """The last validation loss less the mean of the train losses logged at its step
-    and the log step before: the H100's 2,000-step course run (s2.log of
-    ../shared/h100-run/accelerator-check) ends 1.011 - (0.641 + 0.621) / 2 = 0.380
+    and the log step before: the H100's 2,000-step course run
+    (docs/h100-run/accelerator-check/s2.log) ends 1.011 - (0.641 + 0.621) / 2 = 0.380
     nats/byte, past 0.1, and the summary says it memorized."""
     h100 = {1500: 0.723, 1600: 0.696, 1700: 0.669, 1800: 0.665, 1900: 0.641, 2000: 0.621}
     stdlib = "stdlib (CPython 3.12.3 source, 393 files, 8.0 MB; whole files held out)"

@@ -6,7 +6,7 @@ sum in float32. In bf16 it loses every update below half the running sum's
 last place (8 significant bits), and on a GPU it runs as bf16 atomic adds: on
 the first H100 run the token embedding's, `input_scatter_fusion`, bf16[256,
 512], took 4.6 ms at step 1 and 58-146 ms a step after 600 steps, against 0.3
-ms for the same sum in float32 (../shared/h100-run, 2026-11-24). The source
+ms for the same sum in float32 (docs/h100-run, 2026-11-24). The source
 does not say which dtype a sum runs in; the compiled program does.
 """
 
