@@ -17,7 +17,7 @@ never starts a backend):
 
 Then one table: MFU of the training run, the trace's step against the
 roofline's bound, decode's MBU. Each step's own output is in RUN_DIR/*.log;
-RUN_DIR/check.json holds every figure. Paste the table into the README with
+RUN_DIR/check.json holds every figure. Paste the table into docs/results.md with
 the chip's name, and keep RUN_DIR/profile's .xplane.pb as a test fixture.
 """
 

@@ -12,7 +12,7 @@
    whose weights (340 MB) stream from memory as the roofline assumes, and at
    the cpu preset, whose weights (3.3 MB) sit in the L3 cache, where the
    roofline's memory bound does not hold and XLA's choice of matmul
-   routine decides (README, "Session 3").
+   routine decides (docs/session-3.md, "Decode speed, as ratios in one run").
 
 Goal 1 compares two algorithms on the same tokens, so it runs in float32:
 in bfloat16 two programs that round in different orders may break a tie of

@@ -62,7 +62,7 @@ PRESETS = {
         "test shapes, seconds on any machine",
     ),
     # The default on a CPU: 3.1 minutes on a 2-core Zen 4, validation loss 1.31 nats/byte
-    # (README, "How long the default run takes"). The docs are 0.42 MB, so a run's
+    # (docs/results.md, "The CPU default run"). The docs are 0.42 MB, so a run's
     # loss is bound by its tokens (600 x 4,096: 5.9 passes), hardly by its width: at
     # E=256 (3.2M params, 85 GFLOP a step) it reached 1.27 in 2.9x the time. 2 heads of
     # 64, not 4 of 32: the same FLOPs and loss (1.31), 1.1-1.2x faster, as XLA's CPU
@@ -76,8 +76,8 @@ PRESETS = {
     # the stdlib. 450 steps of 32,768 bytes (14.7M) are 2.1 passes over the smallest
     # stdlib seen (7.04M training bytes: the H100's 3.12.3), within data.FRESH_PASSES.
     # On that H100 the gap between validation and training loss was +0.06 after 300
-    # steps and +0.22 after 1,000 (README, "A chip's default run"): 450 is where it
-    # stays under data.MAX_GAP, by interpolation; no chip has run it yet. Logged every
+    # steps and +0.22 after 1,000 (docs/results.md, "Passes over the data"): 450 is
+    # where it stays under data.MAX_GAP, by interpolation; no chip has run it yet. Logged every
     # 50 steps, for 8 intervals of tokens/s after the first (the steadiness figure).
     "course": Preset(
         ModelConfig(embed=512, ff=2048, heads=4, head_dim=128, layers=4, seq=128),
@@ -86,7 +86,8 @@ PRESETS = {
     ),
     # GPT-2 small's shapes (124M with its 50257-token vocabulary; ours is bytes). The
     # same 32,768 tokens a step as course: 800 steps are 3.7 passes over the smallest
-    # stdlib, within data.FRESH_PASSES; its data is meant to be token files (README).
+    # stdlib, within data.FRESH_PASSES; its data is meant to be token files
+    # (docs/data.md).
     "gpt2": Preset(
         ModelConfig(embed=768, ff=3072, heads=12, head_dim=64, layers=12, seq=1024),
         TrainConfig(steps=800, batch=32, lr=6e-4, warmup=200, log_every=50, eval_every=200),

@@ -3,7 +3,7 @@
 Three kinds of corpus, each offline:
 
     docs     the English documentation inside every CPython (`pydoc_data.topics`,
-             about 0.5 MB): the CPU default, whose losses the README quotes
+             about 0.5 MB): the CPU default, whose losses the guides quote
     stdlib   the standard library's own source, 8-10 MB of Python, split by
              whole files: the GPU and TPU default, big enough for a chip's
              default run to see it at most FRESH_PASSES times
@@ -43,16 +43,18 @@ IN_MEMORY_LIMIT = 256 * 2**20
 # FRESH_PASSES on every Python 3.11-3.13, the smallest stdlib seen included.
 FRESH_PASSES = 4
 # The header's warning, for any run: past this many passes. The cpu preset run for
-# 1,800 steps on the docs (17.6 passes; README, "Data") shows why: by pass 10 its
-# validation loss trails the training loss by 0.2 nats/byte, and the next 7.8
-# passes lower it by only 0.05 while the gap doubles. Its default run (5.9 passes,
-# whose losses the README quotes) stays below it. A larger model memorizes in fewer
-# passes (the course preset on an H100 ended 0.22 above its training loss after 4.7
-# passes; README, "Data"), so no count of passes tells: the summary measures the gap.
+# 1,800 steps on the docs (17.6 passes; docs/results.md, "Passes over the data")
+# shows why: by pass 10 its validation loss trails the training loss by 0.2
+# nats/byte, and the next 7.8 passes lower it by only 0.05 while the gap doubles.
+# Its default run (5.9 passes, whose losses the guides quote) stays below it. A
+# larger model memorizes in fewer passes (the course preset on an H100 ended 0.22
+# above its training loss after 4.7 passes, the same page), so no count of passes
+# tells: the summary measures the gap.
 MAX_PASSES = 10
 # Validation minus training loss, nats per token, past which the summary says the
 # run has begun to memorize. The cpu preset over the stdlib, which it saw less than
-# once, kept it within -0.11 to +0.09 (README, "Data"): past 0.1 is more than noise.
+# once, kept it within -0.11 to +0.09 (docs/results.md, "Passes over the data"):
+# past 0.1 is more than noise.
 MAX_GAP = 0.1
 
 

@@ -129,7 +129,7 @@ def configs_for(
         impl, note = model_fields["attention_impl"], None
     else:
         impl, note = choose(attention_impl, platform, model, train.batch)
-    # The docs on a CPU, whose losses the README quotes; on a chip, whose default
+    # The docs on a CPU, whose losses the guides quote; on a chip, whose default
     # run would pass over the docs 35 times, the standard library's source.
     corpus = data or (DOCS if on_cpu else STDLIB)
     return Resolved(preset, dataclasses.replace(model, attention_impl=impl), train, note, corpus)

@@ -7,7 +7,7 @@ written out here loop by loop. Each host is a 2x2x1 tray of 4 chips; processes
 are numbered x-fastest over the trays, then over slices; device ids count chips
 x-fastest over the whole slice (a chip's cores side by side), slice after slice.
 
-SLICES names the slices the README's pod section talks about, by their device
+SLICES names the slices docs/multihost.md's pod section talks about, by their device
 kind strings as the chips report them (libtpu's names, the ones
 roofline/chips.py matches: a v5p says "TPU v5", a v5e "TPU v5 lite").
 """

@@ -73,13 +73,13 @@ def held_blocks(grid, process):
 
 
 def readme_meshes(n):
-    """The meshes the README shows for a slice of n chips, as (data, fsdp, tp)."""
+    """The meshes docs/multihost.md shows for a slice of n chips, as (data, fsdp, tp)."""
     return [(1, n, 1), (2, n // 2, 1), (1, n // 2, 2), (2, n // 4, 2)]
 
 
 @pytest.mark.parametrize("name", ["v4-32", "v5e-16", "v6e-32", "v5p-64"])
 def test_each_process_loads_the_blocks_its_devices_hold(name):
-    """On mock TPU devices in JAX's own torus order, for every mesh the README
+    """On mock TPU devices in JAX's own torus order, for every mesh docs/multihost.md
     shows, process_rows gives each host exactly the rows of the blocks its
     chips hold, in order of where they start (what
     make_array_from_process_local_data expects); the hosts cover every row."""
