@@ -13,7 +13,7 @@ from roofline import decode_cost
 from roofline.compiled.program import Collective, collectives, read_program
 from roofline.flops import model_line, param_count
 from roofline.plan.decode import DecodePlan, decode_lines, decode_summary
-from roofline.plan.training import comm_time
+from roofline.predict import comm_time
 from sessions import inference, sharding
 from sessions.attention_choice import KERNEL_PLATFORM
 from sessions.attention_choice import choose as choose_attention
