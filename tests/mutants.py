@@ -200,7 +200,7 @@ MUTANTS = [
         "mfu-one-device",
         "MFU against one device's peak on several devices",
         "sessions/meter.py",
-        (("/ (peak_flops * n_devices)", "/ peak_flops"),),
+        (("datasheet_peak=peak_flops, chips=n_devices)", "datasheet_peak=peak_flops)"),),
         ("tests/test_train.py::test_the_meter_s_numbers_by_hand",),
     ),
     Mutant(
