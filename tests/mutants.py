@@ -591,7 +591,7 @@ MUTANTS = [
     Mutant(
         "hidden-any-order",
         "a permute counted as hidden whatever runs between its start and its done",
-        CMATMUL,
+        "roofline/compiled/schedule.py",
         (('"matmul" in roles[started[op.operands[0]] : at]', "True"),),
         (f"{CMATMUL_TEST}::test_a_permute_is_hidden_only_if_a_matmul_runs_while_it_flies",),
     ),
