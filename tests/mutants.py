@@ -239,6 +239,18 @@ MUTANTS = [
         ("tests/test_roofline.py::test_step_memory_by_hand",),
     ),
     Mutant(
+        "comm-both-ways",
+        "the communication bound sends over both directions of a link the datasheet sums",
+        "roofline/predict.py",
+        (
+            (
+                "    link = chip.interconnect / 2 if chip.interconnect else None",
+                "    link = chip.interconnect if chip.interconnect else None",
+            ),
+        ),
+        ("tests/test_roofline.py::test_the_communication_bound_by_hand",),
+    ),
+    Mutant(
         "state-bytes",
         "bytes per device counted as if every device held everything",
         "sessions/sharding.py",
