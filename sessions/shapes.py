@@ -12,6 +12,7 @@ reads them (sessions/plan/). Every such shape of the course is built here:
     abstract_batch          a batch of token ids, split as the loader splits it
     abstract_weights        the params as a server keeps them, in the compute dtype
     abstract_decode_weights those weights as a decode step reads them, transposed
+    abstract_prefill_inputs everything inference.prefill takes
     abstract_decode_inputs  everything inference.decode_steps takes
 """
 
@@ -81,6 +82,16 @@ def abstract_decode_weights(abstract_params):
         return jax.ShapeDtypeStruct(shape, x.dtype, sharding=sharding_)
 
     return jax.tree_util.tree_map_with_path(relayout, abstract_params)
+
+
+def abstract_prefill_inputs(cfg, batch, prompt_len, mesh):
+    """(arguments, static keywords) of inference.prefill for `batch` prompts of
+    prompt_len tokens over `mesh`: the weights as a server keeps them, and the
+    prompts [B, P] split by rows like every batch."""
+    prompts = jax.ShapeDtypeStruct(
+        (batch, prompt_len), np.int32, sharding=sharding.batch_sharding(mesh)
+    )
+    return (abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
 
 
 def abstract_decode_inputs(cfg, batch, mesh):

@@ -7,8 +7,6 @@ prints what each device holds, the decode roofline and what the compiler did
 import dataclasses
 from typing import NamedTuple
 
-from jax import ShapeDtypeStruct
-
 from roofline import decode_cost
 from roofline.compiled.program import Collective, collectives, read_program
 from roofline.flops import model_line, param_count
@@ -42,10 +40,7 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     cfg = dataclasses.replace(cfg, attention_impl=impl)
 
     def inputs_for(mesh, cfg=cfg):
-        prompts = ShapeDtypeStruct(
-            (batch, prompt_len), "int32", sharding=sharding.batch_sharding(mesh)
-        )
-        return (shapes.abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
+        return shapes.abstract_prefill_inputs(cfg, batch, prompt_len, mesh)
 
     compiled, oom, seconds = programs.compile_or_oom(
         inference.prefill, *inputs_for(mesh), mesh, chip, say
