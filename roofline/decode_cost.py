@@ -42,7 +42,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from roofline.flops import attention_flops, matmul_params
-from roofline.predict import predict
+from roofline.predict import predict, utilisation
 
 
 def dtype_bytes(dtype):
@@ -174,7 +174,8 @@ def achieved(step, step_s, *, peak_flops, bandwidth):
         bytes_per_s=step.bytes / step_s,
         flops_per_s=step.flops / step_s,
         mbu=step.bytes / step_s / bandwidth,
-        mfu=step.flops / step_s / peak_flops,
+        # peak_flops: the caller's roofs, a datasheet's or measured; the ratio is the same.
+        mfu=utilisation(step.flops, step_s, datasheet_peak=peak_flops).mfu_datasheet,
     )
 
 

@@ -82,6 +82,22 @@ def predict_train_step(cfg, batch, chip, dtype=None, chips=1):
     )
 
 
+def comm_time(collectives, chip):
+    """(link bytes/s one direction, seconds to send the collectives' link bytes
+    over it): the communication bound of a step, beside compute_s and memory_s.
+
+    link   = interconnect / 2               (the datasheet figure counts both directions)
+    comm_s = sum of link bytes / link       (each collective on a ring of its group:
+                                             roofline/compiled/program.py `link_bytes`,
+                                             How to Scale Your Model, chapter 3)
+
+    collectives: {kind: roofline.compiled.program.Collective}. The time is None
+    where the chip has no interconnect figure and something must be sent."""
+    link = chip.interconnect / 2 if chip.interconnect else None
+    sent = sum(c.bytes for c in collectives.values())
+    return link, sent / link if link else (None if sent else 0.0)
+
+
 class Utilisation(NamedTuple):
     """How much of the chips a measured step used."""
 

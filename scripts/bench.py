@@ -24,11 +24,13 @@ from roofline.flops import napkin_train_flops, train_flops
 from roofline.hardware import local_peak_flops
 from roofline.measured.compare import local_comparison
 from roofline.memory import step_memory
+from roofline.predict import utilisation
 from roofline.timing import Timing, steadiness, time_calls
 from roofline.units import ms
 from sessions import data
 from sessions.attention import IMPLEMENTATIONS
 from sessions.config import PRESETS
+from sessions.meter import run_utilisation
 from sessions.run.cli import ArgumentParser, positive_int, resolve, run_main
 from sessions.train import init_state, make_optimizer, make_train_step
 
@@ -124,14 +126,13 @@ def main(argv=None):
     )
     print(f"step time       {ours}")
     print(f"tokens/s        {B * S / ours.median:,.0f}")
-    print(f"achieved        {flops / ours.median / 1e12:.3f} TFLOP/s")
-    print(
-        f"MFU             {100 * flops / ours.median / peak:.1f}% of {peak / 1e12:.3f} "
-        f"TFLOP/s ({peak_source})"
-    )
+    achieved, mfu = run_utilisation(flops, ours.median, peak, 1)
+    print(f"achieved        {achieved / 1e12:.3f} TFLOP/s")
+    print(f"MFU             {100 * mfu:.1f}% of {peak / 1e12:.3f} TFLOP/s ({peak_source})")
     if device.platform != "cpu":
+        against_ceiling = utilisation(flops, ours.median, measured_peak=ceiling).mfu_measured
         print(
-            f"MFU (measured)  {100 * flops / ours.median / ceiling:.1f}% of the measured "
+            f"MFU (measured)  {100 * against_ceiling:.1f}% of the measured "
             f"matmul ceiling, {ceiling / 1e12:.1f} TFLOP/s"
         )
     if memory is not None:
@@ -151,7 +152,7 @@ def main(argv=None):
         _, ours_first = compiled(fresh(), batch)
         _, naive_first = make_naive_step(cfg, optimizer)(fresh(), batch)
         print(f"naive step      {naive}")
-        print(f"naive MFU       {100 * flops / naive.median / peak:.1f}%")
+        print(f"naive MFU       {100 * run_utilisation(flops, naive.median, peak, 1)[1]:.1f}%")
         print(f"speed-up        {naive.median / ours.median:.2f}x (naive median / ours)")
         print(
             f"same numbers    first-step loss {float(ours_first['loss']):.6f} ours, "

@@ -49,8 +49,9 @@ At 256 tokens the matmul is a quarter of the hop, and the compiled program
 shows it: the scheduler sends the first three shards back to back.
 
 Compiled for tpu-v5e:2x4 at GPT2_MLP (sessions/plan/collective_matmul_on_target.py's
-`programs_on`, then `schedule_summary`; tests/test_collective_matmul.py checks
-each line):
+`programs_on`, then roofline/compiled/schedule.py's `schedule_summary`, which
+reads what the compiled schedule hides behind its matmuls;
+tests/test_collective_matmul.py checks each line):
 
     allgather_matmul   1 all-gather, then 1 matmul: nothing beside the gather
     collective_matmul  permute start, matmul, permute done, seven times, then
@@ -75,16 +76,10 @@ for h100:8 (deviceless), the same program runs six permutes back to back
 first, and only the seventh flies beside a matmul.
 """
 
-import itertools
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from roofline.compiled.hlo import parse
-from roofline.compiled.kinds import classify_hlo
-from roofline.compiled.program import collectives
 from sessions.sharding import ACTIVATION_SPECS, PARAM_SPECS
 
 RING = "fsdp"  # the mesh axis whose devices pass the weight shards around
@@ -147,89 +142,3 @@ def compiled_matmul(matmul, mesh, shape, dtype=jnp.bfloat16):
     w = jax.ShapeDtypeStruct((E, F), dtype, sharding=NamedSharding(mesh, W_SPEC))
     with jax.set_mesh(mesh):
         return jax.jit(lambda x, w: matmul(x, w, mesh)).lower(x, w).compile()
-
-
-class Schedule(NamedTuple):
-    """What one device runs, in the compiled order (loop bodies once a trip)."""
-
-    permutes: int  # collective-permutes (a start and its done count once)
-    all_gathers: int
-    matmuls: int  # dots and convolutions, fused or not
-    hidden: int  # permutes with a matmul between their start and their done
-    in_flight: int  # the most permutes started and not yet done at one time
-    alternate: bool  # a matmul between every two permutes sent, in every computation
-    loops: int  # XLA's own collective-matmul loops (windowed einsums)
-
-
-def _steps(computation, kinds):
-    """The computation's permutes and matmuls in the order they run:
-    ("start" | "done" | "permute" | "matmul", instruction)."""
-    for op in computation.instructions:
-        if op.opcode.startswith("collective-permute"):
-            yield op.opcode.removeprefix("collective-permute").lstrip("-") or "permute", op
-        elif kinds.get(op.name) == "matmul":
-            yield "matmul", op
-
-
-def _tally(computation, kinds):
-    """(permutes, matmuls, hidden permutes, most in flight, alternate) of one computation."""
-    steps = list(_steps(computation, kinds))
-    roles = [role for role, _ in steps]
-    started = {op.name: at for at, (role, op) in enumerate(steps) if role == "start"}
-    hidden = sum(
-        "matmul" in roles[started[op.operands[0]] : at]
-        for at, (role, op) in enumerate(steps)
-        if role == "done" and op.operands and op.operands[0] in started
-    )
-    flying = most = 0
-    for role in roles:
-        flying += (role == "start") - (role == "done")
-        most = max(most, flying)
-    sent = [role for role in roles if role != "done"]
-    alternate = all(a == "matmul" or b == "matmul" for a, b in itertools.pairwise(sent))
-    permutes = roles.count("start") + roles.count("permute")
-    return permutes, roles.count("matmul"), hidden, most, alternate
-
-
-def schedule_summary(hlo_text):
-    """The Schedule of a compiled program's text (`compiled.as_text()`).
-
-    A compiled program is scheduled: each computation prints its instructions in
-    the order they run. The entry computation is read, and each loop body it runs
-    counts once a trip (`Module.trip_counts`); a matmul inside a fusion is found
-    by what the fusion holds (roofline/compiled/kinds.py). All-gathers are counted as the
-    `--target` report counts them (roofline/compiled/program.py: a TPU spreads one over
-    several fusions that share its channel); permutes one a start, as the chain
-    of ours shares one channel."""
-    module, kinds = parse(hlo_text), classify_hlo(hlo_text)
-    trips = module.trip_counts
-    bodies = [
-        op.calls["body"][0]
-        for op in module.entry.instructions
-        if op.opcode == "while" and "body" in op.calls
-    ]
-    tallies = [(1, _tally(module.entry, kinds))]
-    tallies += [(trips.get(b, 1), _tally(module.computations[b], kinds)) for b in bodies]
-    permutes, matmuls, hidden = (sum(times * t[i] for times, t in tallies) for i in (0, 1, 2))
-    gathers = collectives(hlo_text, devices=1).get("all-gather")  # the group size: not needed
-    return Schedule(
-        permutes=permutes,
-        all_gathers=gathers.count if gathers else 0,
-        matmuls=matmuls,
-        hidden=hidden,
-        in_flight=max(t[3] for _, t in tallies),
-        alternate=all(t[4] for _, t in tallies),
-        loops=sum("windowed_dot_general" in b for b in bodies),
-    )
-
-
-def schedule_line(name, schedule):
-    """One line a session script prints for a Schedule."""
-    s = schedule
-    counts = [(s.permutes, "permute"), (s.all_gathers, "all-gather"), (s.matmuls, "matmul")]
-    line = ", ".join(f"{n} {what}{'s' * (n != 1)}" for n, what in counts if n)
-    if s.loops:
-        line += f" in {s.loops} windowed-einsum loop{'s' * (s.loops != 1)}"
-    if s.permutes:
-        line += f"; {s.hidden} of them hidden behind a matmul, {s.in_flight} at most in flight"
-    return f"{name}: {line}"

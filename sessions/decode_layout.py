@@ -14,7 +14,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sessions import sharding
@@ -55,21 +54,6 @@ def decode_weights(params, cfg):
         return jax.lax.with_sharding_constraint(w, out_in_spec(path, w, order))
 
     return jax.tree_util.tree_map_with_path(relayout, cast(params, cfg))
-
-
-def abstract_decode_weights(abstract_params):
-    """What decode_weights returns, from ShapeDtypeStructs carrying shardings
-    (compile-only planning, sessions/plan/programs.py): shapes and rules permuted alike."""
-
-    def relayout(path, x):
-        order = out_in_order(path, x.ndim)
-        if order is None:
-            return x
-        shape = tuple(x.shape[i] for i in order)
-        sharding_ = NamedSharding(x.sharding.mesh, out_in_spec(path, x, order))
-        return jax.ShapeDtypeStruct(shape, x.dtype, sharding=sharding_)
-
-    return jax.tree_util.tree_map_with_path(relayout, abstract_params)
 
 
 def dense_out_in(x, w, n_in=1):

@@ -14,6 +14,7 @@ import json
 import math
 import time
 
+from roofline.predict import utilisation
 from sessions.errors import TrainingDiverged
 
 
@@ -74,16 +75,26 @@ class Meter:
 
 def make_record(step, loss, step_time, tokens_per_step, flops_per_step, peak_flops, n_devices):
     """One log line's numbers; step_time is seconds per step, peak_flops of one device."""
-    mfu = flops_per_step / step_time / (peak_flops * n_devices)
+    flops_per_s, mfu = run_utilisation(flops_per_step, step_time, peak_flops, n_devices)
     return {
         "step": step,
         "loss": loss,
         "step_time_s": step_time,
         "tokens_per_sec": tokens_per_step / step_time,
-        "tflops_per_device": flops_per_step / step_time / n_devices / 1e12,
+        "tflops_per_device": flops_per_s / 1e12,
         "mfu": mfu,
         "mfu_exceeds_peak": impossible_mfu(mfu),
     }
+
+
+def run_utilisation(flops_per_step, step_time, peak_flops, n_devices):
+    """(model FLOP/s per device, MFU) of a step that took step_time seconds, by
+    roofline.predict.utilisation. The run divides by one peak per device, the
+    datasheet's where the chip table has the chip, else measured
+    (roofline.hardware.local_peak_flops; the header names which): the ratio is
+    the same either way, so it goes in as the datasheet's."""
+    use = utilisation(flops_per_step, step_time, datasheet_peak=peak_flops, chips=n_devices)
+    return use.flops_per_s, use.mfu_datasheet
 
 
 def impossible_mfu(mfu):

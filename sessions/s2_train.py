@@ -39,13 +39,8 @@ from sessions.run import checkpoint, multihost, preemption
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import PROMPT, resolve, run_main, train_flags
 from sessions.run.report import header_lines, make_run_dir, plot_loss, summarize, summary_lines
-from sessions.train import (
-    abstract_batch,
-    abstract_state,
-    compile_ahead,
-    make_evaluator,
-    make_train_step,
-)
+from sessions.shapes import abstract_batch, abstract_state
+from sessions.train import compile_ahead, make_evaluator, make_train_step
 
 
 def main(argv=None):
@@ -88,7 +83,8 @@ def main(argv=None):
     checkpoints = checkpoint.open_for_run(directory, every, resume, cfg, tc, corpus.unit, named)
 
     # The state as shapes first (jax.ShapeDtypeStruct, each with its weight's
-    # sharding); then every device builds, or restores, only its own shards.
+    # sharding: sessions/shapes.py); then every device builds, or restores, only
+    # its own shards.
     optimizer, init, abstract = abstract_state(cfg, tc, mesh)
     shardings = jax.tree.map(lambda x: x.sharding, abstract)
     with jax.set_mesh(mesh):

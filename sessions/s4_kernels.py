@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from roofline.compiled.program import collectives_table
+from roofline.compiled.schedule import schedule_line, schedule_summary
 from roofline.plan.targets import missing_extras
 from sessions import collective_matmul, flash, manual_fsdp, precision, sharding
 from sessions.attention import einsum_attention
@@ -188,8 +189,7 @@ def target_tables(target, devices):
     if not missing_extras("tpu"):
         print("   the collective matmul compiled for tpu-v5e:2x4, gpt2's MLP (schedule_summary):")
         for name, text in programs_on("tpu-v5e:2x4").items():
-            schedule = collective_matmul.schedule_summary(text)
-            print(f"     {collective_matmul.schedule_line(name, schedule)}")
+            print(f"     {schedule_line(name, schedule_summary(text))}")
 
 
 def main(argv=None):

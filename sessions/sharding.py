@@ -5,8 +5,9 @@ The anti-pattern is to build every weight on one chip and then move it: it
 works until the day the model no longer fits on one chip. Instead we describe
 the computation first. `jax.eval_shape` runs the initialiser on shapes only and
 returns `jax.ShapeDtypeStruct`s; the rules below turn each shape into a
-sharding; `jax.jit(init, out_shardings=...)` then builds every shard on the
-device that holds it, and no device ever sees a whole weight.
+sharding (sessions/shapes.py builds every such shape a program takes);
+`jax.jit(init, out_shardings=...)` then builds every shard on the device that
+holds it, and no device ever sees a whole weight.
 
 Mesh axes:
     data  batch split, weights replicated (plain data parallelism)
@@ -140,22 +141,12 @@ def tree_shardings(shapes, mesh):
     )
 
 
-def abstract_sharded(init_fn, key, mesh):
-    """What init_fn(key) would build, without building it: a tree of
-    jax.ShapeDtypeStruct, each carrying the sharding its rule gives."""
-    shapes = jax.eval_shape(init_fn, key)  # shapes and dtypes only: no memory used
-    shardings = tree_shardings(shapes, mesh)
-    return jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
-    )
-
-
 def init_sharded(init_fn, key, mesh):
     """Run init_fn(key) so that each device builds only its own shards.
 
     Returns (tree, shardings)."""
-    abstract = abstract_sharded(init_fn, key, mesh)
-    shardings = jax.tree.map(lambda x: x.sharding, abstract)
+    shapes = jax.eval_shape(init_fn, key)  # shapes and dtypes only: no memory used
+    shardings = tree_shardings(shapes, mesh)
     return jax.jit(init_fn, out_shardings=shardings)(key), shardings
 
 

@@ -70,26 +70,6 @@ def init_state(key, *, cfg, optimizer):
     return {"params": params, "opt": optimizer.init(params)}
 
 
-def abstract_state(cfg, tc, mesh):
-    """(optimizer, init, abstract): the optimizer, init(key) -> the training
-    state, and that state as jax.ShapeDtypeStructs carrying the sharding each
-    weight's rule gives it over `mesh` (sessions/sharding.py). Nothing is built:
-    `jax.jit(init, out_shardings=...)` then builds each shard on its device, a
-    checkpoint restores into it, or a compiler for another chip reads it."""
-    optimizer = make_optimizer(tc, tc.steps)
-    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
-    key = jax.eval_shape(lambda: jax.random.key(tc.seed))  # only its shape is used
-    with jax.set_mesh(mesh):
-        abstract = sharding.abstract_sharded(init, key, mesh)
-    return optimizer, init, abstract
-
-
-def abstract_batch(batch, seq, batch_sharding):
-    """A batch of token ids [B, S] as shapes, split as the loader splits it."""
-    tokens = jax.ShapeDtypeStruct((batch, seq), np.int32, sharding=batch_sharding)
-    return {"inputs": tokens, "targets": tokens}
-
-
 def compile_ahead(step_fn, state, batch, log=print):
     """step_fn compiled for these shapes before the loop: no step is timed
     with compilation in it, and the loop can never trigger a recompile."""

@@ -221,7 +221,7 @@ MUTANTS = [
         "mfu-one-device",
         "MFU against one device's peak on several devices",
         "sessions/meter.py",
-        (("/ (peak_flops * n_devices)", "/ peak_flops"),),
+        (("datasheet_peak=peak_flops, chips=n_devices)", "datasheet_peak=peak_flops)"),),
         ("tests/test_train.py::test_the_meter_s_numbers_by_hand",),
     ),
     Mutant(
@@ -258,6 +258,18 @@ MUTANTS = [
         "roofline/memory.py",
         (("- m.alias_size_in_bytes", ""),),
         ("tests/test_roofline.py::test_step_memory_by_hand",),
+    ),
+    Mutant(
+        "comm-both-ways",
+        "the communication bound sends over both directions of a link the datasheet sums",
+        "roofline/predict.py",
+        (
+            (
+                "    link = chip.interconnect / 2 if chip.interconnect else None",
+                "    link = chip.interconnect if chip.interconnect else None",
+            ),
+        ),
+        ("tests/test_roofline.py::test_the_communication_bound_by_hand",),
     ),
     Mutant(
         "state-bytes",
@@ -621,7 +633,7 @@ MUTANTS = [
     Mutant(
         "hidden-any-order",
         "a permute counted as hidden whatever runs between its start and its done",
-        CMATMUL,
+        "roofline/compiled/schedule.py",
         (('"matmul" in roles[started[op.operands[0]] : at]', "True"),),
         (f"{CMATMUL_TEST}::test_a_permute_is_hidden_only_if_a_matmul_runs_while_it_flies",),
     ),

@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 from helpers import PYTHON, REPO, run_python, run_script, s2_in_process, subprocess_env
 
-from sessions import sharding
+from sessions import shapes, sharding
 from sessions.config import PRESETS
 from sessions.errors import UsageError
 from sessions.run.checkpoint import Checkpoints, make_local, newest_meta
@@ -176,7 +176,7 @@ def _state(mesh_text, seed=0):
     cfg, tc = _tiny()
     mesh = sharding.make_mesh(sharding.parse_mesh(mesh_text, 8))
     init = functools.partial(init_state, cfg=cfg, optimizer=make_optimizer(tc, tc.steps))
-    abstract = sharding.abstract_sharded(init, jax.random.key(seed), mesh)
+    abstract = shapes.abstract_sharded(init, jax.random.key(seed), mesh)
     state, _ = sharding.init_sharded(init, jax.random.key(seed), mesh)
     return state, abstract
 

@@ -19,7 +19,7 @@ from helpers import need, s3_in_process
 from roofline.compiled.program import collectives
 from roofline.decode_cost import decode_step_cost, decode_step_cost_per_device, weight_bytes
 from roofline.flops import param_count
-from sessions import inference, sharding
+from sessions import inference, shapes, sharding
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
 from sessions.plan import programs
@@ -273,7 +273,7 @@ def test_the_gpu_decode_programs_never_wait_on_the_host():
     planned, cfg = plan("h100:1", None, "2", "tiny")
     target, devices = programs.devices_for("h100:1")
     mesh = sharding.make_mesh(sharding.parse_mesh(None, 1), devices=np.array(devices))
-    args, static = programs.abstract_decode_inputs(cfg, 2, mesh)
+    args, static = shapes.abstract_decode_inputs(cfg, 2, mesh)
     with jax.set_mesh(mesh):
         lowered = inference.decode_steps.lower(*args, **{**static, "greedy": False})
         sampling = programs.compile_for(lowered, target.chip, lambda *a: None)

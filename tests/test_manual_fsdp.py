@@ -13,7 +13,7 @@ from helpers import need, run_script, s2_in_process
 from roofline.compiled.hlo import parse
 from roofline.compiled.program import collectives, collectives_table
 from roofline.compiled.scatters import scatters
-from sessions import data, sharding
+from sessions import data, shapes, sharding
 from sessions.config import PRESETS
 from sessions.manual_fsdp import make_manual_step
 from sessions.train import init_state, make_optimizer, make_train_step
@@ -180,7 +180,7 @@ def test_the_manual_step_in_bf16_sums_the_lookup_s_gradient_in_float32():
     mesh = sharding.make_mesh(sharding.parse_mesh("fsdp=8", 8))
     with jax.set_mesh(mesh):
         init = functools.partial(init_state, cfg=cfg, optimizer=OPTIMIZER)
-        state = sharding.abstract_sharded(init, jax.random.key(TC.seed), mesh)
+        state = shapes.abstract_sharded(init, jax.random.key(TC.seed), mesh)
         shardings = jax.tree.map(lambda x: x.sharding, state)
         rows = sharding.batch_sharding(mesh)
         batch = jax.ShapeDtypeStruct((TC.batch, cfg.seq), "int32", sharding=rows)

@@ -26,6 +26,7 @@ from helpers import (
 
 from roofline.compiled.kinds import KINDS, classify_hlo
 from roofline.compiled.op_roofline import group_alike, predict_ops
+from roofline.compiled.program import Collective
 from roofline.flops import (
     count_params,
     ledger,
@@ -44,7 +45,7 @@ from roofline.measured.profile import capture
 from roofline.measured.table import table_lines
 from roofline.measured.trace import read_trace
 from roofline.memory import step_memory
-from roofline.predict import predict, predict_train_step, utilisation
+from roofline.predict import comm_time, predict, predict_train_step, utilisation
 from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.model import init_params
 from sessions.train import init_state, make_optimizer, make_train_step
@@ -289,6 +290,17 @@ def test_the_roofline_by_hand():
     assert utilisation(1e12, 0.5, measured_peak=2e12).mfu_datasheet is None
     with pytest.raises(ValueError):
         predict(0, 1, peak_flops=1, bandwidth=1, tokens=1)
+
+
+def test_the_communication_bound_by_hand():
+    """A v5e's ICI is 400 GB/s a chip, both directions counted (roofline/tpus.py):
+    200 GB/s a direction, so 1 + 2 GB sent take 15 ms. With no link figure the time
+    is unknown where something must be sent, and zero where nothing is."""
+    sent = {"all-gather": Collective(2, 4e9, 1e9), "reduce-scatter": Collective(1, 1e9, 2e9)}
+    assert comm_time(sent, CHIPS["tpu-v5e"]) == (200e9, pytest.approx(0.015))
+    no_link = dataclasses.replace(CHIPS["tpu-v5e"], interconnect=None)
+    assert comm_time(sent, no_link) == (None, None)
+    assert comm_time({}, no_link) == (None, 0.0)
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -22,9 +22,9 @@ from sessions.meter import Meter, format_record
 from sessions.model import init_params
 from sessions.run import preemption
 from sessions.run.report import summarize, summary_lines
+from sessions.shapes import abstract_batch
 from sessions.sharding import batch_sharding, make_mesh
 from sessions.train import (
-    abstract_batch,
     compile_ahead,
     init_state,
     loss_fn,

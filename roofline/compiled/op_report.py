@@ -6,6 +6,7 @@ JSON for --summary-out.
 import collections
 
 from roofline.compiled.op_roofline import PHASES, phase
+from roofline.predict import utilisation
 from roofline.units import ms
 
 
@@ -14,11 +15,20 @@ def padding_share(ops, work_flops):
     return ops / work_flops - 1 if work_flops else 0.0
 
 
+def predicted_mfu(p, model_flops):
+    """MFU of the predicted step (roofline.predict.utilisation), against the peak of
+    the roofs it was predicted on: measured, or the datasheet's."""
+    roofs = p.roofs
+    if roofs.measured:
+        return utilisation(model_flops, p.step_s, measured_peak=roofs.peak_flops).mfu_measured
+    return utilisation(model_flops, p.step_s, datasheet_peak=roofs.peak_flops).mfu_datasheet
+
+
 def prediction_lines(p, tokens, model_flops, bound_s=None, top=10):
     """The per-op prediction as text: the step, by kind, the ops that cost most.
     model_flops: the exact count per device (its MFU numerator); bound_s: the
     whole-step bound to set beside it."""
-    mfu = model_flops / p.roofs.peak_flops / p.step_s
+    mfu = predicted_mfu(p, model_flops)
     beside = f"; the whole-step bound: {ms(bound_s)}" if bound_s else ""
     lines = [
         "per-op prediction (each op on its roof, in the compiler's order, asynchronous "
@@ -63,7 +73,7 @@ def prediction_summary(p, model_flops, top=10):
     """The per-op prediction as JSON-ready values (--summary-out)."""
     return {
         "predicted_step_seconds": p.step_s,
-        "predicted_mfu": model_flops / p.roofs.peak_flops / p.step_s,
+        "predicted_mfu": predicted_mfu(p, model_flops),
         "predicted_seconds_by_kind": dict(p.seconds_by_kind),
         "top_ops": [
             {

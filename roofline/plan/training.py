@@ -20,6 +20,7 @@ import dataclasses
 from roofline.compiled.op_report import prediction_lines, prediction_summary
 from roofline.compiled.program import collectives_summary, kernel_lines, matmul_dtypes_summary
 from roofline.flops import attention_flops, train_bytes, train_flops
+from roofline.predict import comm_time
 from roofline.units import flop, gb, ms
 
 
@@ -144,15 +145,6 @@ def training_plan(
         comm_s=comm_s,
         per_op=per_op,
     )
-
-
-def comm_time(collectives, chip):
-    """(link bytes/s one direction, seconds to send the collectives' link bytes
-    over it): None for the time where the chip has no interconnect figure and
-    something must be sent."""
-    link = chip.interconnect / 2 if chip.interconnect else None  # one direction of the link
-    sent = sum(c.bytes for c in collectives.values())
-    return link, sent / link if link else (None if sent else 0.0)
 
 
 def plan_lines(p):

@@ -1,6 +1,7 @@
 """The collective matmuls of sessions/collective_matmul.py, compiled for a chip
 this machine may lack: each device of the chip's slice on one fsdp ring, so a
-session script can print what the scheduler made of each.
+session script can print what the scheduler made of each
+(roofline/compiled/schedule.py).
 """
 
 from sessions.collective_matmul import (

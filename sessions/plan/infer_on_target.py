@@ -7,14 +7,12 @@ prints what each device holds, the decode roofline and what the compiler did
 import dataclasses
 from typing import NamedTuple
 
-from jax import ShapeDtypeStruct
-
 from roofline import decode_cost
 from roofline.compiled.program import Collective, collectives, read_program
 from roofline.flops import model_line, param_count
 from roofline.plan.decode import DecodePlan, decode_lines, decode_summary
-from roofline.plan.training import comm_time
-from sessions import inference, sharding
+from roofline.predict import comm_time
+from sessions import inference, shapes, sharding
 from sessions.attention_choice import KERNEL_PLATFORM
 from sessions.attention_choice import choose as choose_attention
 from sessions.data import text_to_tokens
@@ -42,10 +40,7 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     cfg = dataclasses.replace(cfg, attention_impl=impl)
 
     def inputs_for(mesh, cfg=cfg):
-        prompts = ShapeDtypeStruct(
-            (batch, prompt_len), "int32", sharding=sharding.batch_sharding(mesh)
-        )
-        return (programs.abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
+        return shapes.abstract_prefill_inputs(cfg, batch, prompt_len, mesh)
 
     compiled, oom, seconds = programs.compile_or_oom(
         inference.prefill, *inputs_for(mesh), mesh, chip, say
@@ -95,7 +90,7 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     """(DecodePlan, the compiled program) of the decode loop for `batch`
     sequences, or (None, why the compiler refused it)."""
     chip, n = target.chip, target.devices
-    inputs, static = programs.abstract_decode_inputs(cfg, batch, mesh)
+    inputs, static = shapes.abstract_decode_inputs(cfg, batch, mesh)
     compiled, oom, seconds = programs.compile_or_oom(
         inference.decode_steps, inputs, static, mesh, chip, say
     )
@@ -113,7 +108,7 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
             programs.count_on_this_cpu(
                 lambda mesh: (
                     inference.decode_steps,
-                    *programs.abstract_decode_inputs(cfg, batch, mesh),
+                    *shapes.abstract_decode_inputs(cfg, batch, mesh),
                 )
             )
             / n
@@ -131,8 +126,8 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     bandwidth = chip.hbm_bandwidth * target.chips / n
     decoded = DecodePlan(
         batch=batch,
-        weight_bytes=programs.held_bytes(inputs[0]),
-        cache_bytes=programs.held_bytes(inputs[1]),
+        weight_bytes=shapes.held_bytes(inputs[0]),
+        cache_bytes=shapes.held_bytes(inputs[1]),
         argument_bytes=memory.argument_size_in_bytes,
         temp_bytes=memory.temp_size_in_bytes,
         memory_bytes=facts.memory_bytes,

@@ -4,13 +4,11 @@ A compiled program is what the chip would run: XLA's memory plan, its FLOP
 count, the collectives the partitioner inserted and the kernels it chose can
 all be read off it (roofline/compiled/program.py) before anyone rents the chip. Nothing
 is executed and no array is ever allocated: the inputs are
-`jax.ShapeDtypeStruct`s carrying their shardings, exactly as the session
-scripts build them for real. sessions/plan/train_on_target.py and infer_on_target.py
+`jax.ShapeDtypeStruct`s carrying their shardings, built where the session
+scripts build theirs (sessions/shapes.py). sessions/plan/train_on_target.py and infer_on_target.py
 plan training and inference on such a chip (`--target CHIP[:SHAPE]`).
 """
 
-import dataclasses
-import functools
 import json
 import os
 import time
@@ -27,13 +25,12 @@ from roofline.plan.targets import (
     missing_extras,
     parse_target,
 )
-from sessions import inference, sharding
-from sessions.decode_layout import abstract_decode_weights
+from sessions import sharding
 from sessions.errors import UsageError
 from sessions.manual_fsdp import make_manual_step
-from sessions.model import init_params
 from sessions.run.accelerator import unseen_accelerator
-from sessions.train import abstract_batch, abstract_state, make_train_step
+from sessions.shapes import abstract_batch, abstract_state
+from sessions.train import make_train_step
 
 DECODE_ROWS = (1, 4, 16, 64)  # decode's default batches, per data x fsdp group of devices
 
@@ -170,49 +167,3 @@ def compile_or_oom(fn, inputs, static, mesh, chip, say):
                 raise
             compiled, oom = None, compiler_needs(e)
     return compiled, oom, time.perf_counter() - start
-
-
-def abstract_weights(cfg, mesh):
-    """The params as a server keeps them: ShapeDtypeStructs in the compute dtype
-    (cast once, at load), each with its sharding rule over `mesh`."""
-    key = jax.eval_shape(lambda: jax.random.key(0))  # an abstract key: no device is touched
-    params = sharding.abstract_sharded(functools.partial(init_params, cfg), key, mesh)
-    return jax.tree.map(
-        lambda w: jax.ShapeDtypeStruct(w.shape, cfg.dtype, sharding=w.sharding), params
-    )
-
-
-def abstract_decode_inputs(cfg, batch, mesh):
-    """(arguments, static keywords) of inference.decode_steps for `batch` sequences over
-    `mesh`: ShapeDtypeStructs carrying their shardings. The one place that knows
-    decode's signature.
-
-    The weights come as decode reads them, in the compute dtype, so nothing
-    runs outside the loop: the program is one step, repeated. The cache's
-    layout is inference.init_cache's own, read off a small copy of that
-    program compiled (zeros, never run: one row per group of devices and one
-    position, so it fits whatever the batch), which lays out every batch and
-    length alike. Tokens and logits are split by rows like every batch.
-    Greedy: no random draw in the step."""
-    rows = sharding.batch_sharding(mesh)
-    small = rows.mesh.shape["data"] * rows.mesh.shape["fsdp"]
-    with jax.set_mesh(mesh):
-        make = jax.jit(inference.init_cache, static_argnums=(0, 1))
-        layouts = make.lower(dataclasses.replace(cfg, seq=1), small).compile().output_shardings
-    shapes = jax.eval_shape(functools.partial(inference.init_cache, cfg, batch))
-    cache = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, layouts
-    )
-    tokens = jax.ShapeDtypeStruct((batch, cfg.seq), np.int32, sharding=rows)
-    logits = jax.ShapeDtypeStruct((batch, cfg.vocab), np.float32, sharding=rows)
-    start = n = jax.ShapeDtypeStruct((), np.int32)  # traced: one program for every length
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    temperature = jax.ShapeDtypeStruct((), np.float32)
-    weights = abstract_decode_weights(abstract_weights(cfg, mesh))
-    inputs = (weights, cache, tokens, logits, start, n, key, temperature)
-    return inputs, {"cfg": cfg, "greedy": True}
-
-
-def held_bytes(tree):
-    """Bytes of a tree of sharded ShapeDtypeStructs that one device holds."""
-    return sharding.bytes_per_device(tree, jax.tree.map(lambda x: x.sharding, tree))[0]

@@ -11,7 +11,7 @@ from roofline.flops import model_line, napkin_train_flops, param_count
 from roofline.timing import steadiness
 from sessions import data
 from sessions.errors import UsageError
-from sessions.meter import impossible_mfu
+from sessions.meter import impossible_mfu, run_utilisation
 
 
 def make_run_dir(path):
@@ -75,10 +75,9 @@ def summarize(
     keeps one. corpus: the data's name, for the remedies if the run memorized it."""
     steps = history[-1]["step"] - first_step
     seconds_per_step = train_seconds / max(steps, 1)
-    achieved = flops_per_step / seconds_per_step
     val = [(r["val_loss"], r["step"]) for r in history if "val_loss" in r]
     peak_flops, peak_source = peak
-    mfu = achieved / (peak_flops * n_devices)
+    flops_per_s, mfu = run_utilisation(flops_per_step, seconds_per_step, peak_flops, n_devices)
     gap, gap_train, gap_steps = final_gap(history)
     # Each log interval's seconds per token: equal intervals, so as their seconds.
     intervals = [1 / r["tokens_per_sec"] for r in history if r.get("tokens_per_sec")]
@@ -88,7 +87,7 @@ def summarize(
         "steps": history[-1]["step"],
         "step_time_s": seconds_per_step,
         "tokens_per_sec": tokens_per_step / seconds_per_step,
-        "tflops_per_device": achieved / n_devices / 1e12,
+        "tflops_per_device": flops_per_s / 1e12,
         "mfu": mfu,  # kept as computed; the flag says when it is no result
         "mfu_exceeds_peak": impossible_mfu(mfu),
         # max |interval - median| / median of the log intervals after the first

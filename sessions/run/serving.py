@@ -15,7 +15,7 @@ from sessions.model import init_params
 from sessions.run.checkpoint import Checkpoints, newest_meta
 from sessions.run.cli import PROMPT
 from sessions.sample import check_prompt, load_tokenizer, prompt_tokens
-from sessions.train import abstract_state
+from sessions.shapes import abstract_state
 
 
 def inference_config(serving):

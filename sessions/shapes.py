@@ -1,0 +1,130 @@
+"""Every array a program takes, as jax.ShapeDtypeStruct with its sharding, before any array exists.
+
+A program can be compiled, its memory planned and its collectives counted from
+shapes alone: `jax.eval_shape` runs an initialiser on shapes and returns
+ShapeDtypeStructs, each weight's rule (sessions/sharding.py) adds where its
+shards live, and nothing is allocated. The same shapes then serve three ways:
+`jax.jit(init, out_shardings=...)` builds each shard on its own device, a
+checkpoint restores into them, or a compiler for a chip this machine lacks
+reads them (sessions/plan/). Every such shape of the course is built here:
+
+    abstract_state          the training state, params and optimizer moments
+    abstract_batch          a batch of token ids, split as the loader splits it
+    abstract_weights        the params as a server keeps them, in the compute dtype
+    abstract_decode_weights those weights as a decode step reads them, transposed
+    abstract_prefill_inputs everything inference.prefill takes
+    abstract_decode_inputs  everything inference.decode_steps takes
+"""
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from sessions import inference, sharding
+from sessions.decode_layout import out_in_order, out_in_spec
+from sessions.model import init_params
+from sessions.train import init_state, make_optimizer
+
+
+def abstract_sharded(init_fn, key, mesh):
+    """What init_fn(key) would build, without building it: a tree of
+    jax.ShapeDtypeStruct, each carrying the sharding its rule gives."""
+    shapes = jax.eval_shape(init_fn, key)  # shapes and dtypes only: no memory used
+    shardings = sharding.tree_shardings(shapes, mesh)
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    )
+
+
+def abstract_state(cfg, tc, mesh):
+    """(optimizer, init, abstract): the optimizer, init(key) -> the training
+    state (sessions/train.py), and that state as jax.ShapeDtypeStructs carrying
+    the sharding each weight's rule gives it over `mesh`. Nothing is built:
+    `jax.jit(init, out_shardings=...)` then builds each shard on its device, a
+    checkpoint restores into it, or a compiler for another chip reads it."""
+    optimizer = make_optimizer(tc, tc.steps)
+    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
+    key = jax.eval_shape(lambda: jax.random.key(tc.seed))  # only its shape is used
+    with jax.set_mesh(mesh):
+        abstract = abstract_sharded(init, key, mesh)
+    return optimizer, init, abstract
+
+
+def abstract_batch(batch, seq, batch_sharding):
+    """A batch of token ids [B, S] as shapes, split as the loader splits it."""
+    tokens = jax.ShapeDtypeStruct((batch, seq), np.int32, sharding=batch_sharding)
+    return {"inputs": tokens, "targets": tokens}
+
+
+def abstract_weights(cfg, mesh):
+    """The params as a server keeps them: ShapeDtypeStructs in the compute dtype
+    (cast once, at load), each with its sharding rule over `mesh`."""
+    key = jax.eval_shape(lambda: jax.random.key(0))  # an abstract key: no device is touched
+    params = abstract_sharded(functools.partial(init_params, cfg), key, mesh)
+    return jax.tree.map(
+        lambda w: jax.ShapeDtypeStruct(w.shape, cfg.dtype, sharding=w.sharding), params
+    )
+
+
+def abstract_decode_weights(abstract_params):
+    """What decode_layout.decode_weights returns, from ShapeDtypeStructs carrying
+    shardings: shapes and rules permuted alike."""
+
+    def relayout(path, x):
+        order = out_in_order(path, x.ndim)
+        if order is None:
+            return x
+        shape = tuple(x.shape[i] for i in order)
+        sharding_ = NamedSharding(x.sharding.mesh, out_in_spec(path, x, order))
+        return jax.ShapeDtypeStruct(shape, x.dtype, sharding=sharding_)
+
+    return jax.tree_util.tree_map_with_path(relayout, abstract_params)
+
+
+def abstract_prefill_inputs(cfg, batch, prompt_len, mesh):
+    """(arguments, static keywords) of inference.prefill for `batch` prompts of
+    prompt_len tokens over `mesh`: the weights as a server keeps them, and the
+    prompts [B, P] split by rows like every batch."""
+    prompts = jax.ShapeDtypeStruct(
+        (batch, prompt_len), np.int32, sharding=sharding.batch_sharding(mesh)
+    )
+    return (abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
+
+
+def abstract_decode_inputs(cfg, batch, mesh):
+    """(arguments, static keywords) of inference.decode_steps for `batch` sequences over
+    `mesh`: ShapeDtypeStructs carrying their shardings. The one place that knows
+    decode's signature.
+
+    The weights come as decode reads them, in the compute dtype, so nothing
+    runs outside the loop: the program is one step, repeated. The cache's
+    layout is inference.init_cache's own, read off a small copy of that
+    program compiled (zeros, never run: one row per group of devices and one
+    position, so it fits whatever the batch), which lays out every batch and
+    length alike. Tokens and logits are split by rows like every batch.
+    Greedy: no random draw in the step."""
+    rows = sharding.batch_sharding(mesh)
+    small = rows.mesh.shape["data"] * rows.mesh.shape["fsdp"]
+    with jax.set_mesh(mesh):
+        make = jax.jit(inference.init_cache, static_argnums=(0, 1))
+        layouts = make.lower(dataclasses.replace(cfg, seq=1), small).compile().output_shardings
+    shapes = jax.eval_shape(functools.partial(inference.init_cache, cfg, batch))
+    cache = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, layouts
+    )
+    tokens = jax.ShapeDtypeStruct((batch, cfg.seq), np.int32, sharding=rows)
+    logits = jax.ShapeDtypeStruct((batch, cfg.vocab), np.float32, sharding=rows)
+    start = n = jax.ShapeDtypeStruct((), np.int32)  # traced: one program for every length
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    temperature = jax.ShapeDtypeStruct((), np.float32)
+    weights = abstract_decode_weights(abstract_weights(cfg, mesh))
+    inputs = (weights, cache, tokens, logits, start, n, key, temperature)
+    return inputs, {"cfg": cfg, "greedy": True}
+
+
+def held_bytes(tree):
+    """Bytes of a tree of sharded ShapeDtypeStructs that one device holds."""
+    return sharding.bytes_per_device(tree, jax.tree.map(lambda x: x.sharding, tree))[0]
