@@ -52,9 +52,8 @@ FRESH_PASSES = 4
 # tells: the summary measures the gap.
 MAX_PASSES = 10
 # Validation minus training loss, nats per token, past which the summary says the
-# run has begun to memorize. The cpu preset over the stdlib, which it saw less than
-# once, kept it within -0.11 to +0.09 (docs/results.md, "Passes over the data"):
-# past 0.1 is more than noise.
+# run has begun to memorize. The cpu preset over the stdlib, seen less than once,
+# kept it within -0.11 to +0.09 (the same page): past 0.1 is more than noise.
 MAX_GAP = 0.1
 
 
