@@ -1038,8 +1038,14 @@ def run_tests(root, tests, timeout):
     except subprocess.TimeoutExpired:
         return None, set(), f"timed out after {timeout} s"
     out = done.stdout + done.stderr
-    failed = set(re.findall(r"^(?:FAILED|ERROR) (\S+?)(?: - .*)?$", out, re.MULTILINE))
-    return done.returncode, failed, "\n".join(out.strip().splitlines()[-15:])
+    return done.returncode, failed_tests(out), "\n".join(out.strip().splitlines()[-15:])
+
+
+def failed_tests(out):
+    """The node ids pytest's -rfE summary names as FAILED or ERROR; a parametrization's
+    id may hold spaces ('test_x[a b]'), so the brackets are read whole."""
+    node = r"\S+?(?:\[[^\]\n]*\])?"
+    return set(re.findall(rf"^(?:FAILED|ERROR) ({node})(?: - .*)?$", out, re.MULTILINE))
 
 
 def missed(tests, failed):

@@ -1,11 +1,13 @@
 """The benchmark and ladder scripts run, and the naive baseline computes the
 same loss as ours (so the speed-up compares like with like)."""
 
+import importlib.util
+import os
 import re
 
 import jax
 import pytest
-from helpers import hand_flops, hand_params, run_python, run_script
+from helpers import REPO, hand_flops, hand_params, run_python, run_script
 from jax._src import xla_bridge
 
 from harness import rungs
@@ -175,6 +177,28 @@ def test_every_mutant_still_fits_the_tree():
     fit = re.search(r"(\d+) of (\d+) mutants fit the tree", result.stdout)
     assert result.returncode == 0 and fit, result.stdout
     assert fit.group(1) == fit.group(2)
+
+
+def test_the_mutation_check_reads_failed_ids_with_spaces_whole():
+    """A mutant counts as caught only if each named test fails; a parametrization
+    whose id holds a space must still be read as failed, not as missed."""
+    spec = importlib.util.spec_from_file_location(
+        "mutants", os.path.join(REPO, "tests", "mutants.py")
+    )
+    mutants = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutants)
+    out = (
+        "FAILED tests/test_a.py::test_x[a b] - AssertionError: 1 != 2\n"
+        "ERROR tests/test_b.py::test_y\n"
+        "FAILED tests/test_c.py::test_z[fsdp=4,tp=2] - x - y\n"
+    )
+    failed = mutants.failed_tests(out)
+    assert failed == {
+        "tests/test_a.py::test_x[a b]",
+        "tests/test_b.py::test_y",
+        "tests/test_c.py::test_z[fsdp=4,tp=2]",
+    }
+    assert not mutants.missed(["tests/test_a.py::test_x", "tests/test_b.py::test_y"], failed)
 
 
 @pytest.mark.parametrize(
