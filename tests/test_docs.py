@@ -8,7 +8,9 @@ say only what the repository does.
     every command   shown in the README and the guides parses: each script with
                     each flag it is shown with, by a dry parse in this process
                     (the script runs as __main__ until its parser has read the
-                    command line, then stops: nothing is trained or compiled)
+                    command line, then stops: nothing is trained or compiled);
+                    so does every command in a block of the other pages (docs/,
+                    CONTRIBUTING.md, exercises/ and roofline/'s READMEs)
     every path      they name exists, and every relative link resolves
     chip commands   a command that needs the chip compilers (--target,
                     max_batch.py, s4_kernels.py's step 5) says so beside it
@@ -32,11 +34,23 @@ GUIDES = sorted(
     os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "session-*.md"))
 )
 FRONT_DOOR = [README, *GUIDES]
+# Every page that shows commands: the front door, the reference pages and the rest.
+PAGES = [
+    *FRONT_DOOR,
+    *sorted(
+        os.path.relpath(p, REPO)
+        for p in glob.glob(os.path.join(REPO, "docs", "*.md"))
+        if os.path.relpath(p, REPO) not in GUIDES
+    ),
+    "CONTRIBUTING.md",
+    "exercises/README.md",
+    "roofline/README.md",
+]
 AOT = "requirements-aot.txt"
 HOMEWORK = "scripts/homework.py"
 
 # Commands shown that are not ours to parse, by their first word (or `python -m X`).
-NOT_OURS = {"pip", "gcloud", "cd", "xprof"}
+NOT_OURS = {"pip", "gcloud", "cd", "xprof", "ruff", "git", "tensorboard"}
 NOT_OURS_MODULES = {"pytest", "pip"}
 
 
@@ -58,7 +72,7 @@ def joined_lines(block):
     return block.replace("\\\n", " ").splitlines()
 
 
-def shown_commands(text):
+def shown_commands(text, inline=True):
     """[(command, context)] for every command a page shows: each line of a shell
     block, each `$ `-prompted line of another block, and each inline code span
     that starts `python ` (or with VAR=value before it). The context is the
@@ -76,6 +90,8 @@ def shown_commands(text):
                 found.append((line.removeprefix("$ "), before + "\n" + block))
             elif line.startswith("$ "):
                 found.append((line[2:], before + "\n" + block))
+    if not inline:
+        return found
     lines = text.splitlines(keepends=True)
     offset = 0
     for number, line in enumerate(lines):
@@ -179,11 +195,13 @@ def dry_parse(script, argv, monkeypatch, capsys):
 FORWARDS_TO_S2 = {"scripts/launch_local.py", "scripts/accelerator_check.py"}
 
 
-def every_command():
-    """[(page, command words)] of every command of ours the front door shows."""
+def every_command(pages=FRONT_DOOR):
+    """[(page, command words)] of every command of ours the pages show: on the
+    front door also those named inline, on the other pages those in their blocks
+    (where a command named in a sentence may stand for a family of them)."""
     result = []
-    for page in FRONT_DOOR:
-        for line, _ in shown_commands(read(page)):
+    for page in pages:
+        for line, _ in shown_commands(read(page), inline=page in FRONT_DOOR):
             result.extend((page, words) for words in words_of(line))
     return result
 
@@ -214,11 +232,13 @@ def test_the_command_reader_finds_what_a_page_shows():
 
 def test_every_command_shown_parses(monkeypatch, capsys):
     failures = []
-    for page, words in every_command():
+    for page, words in every_command(PAGES):
         target = script_of(words)
         if target is None:
             continue
         script, argv = target
+        # A shell variable ($RANK) is a value the reader gives: a number stands in for it.
+        argv = ["1" if re.fullmatch(r"\$\{?[A-Z_]+\}?", a) else a for a in argv]
         runs = [(script, argv)]
         if script in FORWARDS_TO_S2 and "--" in argv:
             runs.append(("sessions/s2_train.py", argv[argv.index("--") + 1 :]))
@@ -254,6 +274,7 @@ def needs_the_chip_compilers(words):
 
 
 def test_a_command_that_needs_the_chip_compilers_says_so_beside_it():
+    """On the front door; docs/chips.md, the page about those compilers, says it once."""
     missing = []
     for page in FRONT_DOOR:
         for line, context in shown_commands(read(page)):
