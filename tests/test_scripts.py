@@ -188,17 +188,17 @@ def test_the_mutation_check_reads_failed_ids_with_spaces_whole():
     mutants = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mutants)
     out = (
-        "FAILED tests/test_a.py::test_x[a b] - AssertionError: 1 != 2\n"
-        "ERROR tests/test_b.py::test_y\n"
-        "FAILED tests/test_c.py::test_z[fsdp=4,tp=2] - x - y\n"
+        "FAILED pkg/test_a.py::test_x[a b] - AssertionError: 1 != 2\n"
+        "ERROR pkg/test_b.py::test_y\n"
+        "FAILED pkg/test_c.py::test_z[fsdp=4,tp=2] - x - y\n"
     )
     failed = mutants.failed_tests(out)
     assert failed == {
-        "tests/test_a.py::test_x[a b]",
-        "tests/test_b.py::test_y",
-        "tests/test_c.py::test_z[fsdp=4,tp=2]",
+        "pkg/test_a.py::test_x[a b]",
+        "pkg/test_b.py::test_y",
+        "pkg/test_c.py::test_z[fsdp=4,tp=2]",
     }
-    assert not mutants.missed(["tests/test_a.py::test_x", "tests/test_b.py::test_y"], failed)
+    assert not mutants.missed(["pkg/test_a.py::test_x", "pkg/test_b.py::test_y"], failed)
 
 
 @pytest.mark.parametrize(
