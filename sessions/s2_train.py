@@ -37,8 +37,8 @@ from sessions.plan import programs, train_on_target
 from sessions.prefetch import Prefetcher, Synchronous
 from sessions.run import checkpoint, multihost, preemption
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import PROMPT, resolve, run_main, train_flags
-from sessions.run.report import header_lines, make_run_dir, plot_loss, summarize, summary_lines
+from sessions.run.cli import PROMPT, make_folder, resolve, run_main, train_flags
+from sessions.run.report import header_lines, plot_loss, summarize, summary_lines
 from sessions.shapes import abstract_batch, abstract_state
 from sessions.train import compile_ahead, make_evaluator, make_train_step
 
@@ -59,7 +59,7 @@ def main(argv=None):
     say = print if is_main else (lambda *a, **k: None)
     run = resolve(args)  # preset + flags + this machine -> configs
     cfg, tc = run.model, run.train
-    make_run_dir(args.run_dir)  # where the loss curve goes: made now, not after the last step
+    make_folder(args.run_dir, "--run-dir")  # for the loss curve: now, not after the last step
     B, S = tc.batch, cfg.seq
 
     # Data: bytes (or a tokenizer's ids) split into training and validation;

@@ -31,8 +31,8 @@ from sessions import inference, sharding
 from sessions.errors import UsageError
 from sessions.plan import infer_on_target, programs
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import NEW_TOKENS, infer_flags, run_main, serving_config
-from sessions.run.report import decode_table_lines, make_run_dir, plot_decode
+from sessions.run.cli import NEW_TOKENS, infer_flags, make_folder, run_main, serving_config
+from sessions.run.report import decode_table_lines, plot_decode
 from sessions.run.serving import inference_config, load_params, prompt_for
 from sessions.sample import sample_tokens, show
 
@@ -50,7 +50,7 @@ def main(argv=None):
         planned = infer_on_target.plan_inference(serving, args.mesh, args.batches, target, devices)
         return programs.write_plan(planned, args.hlo_out, args.summary_out)
     check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
-    make_run_dir(args.run_dir)  # the plot's folder, made before any work
+    make_folder(args.run_dir, "--run-dir")  # the plot's folder, made before any work
     devices = jax.devices() if args.mesh else jax.devices()[:1]
     sizes = sharding.parse_mesh(args.mesh, len(devices))
     args.batches = args.batches or [b * sizes["data"] * sizes["fsdp"] for b in programs.DECODE_ROWS]

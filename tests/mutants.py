@@ -321,6 +321,13 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "run-dir-unmade",
+        "a --run-dir that cannot be a folder found after the last step, when the plot is written",
+        "sessions/s2_train.py",
+        (('    make_folder(args.run_dir, "--run-dir")', "    pass"),),
+        ("tests/test_cli.py::test_a_run_dir_that_cannot_be_made_stops_the_run_before_it_trains",),
+    ),
+    Mutant(
         "checkpoint-folder-unmade",
         "a checkpoint folder that cannot be one found at the first save, after training",
         "sessions/run/checkpoint.py",

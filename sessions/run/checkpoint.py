@@ -29,6 +29,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from sessions.errors import TrainingDiverged, UsageError
+from sessions.run.cli import make_folder
 
 KEEP = 3  # the newest three checkpoints are kept
 
@@ -78,15 +79,8 @@ def make_local(directory):
     """Make a local checkpoint folder now, when the run opens it: a path that cannot be
     a folder (a file's name, or under /proc) stops the run before its first step, not
     at its first save. A URI is left to its store: a bucket has no folders to make."""
-    if is_uri(directory):
-        return
-    path = os.path.abspath(directory)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"checkpoint folder {path}: a file, not a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"checkpoint folder {path}: cannot make it ({e.strerror})") from None
+    if not is_uri(directory):
+        make_folder(os.path.abspath(directory), "checkpoint folder")
 
 
 def check_shared(path):

@@ -69,6 +69,18 @@ def output_file(text):
     return text
 
 
+def make_folder(path, name):
+    """Make a folder a run writes into now, before it does any work: a path that cannot
+    be one (a file's name, or under /proc) stops the run on one line, not after its last
+    step. `name` says which it is, as the user gave it (--run-dir, checkpoint folder)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{name} {path}: a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{name} {path}: cannot make this folder ({e.strerror})") from None
+
+
 def add_shape_flags(parser):
     """--preset and the flags that override its fields (None: keep the preset's)."""
     parser.add_argument(

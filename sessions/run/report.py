@@ -10,20 +10,7 @@ from roofline.decode_cost import compute_bound_batch, decode_step_cost, flops_pe
 from roofline.flops import model_line, napkin_train_flops, param_count
 from roofline.timing import steadiness
 from sessions import data
-from sessions.errors import UsageError
 from sessions.meter import impossible_mfu, run_utilisation
-
-
-def make_run_dir(path):
-    """Make --run-dir, where the plots go, before the run does any work: a path that
-    cannot be a folder (a file's name, or under /proc) stops it now, on one line,
-    not after its last step."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"--run-dir {path}: a file, not a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--run-dir {path}: cannot make this folder ({e.strerror})") from None
 
 
 def header_lines(run, flops, peak, corpus, unigram):
