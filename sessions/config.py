@@ -6,10 +6,13 @@ changing a shape is a new program, changing a weight is not.
 The dimension alphabet used everywhere in this repo (einsum letters):
 
     B batch   S sequence (query)   T key/value sequence   E embed
-    F feed-forward   H heads   D head dim   V vocab   L layers
+    F feed-forward   H heads   K key/value heads   G = H / K query heads per
+    key/value head   D head dim   V vocab   L layers
 """
 
 import dataclasses
+
+from sessions.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,24 @@ class ModelConfig:
     # (sessions/attention.py; `choose` picks one for the chip the step is built for);
     # "pallas" is our own flash kernel (sessions/flash.py), on any of them.
     attention_impl: str = "einsum"
+    # Session 5's levers; each default keeps sessions 1-4 as they were.
+    kv_heads: int | None = None  # K: heads of keys and values (None: H, one per query head)
+    rope: bool = False  # with positions: rotary positions (RoPE), not a learned table
+    rope_base: float = 10_000.0  # RoPE's base wavelength (LLaMA-3: 500,000)
+    gated: bool = False  # SwiGLU feed-forward: silu(x·W_gate) * (x·W_in), then W_out
+    tied: bool = True  # the output projection is the embedding's transpose (False: its own)
+
+    def __post_init__(self):
+        if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
+            raise UsageError(
+                f"--kv-heads {self.kv_heads} must divide the {self.heads} query heads "
+                f"(try {', '.join(str(k) for k in range(1, self.heads + 1) if self.heads % k == 0)})"
+            )
+
+    @property
+    def n_kv_heads(self):
+        """K, the key/value heads the cache holds: cfg.kv_heads, or H when unset."""
+        return self.heads if self.kv_heads is None else self.kv_heads
 
 
 @dataclasses.dataclass(frozen=True)
