@@ -32,14 +32,17 @@ def count_params(tree):
 def param_count(cfg):
     """P for a ModelConfig, counted from its shapes (sessions/model.py's params):
 
-    embedding V·E (tied: also the output projection), positions S·E,
-    per layer: q, k, v, o 4·E·H·D and a norm scale E (with attention),
-               w_in, w_out 2·E·F and a norm scale E,
+    embedding V·E (tied: also the output projection; untied: another V·E),
+    positions S·E (a learned table: not with RoPE),
+    per layer: q, o 2·E·H·D, k, v 2·E·K·D and a norm scale E (with attention),
+               w_in, w_out 2·E·F (gated: w_gate another E·F) and a norm scale E,
     final norm scale E."""
-    E, F, H, D = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim
-    per_layer = 2 * E * F + E + ((4 * E * H * D + E) if cfg.attention else 0)
-    positions = cfg.seq * E if cfg.positions else 0
-    return cfg.vocab * E + positions + cfg.layers * per_layer + E
+    E, F, H, K, D = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim
+    attention = (2 * E * H * D + 2 * E * K * D + E) if cfg.attention else 0
+    per_layer = (3 if cfg.gated else 2) * E * F + E + attention
+    positions = cfg.seq * E if cfg.positions and not cfg.rope else 0
+    embeddings = cfg.vocab * E * (1 if cfg.tied else 2)
+    return embeddings + positions + cfg.layers * per_layer + E
 
 
 def model_line(cfg, *, length="S", vocab=True):
@@ -69,10 +72,13 @@ def flash_kernel(cfg):
 
 def matmul_params(cfg):
     """Parameters that take part in a matmul, once per token: every weight
-    matrix, and the embedding through the tied output projection. Norm scales
-    and the positional table are added, not multiplied: no FLOPs to speak of."""
-    E, F, H, D, V = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.vocab
-    per_layer = 2 * E * F + (4 * E * H * D if cfg.attention else 0)
+    matrix, and the output projection (the tied embedding, or the untied
+    unembedding; an untied embedding table is looked up, not multiplied).
+    Norm scales and the positional table are added, not multiplied: no FLOPs
+    to speak of."""
+    E, F, H, K, D, V = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim, cfg.vocab
+    attention = 2 * E * H * D + 2 * E * K * D if cfg.attention else 0
+    per_layer = (3 if cfg.gated else 2) * E * F + attention
     return cfg.layers * per_layer + V * E
 
 
@@ -190,7 +196,8 @@ def ledger(cfg, batch):
     """Every count of one training step of `batch` sequences, side by side."""
     tokens = batch * cfg.seq
     P, Pm = param_count(cfg), matmul_params(cfg)
-    N = P - cfg.vocab * cfg.embed - (cfg.seq * cfg.embed if cfg.positions else 0)
+    table = cfg.seq * cfg.embed if cfg.positions and not cfg.rope else 0
+    N = P - cfg.vocab * cfg.embed * (1 if cfg.tied else 2) - table
     full, causal = 3 * attention_flops(cfg, batch), 3 * attention_flops(cfg, batch, True)
     return Ledger(
         tokens=tokens,
