@@ -41,9 +41,10 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
+            divisors = [str(k) for k in range(1, self.heads + 1) if self.heads % k == 0]
             raise UsageError(
                 f"--kv-heads {self.kv_heads} must divide the {self.heads} query heads "
-                f"(try {', '.join(str(k) for k in range(1, self.heads + 1) if self.heads % k == 0)})"
+                f"(try {', '.join(divisors)})"
             )
 
     @property
@@ -113,5 +114,85 @@ PRESETS = {
         ModelConfig(embed=768, ff=3072, heads=12, head_dim=64, layers=12, seq=1024),
         TrainConfig(steps=800, batch=32, lr=6e-4, warmup=200, log_every=50, eval_every=200),
         "GPT-2 small's shapes, seq 1024",
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """A published model's shapes, for the planner (python -m roofline decode, predict):
+    never trained here (our vocabulary is bytes), only counted."""
+
+    model: ModelConfig  # its own config, bfloat16, the whole context as seq
+    source: str  # where each shape was read: the model's config.json, or its paper
+    batch: int  # sequences per training step, as published (predict's default --batch)
+
+
+# Hugging Face config.json keys -> ours: vocab_size V, hidden_size E, intermediate_size F,
+# num_attention_heads H, num_key_value_heads K (absent: H), hidden_size / H = D,
+# num_hidden_layers L, max_position_embeddings S, rope_theta, tie_word_embeddings.
+HF_CONFIG = "https://huggingface.co/{}/blob/main/config.json"
+LLAMA = {"rope": True, "gated": True, "tied": False, "dtype": "bfloat16"}
+LLAMA2 = {"vocab": 32_000, "head_dim": 128, "seq": 4_096, **LLAMA}
+LLAMA3 = {"vocab": 128_256, "head_dim": 128, "seq": 8_192, "rope_base": 500_000.0, **LLAMA}
+# Training batches: GPT-2 paper (Radford et al. 2019, section 2.3), 512 sequences of
+# 1,024; Llama 2 paper (Touvron et al. 2023, section 2.2), 4M tokens = 1,024 x 4,096;
+# Llama 3 paper (Llama Team 2024, section 3.4.1) gives 405B's, 16M tokens at the end =
+# 2,048 x 8,192, and no other size's: that batch stands in for theirs.
+PUBLISHED = {
+    # 124,337,664 parameters here: GPT-2's biases and LayerNorm shifts (102,144) are not
+    # in our family, so it counts 0.08% fewer than GPT-2's own 124,439,808.
+    "gpt2": Published(
+        ModelConfig(
+            vocab=50_257,
+            embed=768,
+            ff=3_072,
+            heads=12,
+            head_dim=64,
+            layers=12,
+            seq=1_024,
+            dtype="bfloat16",
+        ),
+        HF_CONFIG.format("openai-community/gpt2"),
+        512,
+    ),
+    "llama2-7b": Published(
+        ModelConfig(embed=4_096, ff=11_008, heads=32, layers=32, **LLAMA2),
+        HF_CONFIG.format("meta-llama/Llama-2-7b-hf"),
+        1_024,
+    ),
+    "llama2-13b": Published(
+        ModelConfig(embed=5_120, ff=13_824, heads=40, layers=40, **LLAMA2),
+        HF_CONFIG.format("meta-llama/Llama-2-13b-hf"),
+        1_024,
+    ),
+    "llama2-70b": Published(
+        ModelConfig(embed=8_192, ff=28_672, heads=64, kv_heads=8, layers=80, **LLAMA2),
+        HF_CONFIG.format("meta-llama/Llama-2-70b-hf"),
+        1_024,
+    ),
+    "llama3-8b": Published(
+        ModelConfig(embed=4_096, ff=14_336, heads=32, kv_heads=8, layers=32, **LLAMA3),
+        HF_CONFIG.format("meta-llama/Meta-Llama-3-8B"),
+        2_048,
+    ),
+    "llama3-70b": Published(
+        ModelConfig(embed=8_192, ff=28_672, heads=64, kv_heads=8, layers=80, **LLAMA3),
+        HF_CONFIG.format("meta-llama/Meta-Llama-3-70B"),
+        2_048,
+    ),
+    # The smallest LLaMA: 1.24B parameters, a tied embedding, 128K positions (RoPE
+    # rescaled, "rope_scaling": the counts do not see it). D = 64, its "head_dim".
+    "llama3.2-1b": Published(
+        ModelConfig(
+            embed=2_048,
+            ff=8_192,
+            heads=32,
+            kv_heads=8,
+            layers=16,
+            **{**LLAMA3, "head_dim": 64, "seq": 131_072, "tied": True},
+        ),
+        HF_CONFIG.format("meta-llama/Llama-3.2-1B"),
+        2_048,
     ),
 }
