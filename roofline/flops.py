@@ -234,7 +234,9 @@ def ledger_lines(cfg, batch):
         row(
             "6·B·P_matmul, matmul weights only",
             g.matmul,
-            f"{non_matmul:,} norm scales and positional values multiply nothing",
+            f"{non_matmul:,} norm scales and positional values "
+            + ("" if cfg.tied else "and an embedding table ")
+            + "multiply nothing",
         ),
         row(
             "+ attention, full score matrix",
