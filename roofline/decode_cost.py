@@ -6,15 +6,22 @@ weight once, whatever B (they are shared by the batch), and each sequence's
 KV cache once; each weight does 2 FLOPs per token (a multiply and an add),
 and attention 4·L·T·H·D more (q·k and probs·v over the T cached positions):
 
-    bytes = W + B·C       W: the weights' bytes; C: one sequence's cache, 2·L·T·H·D·bytes
+    bytes = W + B·C       W: the weights' bytes; C: one sequence's cache, 2·L·T·K·D·bytes
     FLOPs = B·f           f = 2·P_matmul + 4·L·T·H·D
 
     memory-bound time = bytes / bandwidth        compute-bound time = FLOPs / peak
 
+K is the KV heads: H (multi-head), or fewer under grouped-query attention,
+where G = H/K query heads share each cached key and value: C shrinks G-fold,
+f does not. int8 (weights="int8", cache="int8") stores 1 byte a value and a
+float32 scale per output channel (weights) or per token and KV head (cache),
+and multiplies in the compute dtype: fewer bytes, the same FLOPs at the
+compute dtype's peak.
+
 At B = 1 that is about 2 FLOPs per weight read: 0.5 FLOP per byte in float32,
 1 in bfloat16, hundreds of times below any chip's ridge point, so decode
 waits on memory. A larger batch shares the weights over more tokens and
-raises the intensity, but not past the cache's own, 2/bytes FLOP per byte,
+raises the intensity, but not past the cache's own, 2·G/bytes FLOP per byte,
 since no two sequences share a cache. So decode turns compute-bound at
 
     B* = (W / bandwidth) / (f / peak − C / bandwidth)
@@ -41,31 +48,92 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from roofline.flops import attention_flops, matmul_params
+from roofline.flops import attention_flops, matmul_params, param_count
 from roofline.predict import predict, utilisation
+
+INT8 = "int8"  # the one quantized format of weights and of the KV cache (session 5)
+SCALE_BYTES = (
+    4  # a float32 scale: per output channel of a weight, per (token, KV head) of the cache
+)
 
 
 def dtype_bytes(dtype):
     return jnp.dtype(dtype).itemsize
 
 
-def weight_bytes(cfg, dtype=None):
-    """W: bytes of the weights one decode step reads, in the compute dtype
-    (default cfg.dtype). Every matmul weight (the tied embedding once, as the
-    output projection), the norm scales, and one row of the positional table."""
+def learned_table(cfg):
+    """True if positions come from a learned [S, E] table (not RoPE, not none)."""
+    return cfg.positions and not cfg.rope
+
+
+def check_format(option, value):
+    """None (the compute dtype) or "int8"; anything else is a caller's mistake."""
+    if value not in (None, INT8):
+        raise ValueError(f"{option}={value!r}: None (the compute dtype) or {INT8!r}")
+
+
+def output_channels(cfg):
+    """The scales of int8 weights a decode step reads, one per output channel of
+    each matmul weight in decode's [*out, *in] layout (sessions/decode_layout.py):
+    per layer wq H·D, wk and wv K·D each, wo E, w_in F (and w_gate F), w_out E;
+    and the output projection's V."""
+    E, F, H, K, D = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim
+    attention = H * D + 2 * K * D + E if cfg.attention else 0
+    per_layer = attention + (2 if cfg.gated else 1) * F + E
+    return cfg.layers * per_layer + cfg.vocab
+
+
+def weight_bytes(cfg, dtype=None, *, weights=None):
+    """W: bytes of the weights one decode step reads. Every matmul weight (the
+    output projection once, tied or not), the norm scales, and the row each
+    token looks up of a learned positional table and of an untied embedding.
+
+    weights=None: every value in the compute dtype (default cfg.dtype).
+    weights="int8": each matmul weight value (and the embedding row) 1 byte,
+    plus a float32 scale per output channel; norms and positions stay in the
+    compute dtype."""
+    check_format("weights", weights)
     E, L = cfg.embed, cfg.layers
+    per_value = dtype_bytes(dtype or cfg.dtype)
     norms = L * (2 if cfg.attention else 1) * E + E
-    position_row = E if cfg.positions else 0
-    return (matmul_params(cfg) + norms + position_row) * dtype_bytes(dtype or cfg.dtype)
+    position_row = E if learned_table(cfg) else 0
+    embedding_row = 0 if cfg.tied else E
+    if weights is None:
+        return (matmul_params(cfg) + norms + position_row + embedding_row) * per_value
+    scales = output_channels(cfg) + (0 if cfg.tied else 1)  # the looked-up row's own scale
+    quantized = matmul_params(cfg) + embedding_row + SCALE_BYTES * scales
+    return quantized + (norms + position_row) * per_value
 
 
-def kv_cache_bytes(cfg, batch, dtype=None):
-    """2·L·B·T·H·D·bytes: a key and a value of [H, D] per layer, sequence and
-    position, T = cfg.seq positions; 0 without attention."""
+def stored_weight_bytes(cfg, dtype=None, *, weights=None):
+    """Bytes the weights hold in memory: all param_count(cfg) parameters, every
+    table whole (a step reads one row of it). weights as in weight_bytes: int8
+    quantizes every matmul weight and an untied embedding, with a float32 scale
+    per output channel (per token of the embedding)."""
+    check_format("weights", weights)
+    P, per_value = param_count(cfg), dtype_bytes(dtype or cfg.dtype)
+    if weights is None:
+        return P * per_value
+    table = 0 if cfg.tied else cfg.vocab * cfg.embed
+    quantized = matmul_params(cfg) + table
+    scales = output_channels(cfg) + (0 if cfg.tied else cfg.vocab)
+    return quantized + SCALE_BYTES * scales + (P - quantized) * per_value
+
+
+def kv_cache_bytes(cfg, batch, dtype=None, *, cache=None):
+    """A key and a value of [K, D] per layer, sequence and position, T = cfg.seq
+    positions, K = cfg.n_kv_heads; 0 without attention.
+
+    cache=None: 2·L·B·T·K·D·bytes in the compute dtype (default cfg.dtype).
+    cache="int8": 2·L·B·T·K·(D + 4): 1 byte per value, and a float32 scale per
+    (token, KV head) for the keys and again for the values."""
+    check_format("cache", cache)
     if not cfg.attention:
         return 0
-    per_value = dtype_bytes(dtype or cfg.dtype)
-    return 2 * cfg.layers * batch * cfg.seq * cfg.heads * cfg.head_dim * per_value
+    entries = 2 * cfg.layers * batch * cfg.seq * cfg.n_kv_heads  # (k or v, layer, row, t, head)
+    if cache is None:
+        return entries * cfg.head_dim * dtype_bytes(dtype or cfg.dtype)
+    return entries * (cfg.head_dim + SCALE_BYTES)
 
 
 def flops_per_sequence(cfg):
@@ -89,11 +157,18 @@ class DecodeStep(NamedTuple):
     tokens_per_s: float  # batch / step_s, the best case
 
 
-def decode_step_cost(cfg, batch, *, peak_flops, bandwidth, dtype=None):
-    """Both lower bounds on one decode step's time, and the one that applies."""
-    w, c = weight_bytes(cfg, dtype), kv_cache_bytes(cfg, batch, dtype)
+def decode_step_cost(
+    cfg, batch, *, peak_flops, bandwidth, dtype=None, weights=None, cache=None, chips=1
+):
+    """Both lower bounds on one decode step's time, and the one that applies.
+    weights, cache: None (the compute dtype) or "int8"; the FLOPs are the same
+    either way (an int8 weight is multiplied in the compute dtype). chips: the
+    step's bytes and FLOPs split evenly over that many (tensor parallelism),
+    each with peak_flops and bandwidth; bytes and FLOPs are the whole step's."""
+    w = weight_bytes(cfg, dtype, weights=weights)
+    c = kv_cache_bytes(cfg, batch, dtype, cache=cache)
     flops = batch * flops_per_sequence(cfg)
-    p = predict(flops, w + c, peak_flops=peak_flops, bandwidth=bandwidth, tokens=batch)
+    p = predict(flops, w + c, peak_flops=peak_flops, bandwidth=bandwidth, tokens=batch, chips=chips)
     return DecodeStep(
         batch=batch,
         weight_bytes=w,
@@ -108,18 +183,24 @@ def decode_step_cost(cfg, batch, *, peak_flops, bandwidth, dtype=None):
     )
 
 
-def compute_bound_batch(cfg, *, peak_flops, bandwidth, dtype=None, cache=True):
+def compute_bound_batch(cfg, *, peak_flops, bandwidth, dtype=None, cache=True, weights=None):
     """B*, the batch from which a decode step is compute-bound (a float; round
     up), or None when no batch is: B* = (W/bw) / (f/peak − C/bw).
-    cache=False leaves the cache out: the napkin W·peak / (bw·f)."""
-    per_sequence_cache = kv_cache_bytes(cfg, 1, dtype) if cache else 0
+    cache=True: in the compute dtype; "int8": an int8 cache; False leaves the
+    cache out: the napkin W·peak / (bw·f). weights: as in weight_bytes. The
+    same over N chips of tensor parallelism: every term divides by N."""
+    per_sequence_cache = 0
+    if cache is not False:
+        per_sequence_cache = kv_cache_bytes(cfg, 1, dtype, cache=None if cache is True else cache)
     margin = flops_per_sequence(cfg) / peak_flops - per_sequence_cache / bandwidth
     if margin <= 0:
         return None
-    return weight_bytes(cfg, dtype) / bandwidth / margin
+    return weight_bytes(cfg, dtype, weights=weights) / bandwidth / margin
 
 
-def decode_step_cost_per_device(cfg, batch, mesh, *, peak_flops, bandwidth, dtype=None):
+def decode_step_cost_per_device(
+    cfg, batch, mesh, *, peak_flops, bandwidth, dtype=None, weights=None, cache=None
+):
     """decode_step_cost for one device of a mesh ({"data": .., "fsdp": .., "tp": ..}),
     with that device's peak and bandwidth. Rows are split over data x fsdp and
     heads, F and V over tp, so each device does B·f / n FLOPs and reads B·C / n
@@ -128,7 +209,8 @@ def decode_step_cost_per_device(cfg, batch, mesh, *, peak_flops, bandwidth, dtyp
     gathered whole before use (that gather's traffic is on the links, not in
     HBM). With tp alone this is decode_step_cost against n devices' roofs."""
     n, tp = math.prod(mesh.values()), mesh["tp"]
-    w, c = weight_bytes(cfg, dtype) / tp, kv_cache_bytes(cfg, batch, dtype) / n
+    w = weight_bytes(cfg, dtype, weights=weights) / tp
+    c = kv_cache_bytes(cfg, batch, dtype, cache=cache) / n
     flops = batch * flops_per_sequence(cfg) / n
     p = predict(flops, w + c, peak_flops=peak_flops, bandwidth=bandwidth, tokens=batch)
     return DecodeStep(
@@ -136,10 +218,19 @@ def decode_step_cost_per_device(cfg, batch, mesh, *, peak_flops, bandwidth, dtyp
     )
 
 
-def compute_bound_batch_per_device(cfg, mesh, *, peak_flops, bandwidth, dtype=None):
+def compute_bound_batch_per_device(
+    cfg, mesh, *, peak_flops, bandwidth, dtype=None, weights=None, cache=None
+):
     """B* for decode_step_cost_per_device: data x fsdp (= n / tp) times one device's
     B*, since each of those groups of devices must reach B* rows of its own."""
-    one = compute_bound_batch(cfg, peak_flops=peak_flops, bandwidth=bandwidth, dtype=dtype)
+    one = compute_bound_batch(
+        cfg,
+        peak_flops=peak_flops,
+        bandwidth=bandwidth,
+        dtype=dtype,
+        weights=weights,
+        cache=cache or True,
+    )
     return None if one is None else one * math.prod(mesh.values()) / mesh["tp"]
 
 
