@@ -1,30 +1,55 @@
-"""python -m roofline: predict a training step's cost, measure it, compare.
+"""python -m roofline: predict a training step's cost, measure it, compare; plan serving.
 
     python -m roofline chips                                  # the chip table, with sources
     python -m roofline calibrate                              # measure this machine, cache it
     python -m roofline predict --preset gpt2 --batch 32 --chip h100
+    python -m roofline predict --preset llama2-7b --chip a100 --chips 2048 --tokens 2e12 --mfu 0.4
+    python -m roofline decode --preset llama3-8b --chip h100 --batches 1,8,64 --context 8192
     python -m roofline compare runs/profile_s2                # a trace, read back
 
-Bad input (an unknown chip or preset, a number that is not positive, a
-directory with no trace) is one line on stderr and exit status 2.
+A preset of predict and decode is a published model's (sessions/config.py PUBLISHED:
+its own config.json) where one has that name, else a course preset (PRESETS: our bytes,
+V=256): `gpt2` is GPT-2's 124M with its 50,257 tokens; the first line says which.
+
+Bad input (an unknown chip or preset, a number that is not positive, --kv-heads that
+does not divide the heads, int8 where there is no decode, a directory with no trace)
+is one line on stderr and exit status 2.
 """
 
+import argparse
+import dataclasses
 import json
 import os
 import sys
 
-from roofline import calibrate
-from roofline.flops import flash_kernel, ledger_lines, model_line, train_bytes
+from roofline.calibrate import calibrate_lines
+from roofline.chips import chips_lines
+from roofline.flops import ledger
 from roofline.hardware import CHIPS, find_chip, measured_chip
 from roofline.measured.compare import compare
 from roofline.measured.record import HLO, comparison_summary, load_hlo, load_metadata, roofs_for
 from roofline.measured.table import report_lines
 from roofline.measured.trace import read_trace
-from roofline.predict import predict_train_step
+from roofline.plan.serving import plan_serving, serving_lines, serving_summary
+from roofline.predict import predict_train_step, train_step_lines, training_run, training_run_lines
 from sessions.attention import IMPLEMENTATIONS
-from sessions.config import PRESETS, ModelConfig
+from sessions.config import PRESETS, PUBLISHED, ModelConfig
 from sessions.errors import UsageError
-from sessions.run.cli import ArgumentParser, positive_int, resolve
+from sessions.run.cli import (
+    MODEL_FLAGS,
+    ArgumentParser,
+    given,
+    output_file,
+    positive_float,
+    positive_int,
+    resolve,
+)
+
+PRESET_HELP = (
+    f"a published model ({', '.join(PUBLISHED)}), or a course preset "
+    f"({', '.join(p for p in PRESETS if p not in PUBLISHED)}); gpt2 is the published one, V=50,257"
+)
+CHIP_HELP = f"one of {', '.join(sorted(CHIPS))}"
 
 
 def parse_args(argv):
@@ -37,19 +62,46 @@ def parse_args(argv):
     )
     cal.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
 
-    pred = commands.add_parser("predict", help="the best case for one training step on a chip")
-    add_model_flags(pred)
-    pred.add_argument(
-        "--chip",
-        default="local",
-        help=f"one of {', '.join(sorted(CHIPS))}, or local (measured; the default)",
+    pred = commands.add_parser(
+        "predict", help="the best case for one training step on a chip; with --tokens, a run"
     )
+    add_model_flags(pred, published=True)
+    add_kv_heads_flag(pred)
+    pred.add_argument("--chip", default="local", help=f"{CHIP_HELP}, or local (measured; default)")
     pred.add_argument(
         "--dtype",
         choices=["bfloat16", "float32", "tf32"],
         help="matmul dtype (default: bfloat16 on a table chip, float32 locally)",
     )
     pred.add_argument("--chips", type=positive_int, default=1, help="chips sharing the step")
+    pred.add_argument("--tokens", type=positive_float, help="a training run's tokens (2e12)")
+    pred.add_argument("--mfu", type=positive_float, help="with --tokens: a fraction (0.4)")
+    pred.add_argument("--summary-out", type=output_file, help="write the numbers as JSON")
+    # decode's levers, refused here with the line that says so
+    pred.add_argument("--weights", help=argparse.SUPPRESS)
+    pred.add_argument("--cache", help=argparse.SUPPRESS)
+
+    dec = commands.add_parser(
+        "decode", help="serving a model on chips: bytes, fits, bound, tokens/s per batch"
+    )
+    dec.add_argument(
+        "--preset", required=True, choices=sorted({*PUBLISHED, *PRESETS}), help=PRESET_HELP
+    )
+    dec.add_argument("--chip", default="h100", help=f"{CHIP_HELP} (default: h100)")
+    dec.add_argument("--chips", type=positive_int, default=1, metavar="N", help="TP over N")
+    dec.add_argument("--batches", type=batch_list, default=[1, 8, 64], help="default 1,8,64")
+    dec.add_argument("--context", type=positive_int, help="T, cache positions (preset's seq)")
+    add_kv_heads_flag(dec)
+    dec.add_argument("--weights", choices=["int8"], help="int8: 1 byte + a scale per channel")
+    dec.add_argument("--cache", choices=["int8"], help="int8: 1 byte + a scale per token, head")
+    dec.add_argument("--prompt", type=positive_int, help="TTFT's tokens (1024, or T if less)")
+    dec.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="the compute dtype: the matmuls' peak, and every byte that is not int8",
+    )
+    dec.add_argument("--summary-out", type=output_file, help="write the plan as JSON")
 
     comp = commands.add_parser(
         "compare",
@@ -58,16 +110,27 @@ def parse_args(argv):
     comp.add_argument("logdir", help="the directory given to --profile")
     comp.add_argument("--summary-out", help="write the measured and predicted step as JSON")
     add_model_flags(comp, preset_default=None)
-    comp.set_defaults(dtype=None)  # no --dtype: resolve's, float32 (as model_from_args resolves)
+    comp.set_defaults(dtype=None, kv_heads=None)  # no --dtype: resolve's, float32
     return parser.parse_args(argv)
 
 
-def add_model_flags(parser, preset_default="cpu"):
+def batch_list(text):
+    try:
+        return [positive_int(b) for b in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"'{text}': positive integers, e.g. 1,8,64") from None
+
+
+def add_kv_heads_flag(parser):
+    parser.add_argument("--kv-heads", type=positive_int, help="K: key/value heads, dividing H")
+
+
+def add_model_flags(parser, preset_default="cpu", published=False):
     parser.add_argument(
         "--preset",
-        choices=sorted(PRESETS),
+        choices=sorted({*PUBLISHED, *PRESETS} if published else PRESETS),
         default=preset_default,
-        help=f"named shapes (default: {preset_default})",
+        help=f"{PRESET_HELP if published else 'named shapes'} (default: {preset_default})",
     )
     parser.add_argument("--batch", type=positive_int, help="sequences per step (default: preset's)")
     for flag in ("seq", "embed", "ff", "heads", "head-dim", "layers", "vocab"):
@@ -83,137 +146,87 @@ def add_model_flags(parser, preset_default="cpu"):
     parser.set_defaults(data=None, no_attention=False, no_positions=False)
 
 
-def model_from_args(args, **overrides):
-    """(ModelConfig, TrainConfig) of the preset with the shape flags applied, by the
-    session scripts' own resolve; attention as --attention-impl says (einsum if not)."""
+def model_from_args(args, published=False, **overrides):
+    """(ModelConfig, batch) of the preset with the shape flags applied: a published
+    model's config (with `published`, where one has that name), or a course preset by
+    the session scripts' own resolve; attention as --attention-impl says (einsum if not)."""
     impl = args.attention_impl or "einsum"
+    if args.kv_heads:
+        overrides["kv_heads"] = args.kv_heads
+    if published and args.preset in PUBLISHED:
+        model = PUBLISHED[args.preset]
+        fields = {**given(args, MODEL_FLAGS), "attention_impl": impl, **overrides}
+        return dataclasses.replace(model.model, **fields), args.batch or model.batch
     run = resolve(args, platform="cpu", attention_impl=impl, **overrides)
-    return run.model, run.train
+    return run.model, run.train.batch
 
 
-def chips_lines():
-    def tflops(chip, dtype):
-        return f"{chip.flops[dtype] / 1e12:,.1f}" if dtype in chip.flops else "-"
-
-    row = "{:<15}{:>7}{:>8}{:>7}{:>10}{:>8}{:>9}{:>8}{:>7}{:>6}  {}".format
-    lines = [
-        "peak dense TFLOP/s per chip, memory, interconnect (bidirectional, per chip); "
-        + "ridge = bf16 peak / HBM bandwidth; host = one host's worth, the default "
-        + "of s2_train.py --target CHIP[:SHAPE]; cc = NVIDIA compute capability",
-        row(
-            "chip",
-            "bf16",
-            "tf32",
-            "fp32",
-            "HBM GB/s",
-            "HBM GB",
-            "ICI GB/s",
-            "ridge",
-            "host",
-            "cc",
-            "source",
-        ),
-    ]
-    for name, chip in CHIPS.items():
-        if name != chip.name:
-            lines.append(f"{name:<15}the same as {chip.name}")
-            continue
-        link = f"{chip.interconnect / 1e9:,.0f}" if chip.interconnect else "-"
-        lines.append(
-            row(
-                name,
-                tflops(chip, "bfloat16"),
-                tflops(chip, "tf32"),
-                tflops(chip, "float32"),
-                f"{chip.hbm_bandwidth / 1e9:,.0f}",
-                f"{chip.hbm_bytes / 1e9:,.0f}",
-                link,
-                f"{chip.ridge('bfloat16'):,.0f}",
-                chip.host_shape or "-",
-                chip.compute_capability or "-",
-                chip.source,
-            )
-        )
-    fp16 = [
-        f"{n} {c.flops['float16'] / 1e12:,.0f}"
-        for n, c in CHIPS.items()
-        if n == c.name and "float16" in c.flops
-    ]
-    lines.append(
-        "below cc 8.0, no bf16 or tf32 tensor cores: bf16 matmuls run at the fp32 "
-        f"rate; fp16 tensor TFLOP/s: {', '.join(fp16)}"
-    )
-    local = calibrate.cached("float32")
-    if local:
-        lines.append(
-            f"local          {local['matmul_flops'] / 1e12:.3f} TFLOP/s float32 matmul, "
-            f"{local['copy_bandwidth'] / 1e9:,.1f} GB/s copy: measured, cached in "
-            f"{calibrate.CACHE}"
-        )
-    else:
-        lines.append("local          not measured yet: python -m roofline calibrate")
-    return lines
+def preset_source(name):
+    """Which preset a name is, and where its shapes come from: the first line's words."""
+    if name in PUBLISHED:
+        return f"{name}, published: {PUBLISHED[name].source}"
+    return f"{name}, a course preset (sessions/config.py: our bytes)"
 
 
-def calibrate_lines(dtype):
-    m = calibrate.measured(dtype, refresh=True)
-    lines = [
-        f"{calibrate.device_key(dtype)}",
-        f"  matmul  {m['matmul_flops'] / 1e12:.3f} TFLOP/s "
-        f"({m['n']} x {m['n']} {dtype}, best of 5)",
-        f"  copy    {m['copy_bandwidth'] / 1e9:,.1f} GB/s (read + write of a large array)",
-        f"  read    {calibrate.read_bandwidth(refresh=True) / 1e9:,.1f} GB/s "
-        "(read-only: decode's roof)",
-    ]
-    cache_bandwidth, cache_bytes = calibrate.cache_roof(refresh=True)
-    if cache_bandwidth:
-        lines.append(
-            f"  cache   {cache_bandwidth / 1e9:,.1f} GB/s (read + write within the "
-            f"{cache_bytes / 2**20:,.0f} MiB last-level cache: the per-op roof of small ops)"
-        )
-    return [*lines, f"cached in {calibrate.CACHE}"]
+def table_chip(name):
+    try:
+        return find_chip(name)
+    except KeyError as e:
+        raise UsageError(e.args[0]) from None
 
 
 def predict_lines(args):
+    """predict's lines and its --summary-out numbers."""
+    if lever := next((f for f in ("weights", "cache") if getattr(args, f)), None):
+        raise UsageError(
+            f"--{lever} int8 is a decode lever, and predict plans a training step: "
+            f"use python -m roofline decode --{lever} int8"
+        )
+    if (args.tokens is None) != (args.mfu is None):
+        raise UsageError("--tokens and --mfu go together: a run's tokens, and its MFU")
+    if args.mfu and args.mfu > 1:
+        raise UsageError(f"--mfu {args.mfu:g}: a fraction in (0, 1] (40% is 0.4)")
     if args.chip == "local":
         dtype = args.dtype or "float32"
         chip = measured_chip("float32" if dtype == "tf32" else dtype)
     else:
-        try:
-            chip = find_chip(args.chip)
-        except KeyError as e:
-            raise UsageError(e.args[0]) from None
-        dtype = args.dtype or "bfloat16"
+        chip, dtype = table_chip(args.chip), args.dtype or "bfloat16"
     # tf32 is a float32 matmul mode: activations stay float32.
-    cfg, tc = model_from_args(args, dtype="float32" if dtype == "tf32" else dtype)
-    batch = tc.batch
+    cfg, batch = model_from_args(args, True, dtype="float32" if dtype == "tf32" else dtype)
     p = predict_train_step(cfg, batch, chip, dtype=dtype, chips=args.chips)
-    b = train_bytes(cfg, batch)
-    kept = "with" if cfg.attention and not flash_kernel(cfg) else "without"
-    return [
-        f"predict: preset {args.preset} | {batch} x {cfg.seq} = {batch * cfg.seq:,} tokens per step"
-        + f" | {model_line(cfg, length=None)} | {dtype}, {cfg.attention_impl} attention",
-        f"chip: {args.chips} x {chip.name}: {chip.peak(dtype) / 1e12:,.1f} TFLOP/s {dtype}, "
-        + f"{chip.hbm_bandwidth / 1e9:,.0f} GB/s memory ({chip.source})",
-        "",
-        *ledger_lines(cfg, batch),
-        "",
-        f"bytes per step, lower bound: {b.total / 1e9:,.2f} GB",
-        f"  weights read once       {b.weights / 1e9:10,.2f} GB   float32 master copy",
-        f"  gradients written once  {b.gradients / 1e9:10,.2f} GB   float32",
-        f"  optimizer (AdamW)       {b.optimizer / 1e9:10,.2f} GB   "
-        + "reads weights, gradients, m, v; writes weights, m, v",
-        f"  activations for backward{b.activations / 1e9:10,.2f} GB   "
-        + f"written and read once, {kept} the attention probabilities",
-        "",
-        "roofline (lower bounds: no step can be faster)",
-        f"  compute-bound  {p.compute_s * 1e3:10,.2f} ms   exact FLOPs / (chips x peak)",
-        f"  memory-bound   {p.memory_s * 1e3:10,.2f} ms   bytes / (chips x bandwidth)",
-        f"  intensity {p.intensity:,.1f} FLOP/byte against a ridge of {p.ridge:,.1f}: "
-        + f"{p.bound}-bound",
-        f"  best case: {p.step_s * 1e3:,.2f} ms per step, {p.tokens_per_s:,.0f} tokens/s "
-        + f"(MFU {100 * p.compute_s / p.step_s:.0f}% at that speed)",
+    summary = {"preset": args.preset, "chip": chip.name, "chips": args.chips, "batch": batch}
+    summary |= {"params": ledger(cfg, batch).params, "step_seconds": p.step_s, "bound": p.bound}
+    lines = [
+        f"predict: {preset_source(args.preset)}",
+        *train_step_lines(cfg, batch, chip, dtype, args.chips),
     ]
+    if args.tokens:
+        peak = chip.peak(dtype)
+        run = training_run(cfg, int(args.tokens), peak_flops=peak, mfu=args.mfu, chips=args.chips)
+        summary |= {"tokens": run.tokens, "mfu": args.mfu, "training_flops": run.flops}
+        summary |= {"napkin_flops": run.napkin_flops, "days": run.days}
+        lines += ["", *training_run_lines(run, chip, dtype, args.chips, args.mfu)]
+    return lines, summary
+
+
+def serving_plan_lines(args):
+    """decode's lines and its --summary-out numbers (roofline/plan/serving.py)."""
+    if args.chip == "local":
+        raise UsageError("decode plans a chip of the table (python -m roofline chips)")
+    chip = table_chip(args.chip)
+    model = PUBLISHED[args.preset].model if args.preset in PUBLISHED else PRESETS[args.preset].model
+    context = args.context or model.seq
+    if context > model.seq:
+        raise UsageError(f"--context {context:,}: {args.preset} has {model.seq:,} positions")
+    prompt = args.prompt or min(1024, context)
+    if prompt > context:
+        raise UsageError(f"--prompt {prompt:,}: longer than the context, {context:,} positions")
+    cfg = dataclasses.replace(model, dtype=args.dtype, kv_heads=args.kv_heads or model.kv_heads)
+    levers = {lever: getattr(args, lever) for lever in ("batches", "chips", "weights", "cache")}
+    plan = plan_serving(cfg, chip, context=context, prompt=prompt, **levers)
+    source = PUBLISHED[args.preset].source if args.preset in PUBLISHED else "sessions/config.py"
+    heading = f"decode: {preset_source(args.preset)}"
+    return serving_lines(plan, heading), serving_summary(plan, preset=args.preset, source=source)
 
 
 def compare_lines(args):
@@ -228,9 +241,9 @@ def compare_lines(args):
         raise UsageError(str(e)) from None
     saved = load_metadata(args.logdir, ModelConfig)
     if args.preset:  # the model given on the command line; XLA's count only if it is what ran
-        cfg, tc = model_from_args(args)
-        same = saved and saved.cfg == cfg and saved.batch == tc.batch
-        batch, cost, devices = tc.batch, saved.cost if same else None, saved.devices if same else 1
+        cfg, batch = model_from_args(args)
+        same = saved and saved.cfg == cfg and saved.batch == batch
+        cost, devices = saved.cost if same else None, saved.devices if same else 1
         hlo_text = hlo_text if same else None
     elif saved:
         cfg, batch, cost, devices = saved.cfg, saved.batch, saved.cost, saved.devices
@@ -256,13 +269,16 @@ def compare_lines(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    summary = None
     try:
         if args.command == "chips":
             lines = chips_lines()
         elif args.command == "calibrate":
             lines = calibrate_lines(args.dtype)
         elif args.command == "predict":
-            lines = predict_lines(args)
+            lines, summary = predict_lines(args)
+        elif args.command == "decode":
+            lines, summary = serving_plan_lines(args)
         else:
             lines = compare_lines(args)
     except UsageError as e:
@@ -270,6 +286,9 @@ def main(argv=None):
         return 2
     for line in lines:
         print(line)
+    if summary is not None and args.summary_out:
+        with open(args.summary_out, "w") as f:
+            json.dump(summary, f, indent=1)
     return 0
 
 

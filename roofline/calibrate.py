@@ -220,3 +220,22 @@ def read_bandwidth(refresh=False):
         device_key("read"), lambda: {"read_bandwidth": measure_read_bandwidth()}, refresh
     )
     return figures["read_bandwidth"]
+
+
+def calibrate_lines(dtype):
+    """Measure this machine afresh (`python -m roofline calibrate`), as text."""
+    m = measured(dtype, refresh=True)
+    lines = [
+        f"{device_key(dtype)}",
+        f"  matmul  {m['matmul_flops'] / 1e12:.3f} TFLOP/s "
+        f"({m['n']} x {m['n']} {dtype}, best of 5)",
+        f"  copy    {m['copy_bandwidth'] / 1e9:,.1f} GB/s (read + write of a large array)",
+        f"  read    {read_bandwidth(refresh=True) / 1e9:,.1f} GB/s (read-only: decode's roof)",
+    ]
+    cache_bandwidth, cache_bytes = cache_roof(refresh=True)
+    if cache_bandwidth:
+        lines.append(
+            f"  cache   {cache_bandwidth / 1e9:,.1f} GB/s (read + write within the "
+            f"{cache_bytes / 2**20:,.0f} MiB last-level cache: the per-op roof of small ops)"
+        )
+    return [*lines, f"cached in {CACHE}"]

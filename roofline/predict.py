@@ -20,7 +20,7 @@ time, over the peak (Chowdhery et al. 2022, "PaLM", appendix B).
 
 from typing import NamedTuple
 
-from roofline.flops import ledger, train_bytes
+from roofline.flops import flash_kernel, ledger, ledger_lines, model_line, train_bytes
 
 
 class StepPrediction(NamedTuple):
@@ -130,3 +130,84 @@ def utilisation(flops, step_s, *, datasheet_peak=None, measured_peak=None, chips
         mfu_datasheet=per_chip / datasheet_peak if datasheet_peak else None,
         mfu_measured=per_chip / measured_peak if measured_peak else None,
     )
+
+
+class TrainingRun(NamedTuple):
+    """A whole training run at a given MFU: its FLOPs and its wall-clock time."""
+
+    tokens: int
+    flops: int  # 6·T·P_matmul + attention in full: the count MFU divides (PaLM's)
+    napkin_flops: int  # 6·T·P: every parameter, attention left out
+    seconds: float
+    days: float
+    chip_hours: float
+
+
+def training_run(cfg, tokens, *, peak_flops, mfu, chips=1):
+    """`tokens` of training on `chips`, each doing mfu x peak_flops of model FLOPs:
+
+    flops = T · (6·P_matmul + 12·L·H·D·S)   the ledger's exact count per token, the
+                                            one MFU is measured against (PaLM, appendix B:
+                                            6·N + 12·L·H·Q·T per token)
+    time  = flops / (chips · peak · mfu)
+
+    Against that definition an MFU turns into time; 6·T·P (napkin_flops) is beside
+    it for the papers that count that way."""
+    if not 0 < mfu <= 1:
+        raise ValueError(f"MFU is a fraction in (0, 1], got {mfu}")
+    # ledger(cfg, 1).exact is one sequence of S tokens: S·(6·P_matmul + 12·L·H·D·S).
+    flops = tokens * ledger(cfg, 1).exact // cfg.seq
+    seconds = flops / (chips * peak_flops * mfu)
+    return TrainingRun(
+        tokens=tokens,
+        flops=flops,
+        napkin_flops=6 * tokens * ledger(cfg, 1).params,
+        seconds=seconds,
+        days=seconds / 86_400,
+        chip_hours=chips * seconds / 3_600,
+    )
+
+
+def train_step_lines(cfg, batch, chip, dtype, chips=1):
+    """One training step of `batch` sequences on `chips` x `chip` as `python -m
+    roofline predict` prints it: the step, the chip, the ledger, the bytes, the bounds."""
+    p = predict_train_step(cfg, batch, chip, dtype=dtype, chips=chips)
+    b = train_bytes(cfg, batch)
+    kept = "with" if cfg.attention and not flash_kernel(cfg) else "without"
+    return [
+        f"step: {batch} x {cfg.seq} = {batch * cfg.seq:,} tokens | "
+        + f"{model_line(cfg, length=None)} K={cfg.n_kv_heads} | {dtype}, "
+        + f"{cfg.attention_impl} attention",
+        f"chip: {chips} x {chip.name}: {chip.peak(dtype) / 1e12:,.1f} TFLOP/s {dtype}, "
+        + f"{chip.hbm_bandwidth / 1e9:,.0f} GB/s memory ({chip.source})",
+        "",
+        *ledger_lines(cfg, batch),
+        "",
+        f"bytes per step, lower bound: {b.total / 1e9:,.2f} GB",
+        f"  weights read once       {b.weights / 1e9:10,.2f} GB   float32 master copy",
+        f"  gradients written once  {b.gradients / 1e9:10,.2f} GB   float32",
+        f"  optimizer (AdamW)       {b.optimizer / 1e9:10,.2f} GB   "
+        + "reads weights, gradients, m, v; writes weights, m, v",
+        f"  activations for backward{b.activations / 1e9:10,.2f} GB   "
+        + f"written and read once, {kept} the attention probabilities",
+        "",
+        "roofline (lower bounds: no step can be faster)",
+        f"  compute-bound  {p.compute_s * 1e3:10,.2f} ms   exact FLOPs / (chips x peak)",
+        f"  memory-bound   {p.memory_s * 1e3:10,.2f} ms   bytes / (chips x bandwidth)",
+        f"  intensity {p.intensity:,.1f} FLOP/byte against a ridge of {p.ridge:,.1f}: "
+        + f"{p.bound}-bound",
+        f"  best case: {p.step_s * 1e3:,.2f} ms per step, {p.tokens_per_s:,.0f} tokens/s "
+        + f"(MFU {100 * p.compute_s / p.step_s:.0f}% at that speed)",
+    ]
+
+
+def training_run_lines(run, chip, dtype, chips, mfu):
+    """A TrainingRun as text: its two FLOP counts and its days."""
+    return [
+        f"training run: {run.tokens:,} tokens",
+        f"  {run.flops:.4g} FLOP   6·T·P_matmul + attention in full (12·L·H·D·S a token): "
+        + "the count MFU divides",
+        f"  {run.napkin_flops:.4g} FLOP   6·T·P, every parameter, attention left out",
+        f"  {run.days:,.2f} days on {chips:,} x {chip.name} at MFU {mfu:.0%} of "
+        + f"{chip.peak(dtype) / 1e12:,.1f} TFLOP/s {dtype} ({run.chip_hours:,.0f} chip-hours)",
+    ]

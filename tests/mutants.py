@@ -54,6 +54,7 @@ S4 = "tests/test_s4_kernels.py"
 EMBED_GRAD = "tests/test_embedding_gradient.py"
 HLO_READING = "tests/test_hlo_reading.py"
 LAYERS = "tests/test_layers.py"
+PLANNER = "tests/test_planner.py"
 
 MUTANTS = [
     Mutant(
@@ -974,6 +975,44 @@ MUTANTS = [
             ),
         ),
         (f"{OP_ROOFLINE}::test_a_chip_of_two_devices_gives_each_half_its_figures",),
+    ),
+    Mutant(
+        "kv-cache-h-heads",
+        "the KV cache counted with H heads, not the K a grouped-query model caches",
+        "roofline/decode_cost.py",
+        (("batch * cfg.seq * cfg.n_kv_heads", "batch * cfg.seq * cfg.heads"),),
+        (f"{PLANNER}::test_kv_cache_bytes_under_gqa_and_int8_for_llama3_8b",),
+    ),
+    Mutant(
+        "int8-weights-no-scales",
+        "int8 weights counted without their float32 scale per output channel",
+        "roofline/decode_cost.py",
+        (
+            (
+                "matmul_params(cfg) + embedding_row + SCALE_BYTES * scales",
+                "matmul_params(cfg) + embedding_row",
+            ),
+        ),
+        (f"{PLANNER}::test_weight_bytes_bf16_and_int8_for_llama3_8b",),
+    ),
+    Mutant(
+        "fits-on-bytes-read",
+        "whether a batch fits judged by the bytes a step reads, not every weight held whole",
+        "roofline/plan/serving.py",
+        (("total = held + step.cache_bytes", "total = step.bytes"),),
+        (f"{PLANNER}::test_fits_and_does_not_fit_on_an_h100",),
+    ),
+    Mutant(
+        "training-run-napkin",
+        "a training run's FLOPs as 6·T·P, not the exact count MFU is defined against",
+        "roofline/predict.py",
+        (
+            (
+                "flops = tokens * ledger(cfg, 1).exact // cfg.seq",
+                "flops = 6 * tokens * ledger(cfg, 1).params",
+            ),
+        ),
+        (f"{PLANNER}::test_predict_a_training_run_of_llama2_7b",),
     ),
 ]
 

@@ -1,0 +1,212 @@
+"""Serving a model on N chips, on a napkin: for each batch, the decode step's bytes,
+whether they fit, its lower bound and tokens/s; the critical batch; the time to the
+first token (python -m roofline decode).
+
+Per decode step of B sequences at T cached positions (roofline/decode_cost.py):
+
+    held   = W_held + B·C          every weight whole, and B caches: must fit N x HBM
+    read   = W_read + B·C          what the step reads: each matmul weight once, a row of
+                                   each table, B caches
+    step   >= max(read / (N·bandwidth), B·f / (N·peak))        tokens/s = B / step
+
+    B* = (W_read / bandwidth) / (f / peak − C / bandwidth)    compute-bound from B*, never
+                                                              when C / bandwidth >= f / peak
+    TTFT >= max(prefill FLOPs / (N·peak), (W_read + C_prompt) / (N·bandwidth))
+
+Assumptions: N chips share the work by tensor parallelism, each holding and reading
+1/N of the weights and caches and doing 1/N of the FLOPs, and the links between them
+cost nothing (their all-reduces are left out); where N exceeds the KV heads K, real
+tensor parallelism copies each KV head onto N/K chips, which this leaves out too.
+What HBM also holds besides weights and caches (activations, logits, the runtime's
+workspace) is left out, so a batch near the limit may not fit in practice. int8
+weights multiply in the compute dtype, at its peak. A batch that does not fit is
+still planned (as if it did) and marked so.
+"""
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+from roofline import decode_cost
+from roofline.flops import model_line, param_count
+from roofline.predict import predict
+from roofline.units import gb, ms
+
+
+class BatchPlan(NamedTuple):
+    """One decode step of `batch` sequences: bytes, whether they fit, its bound."""
+
+    batch: int
+    kv_cache_bytes: int  # the B caches
+    total_bytes: int  # every weight, whole, plus the caches: what must fit in HBM
+    fits: bool  # total_bytes <= chips x hbm_bytes
+    step: decode_cost.DecodeStep  # its bytes read, FLOPs and lower bound, over the N chips
+
+
+class ServingPlan(NamedTuple):
+    """A model served on `chips` x `chip`: its bytes, each batch's step, B*, the first token."""
+
+    cfg: object  # the ModelConfig planned; cfg.seq is the context T
+    chip: object  # roofline.chip.Chip
+    chips: int
+    dtype: str  # the compute dtype: the matmuls' peak, and what is not int8
+    weights: str | None  # None (the compute dtype) or "int8"
+    cache: str | None
+    params: int
+    held_weight_bytes: int
+    read_weight_bytes: int
+    cache_per_sequence: int
+    batches: list
+    critical_batch: float | None  # B*, decode_cost.compute_bound_batch
+    napkin_batch: float  # B* with the cache left out
+    max_batch: int  # the most sequences whose caches fit beside the weights
+    prompt: int
+    ttft: object  # roofline.predict.StepPrediction of prefilling one prompt
+
+
+def plan_serving(cfg, chip, *, batches, prompt, context=None, chips=1, weights=None, cache=None):
+    """ServingPlan of `cfg` (its dtype the compute dtype) at `context` cached positions
+    (None: cfg.seq) on `chips` of `chip`, for each of `batches`, and a prompt of `prompt`
+    tokens. The weights held are the whole model's: its positional table has cfg.seq rows."""
+    held = decode_cost.stored_weight_bytes(cfg, weights=weights)
+    params = param_count(cfg)
+    cfg = dataclasses.replace(cfg, seq=context or cfg.seq)
+    dtype = cfg.dtype
+    peak, bandwidth, hbm = chip.peak(dtype), chip.hbm_bandwidth, chips * chip.hbm_bytes
+    read = decode_cost.weight_bytes(cfg, weights=weights)
+    per_sequence = decode_cost.kv_cache_bytes(cfg, 1, cache=cache)
+    rows = []
+    for b in batches:
+        step = decode_cost.decode_step_cost(
+            cfg, b, peak_flops=peak, bandwidth=bandwidth, weights=weights, cache=cache, chips=chips
+        )
+        total = held + step.cache_bytes
+        rows.append(BatchPlan(b, step.cache_bytes, total, total <= hbm, step))
+    roofs = {"peak_flops": peak, "bandwidth": bandwidth, "weights": weights}
+    # Prefill reads each weight once and writes the prompt's cache once.
+    prefill = dataclasses.replace(cfg, seq=prompt)
+    ttft = predict(
+        decode_cost.prefill_flops(cfg, 1, prompt),
+        read + decode_cost.kv_cache_bytes(prefill, 1, cache=cache),
+        peak_flops=peak,
+        bandwidth=bandwidth,
+        tokens=1,
+        chips=chips,
+    )
+    return ServingPlan(
+        cfg,
+        chip,
+        chips,
+        dtype,
+        weights,
+        cache,
+        params,
+        held,
+        read,
+        per_sequence,
+        rows,
+        decode_cost.compute_bound_batch(cfg, cache=cache or True, **roofs),
+        decode_cost.compute_bound_batch(cfg, cache=False, **roofs),
+        max(0, int((hbm - held) // per_sequence)) if per_sequence else 0,
+        prompt,
+        ttft,
+    )
+
+
+def serving_lines(plan, heading):
+    """The plan as text, its first line `heading` (which model, from where)."""
+    cfg, chip, n = plan.cfg, plan.chip, plan.chips
+    weights, cache = plan.weights or plan.dtype, plan.cache or plan.dtype
+    K, H, T = cfg.n_kv_heads, cfg.heads, cfg.seq
+    peak, hbm_gb = chip.peak(plan.dtype), f"{chip.hbm_bytes / 1e9:,.0f} GB"
+    kinds = [
+        "SwiGLU" if cfg.gated else "",
+        "untied" if not cfg.tied else "tied",
+        "RoPE" if cfg.rope else ("learned positions" if cfg.positions else "no positions"),
+    ]
+    lines = [
+        heading,
+        f"model: {model_line(cfg, length='T')} | {', '.join(k for k in kinds if k)} "
+        + f"| {plan.params:,} parameters",
+        f"chips: {n} x {chip.name}, {peak / 1e12:,.1f} TFLOP/s {plan.dtype} (the matmuls' "
+        + f"peak, int8 weights too), {chip.hbm_bandwidth / 1e9:,.0f} GB/s and "
+        + f"{chip.hbm_bytes / 1e9:,.0f} GB HBM each ({chip.source})",
+        f"weights: {weights}: {gb(plan.held_weight_bytes)} held, {gb(plan.read_weight_bytes)} "
+        + "read per step (each matmul weight once, a row of each table)",
+        f"KV cache: {cache}, K = {K} of H = {H} heads: {gb(plan.cache_per_sequence)} per "
+        + f"sequence of T = {T:,} positions",
+        "units: GB = 1e9 bytes, MB = 1e6 bytes; step = the lower bound on one decode step",
+        "",
+        f"{'batch':>7}{'KV cache':>12}{'total held':>13}  {f'fits {n} x {hbm_gb}':<16}"
+        + f"{'step':>10}  {'bound':<9}{'tokens/s':>12}",
+    ]
+    for r in plan.batches:
+        fits = "yes" if r.fits else "does not fit"
+        lines.append(
+            f"{r.batch:>7,}{gb(r.kv_cache_bytes):>12}{gb(r.total_bytes):>13}  {fits:<16}"
+            + f"{ms(r.step.step_s):>10}  {r.step.bound:<9}{r.step.tokens_per_s:>12,.0f}"
+        )
+    f = decode_cost.flops_per_sequence(cfg)
+    if plan.critical_batch is None:
+        critical = (
+            f"none at T = {T:,}: a sequence's cache takes longer to read "
+            + f"({ms(plan.cache_per_sequence / chip.hbm_bandwidth)} on one chip) than its FLOPs "
+            + f"take ({ms(f / peak)}), so every batch is memory-bound (cache left out, "
+            + f"B* = {math.ceil(plan.napkin_batch):,})"
+        )
+    else:
+        critical = (
+            f"B* = {math.ceil(plan.critical_batch):,} sequences: memory-bound below, "
+            + f"compute-bound from there (cache left out, {math.ceil(plan.napkin_batch):,})"
+        )
+    t = plan.ttft
+    parallel = "one chip" if n == 1 else f"tensor parallelism over {n} chips, links' time left out"
+    if n > K:
+        parallel += f", and the copies of each of the K = {K} KV heads that {n} chips would hold"
+    return [
+        *lines,
+        "",
+        f"critical batch: {critical}",
+        f"largest batch that fits: {plan.max_batch:,} sequences of {T:,} positions beside "
+        + f"the weights, in {n} x {hbm_gb}",
+        f"time to first token: {ms(t.step_s)} for one prompt of {plan.prompt:,} tokens, "
+        + f"{t.bound}-bound ({t.flops / 1e12:,.2f} TFLOP of prefill, attention's scores in "
+        + f"full; {gb(t.bytes)} read and written)",
+        f"assumed: {parallel}; HBM's other tenants (activations, logits, workspace) left "
+        + "out of 'total held'",
+    ]
+
+
+def serving_summary(plan, **about):
+    """The plan as JSON-ready numbers (--summary-out), with `about` (preset, source, ...)."""
+    return {
+        **about,
+        "chip": plan.chip.name,
+        "chips": plan.chips,
+        "dtype": plan.dtype,
+        "weights": plan.weights or plan.dtype,
+        "cache": plan.cache or plan.dtype,
+        "context": plan.cfg.seq,
+        "params": plan.params,
+        "weight_bytes": plan.held_weight_bytes,
+        "weight_bytes_read_per_step": plan.read_weight_bytes,
+        "kv_cache_bytes_per_sequence": plan.cache_per_sequence,
+        "hbm_bytes": plan.chips * plan.chip.hbm_bytes,
+        "batches": [
+            {
+                "batch": r.batch,
+                "kv_cache_bytes": r.kv_cache_bytes,
+                "total_bytes": r.total_bytes,
+                "fits": r.fits,
+                "step_seconds": r.step.step_s,
+                "bound": r.step.bound,
+                "tokens_per_second": r.step.tokens_per_s,
+            }
+            for r in plan.batches
+        ],
+        "critical_batch": None if plan.critical_batch is None else math.ceil(plan.critical_batch),
+        "max_batch": plan.max_batch,
+        "prompt": plan.prompt,
+        "ttft_seconds": plan.ttft.step_s,
+        "ttft_bound": plan.ttft.bound,
+    }

@@ -1,0 +1,277 @@
+"""The planner for published models: their presets count what the models report,
+a decode step's bytes (GQA, int8 weights, int8 cache), whether it fits, its bound,
+the critical batch, the time to the first token and a training run's days, each
+against numbers worked by hand here; and `python -m roofline decode / predict`
+write them as JSON and answer bad input on one line with exit status 2."""
+
+import dataclasses
+import json
+import math
+import os
+
+import pytest
+from helpers import REPO, roofline_command
+
+from roofline import decode_cost
+from roofline.flops import param_count
+from roofline.hardware import find_chip
+from roofline.plan.serving import plan_serving
+from sessions.config import PRESETS, PUBLISHED
+
+H100_PEAK, H100_BW, H100_HBM = 989e12, 3.35e12, 80e9  # bf16 dense FLOP/s, bytes/s, bytes
+A100_PEAK = 312e12
+
+LLAMA3_8B = PUBLISHED["llama3-8b"].model  # L=32 E=4096 F=14336 H=32 K=8 D=128 V=128256
+# Its matmul weights, by hand. Per layer: wq and wo E·H·D = 4096·4096 = 16,777,216 each;
+# wk and wv E·K·D = 4096·1024 = 4,194,304 each; w_in, w_gate, w_out E·F = 4096·14336 =
+# 58,720,256 each: 33,554,432 + 8,388,608 + 176,160,768 = 218,103,808; x 32 layers =
+# 6,979,321,856; plus the unembedding V·E = 128256·4096 = 525,336,576.
+LLAMA3_8B_MATMUL = 7_504_658_432
+# Norm scales: 2 per layer and a final one, of E: (2·32 + 1)·4096 = 266,240.
+LLAMA3_8B_NORMS = 266_240
+# int8 scales of what a step reads, one per output channel: per layer wq H·D 4096, wk and
+# wv K·D 1024 each, wo E 4096, w_in and w_gate F 14336 each, w_out E 4096 = 43,008;
+# x 32 = 1,376,256; plus the unembedding's V = 128,256.
+LLAMA3_8B_SCALES = 1_504_512
+# One sequence's KV cache at T = 8,192 in bf16: 2 (k, v) · L 32 · T 8192 · K 8 · D 128 ·
+# 2 bytes = 1,073,741,824 (exactly 1 GiB); 131,072 bytes per position.
+LLAMA3_8B_CACHE = 1_073_741_824
+
+
+def summary_of(argv, tmp_path, capsys):
+    """Run `python -m roofline ARGV --summary-out FILE` in this process; (JSON, stdout)."""
+    out = tmp_path / "summary.json"
+    assert roofline_command([*argv, "--summary-out", str(out)]) == 0
+    return json.loads(out.read_text()), capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        # Each model's own count (Hugging Face's safetensors total): ours must equal it,
+        # GPT-2's less its 102,144 biases and LayerNorm shifts, which our family lacks.
+        ("gpt2", 124_439_808 - 102_144),
+        ("llama2-7b", 6_738_415_616),
+        ("llama2-13b", 13_015_864_320),
+        ("llama2-70b", 68_976_648_192),
+        ("llama3-8b", 8_030_261_248),
+        ("llama3-70b", 70_553_706_496),
+        ("llama3.2-1b", 1_235_814_400),
+    ],
+)
+def test_published_presets_count_the_parameters_each_model_reports(name, params):
+    assert param_count(PUBLISHED[name].model) == params
+    assert PUBLISHED[name].source.startswith("https://huggingface.co/")
+    assert PUBLISHED[name].model.dtype == "bfloat16"
+
+
+def test_the_course_s_gpt2_preset_keeps_its_bytes():
+    assert PRESETS["gpt2"].model.vocab == 256 and PUBLISHED["gpt2"].model.vocab == 50_257
+
+
+def test_kv_cache_bytes_under_gqa_and_int8_for_llama3_8b():
+    assert decode_cost.kv_cache_bytes(LLAMA3_8B, 1) == LLAMA3_8B_CACHE
+    # 3 sequences at T = 4,096: 3 · 2 · 32 · 4096 · 8 · 128 · 2 = 1,610,612,736.
+    short = dataclasses.replace(LLAMA3_8B, seq=4_096)
+    assert decode_cost.kv_cache_bytes(short, 3) == 1_610_612_736
+    # int8: 1 byte a value plus a float32 scale per (token, KV head), for k and for v:
+    # 2 · 32 · 8192 · 8 · (128 + 4) = 553,648,128.
+    assert decode_cost.kv_cache_bytes(LLAMA3_8B, 1, cache="int8") == 553_648_128
+    # Multi-head (K = H = 32) holds G = 4 times the bytes.
+    mha = dataclasses.replace(LLAMA3_8B, kv_heads=None)
+    assert decode_cost.kv_cache_bytes(mha, 1) == 4 * LLAMA3_8B_CACHE
+
+
+def test_weight_bytes_bf16_and_int8_for_llama3_8b():
+    # Read per step in bf16: the matmul weights, the norms and the one embedding row each
+    # token looks up (untied), 2 bytes each: (7,504,658,432 + 266,240 + 4,096) · 2.
+    assert decode_cost.weight_bytes(LLAMA3_8B) == 15_009_857_536
+    # int8: 1 byte a matmul value and the row (4,096), 4 per scale (1,504,512 and the
+    # row's 1), the norms in bf16: 7,504,662,528 + 6,018,052 + 532,480 = 7,511,213,060.
+    int8 = LLAMA3_8B_MATMUL + 4_096 + 4 * (LLAMA3_8B_SCALES + 1) + 2 * LLAMA3_8B_NORMS
+    assert int8 == 7_511_213_060 == decode_cost.weight_bytes(LLAMA3_8B, weights="int8")
+    # Held whole: every parameter, 8,030,261,248 · 2 bytes in bf16; in int8 the matmul
+    # weights and the 525,336,576-value embedding table 1 byte each, their scales
+    # (1,504,512 + the table's 128,256 rows) 4 bytes, the norms 2:
+    # 8,029,995,008 + 6,531,072 + 532,480 = 8,037,058,560.
+    assert decode_cost.stored_weight_bytes(LLAMA3_8B) == 16_060_522_496
+    assert decode_cost.stored_weight_bytes(LLAMA3_8B, weights="int8") == 8_037_058_560
+
+
+def test_weight_bytes_of_a_tied_model_with_a_positional_table():
+    # GPT-2: per layer 2·E·F + 4·E·H·D = 4,718,592 + 2,359,296 = 7,077,888, x 12 =
+    # 84,934,656, plus the tied embedding V·E = 50257·768 = 38,597,376: 123,532,032;
+    # norms (2·12 + 1)·768 = 19,200; one row of the positional table, 768.
+    gpt2 = PUBLISHED["gpt2"].model
+    assert decode_cost.weight_bytes(gpt2) == (123_532_032 + 19_200 + 768) * 2 == 247_104_000
+
+
+def llama3_8b_plan(batches, chips=1, context=8_192, **levers):
+    return plan_serving(
+        LLAMA3_8B,
+        find_chip("h100"),
+        batches=batches,
+        prompt=1_024,
+        context=context,
+        chips=chips,
+        **levers,
+    )
+
+
+def test_fits_and_does_not_fit_on_an_h100():
+    # Held: 16,060,522,496 bytes of weights + B · 1,073,741,824 of cache within 80e9:
+    # B <= 63,939,477,504 / 1,073,741,824 = 59.55, so 59 fits and 60 does not.
+    plan = llama3_8b_plan([59, 60])
+    assert [r.fits for r in plan.batches] == [True, False]
+    assert plan.batches[0].total_bytes == 16_060_522_496 + 59 * LLAMA3_8B_CACHE
+    assert plan.max_batch == 59
+    # Two chips hold twice: (160e9 − 16,060,522,496) / 1,073,741,824 = 134.05.
+    assert llama3_8b_plan([134, 135], chips=2).max_batch == 134
+
+
+def test_tokens_per_second_at_batch_1_is_bandwidth_over_bytes():
+    # 3.35e12 B/s / (15,009,857,536 + 1,073,741,824) bytes = 208.29 tokens/s; two chips
+    # of tensor parallelism each read half: twice that.
+    one = llama3_8b_plan([1]).batches[0].step
+    assert one.bound == "memory"
+    assert one.tokens_per_s == pytest.approx(H100_BW / 16_083_599_360, rel=1e-12)
+    assert one.tokens_per_s == pytest.approx(208.29, abs=0.01)
+    two = llama3_8b_plan([1], chips=2).batches[0].step
+    assert two.tokens_per_s == pytest.approx(2 * H100_BW / 16_083_599_360, rel=1e-12)
+
+
+# At T = 256, by hand: f = 2·P_matmul + 4·L·T·H·D = 15,009,316,864 + 4·32·256·32·128 =
+# 15,143,534,592 FLOPs per sequence; C = 131,072 · 256 = 33,554,432 bytes (int8:
+# 2·32·256·8·132 = 17,301,504). B* = W / (f · bw / peak − C).
+F_256, C_256, C_256_INT8 = 15_143_534_592, 33_554_432, 17_301_504
+
+
+def test_the_critical_batch_with_and_without_int8():
+    def hand(w, c):
+        return w / (F_256 * H100_BW / H100_PEAK - c)
+
+    bf16 = llama3_8b_plan([1], context=256)
+    assert hand(15_009_857_536, C_256) == pytest.approx(846.07, abs=0.01)
+    assert bf16.critical_batch == pytest.approx(hand(15_009_857_536, C_256), rel=1e-12)
+    # int8 weights halve W; the FLOPs stay at the bf16 peak: B* halves too, to 423.39.
+    int8 = llama3_8b_plan([1], context=256, weights="int8")
+    assert int8.critical_batch == pytest.approx(hand(7_511_213_060, C_256), rel=1e-12)
+    assert int8.critical_batch == pytest.approx(423.39, abs=0.01)
+    both = llama3_8b_plan([1], context=256, weights="int8", cache="int8")
+    assert both.critical_batch == pytest.approx(hand(7_511_213_060, C_256_INT8), rel=1e-12)
+    # At T = 8,192 a sequence's cache (1 GiB: 0.32 ms at 3.35 TB/s) outlasts its FLOPs
+    # (2·7,504,658,432 + 4·32·8192·32·128 = 19,304,284,160: 19.5 us): never compute-bound.
+    assert llama3_8b_plan([1]).critical_batch is None
+
+
+def test_time_to_first_token():
+    # Prefill of 1,024 tokens: 2·1024·(P_matmul − V·E) = 2·1024·6,979,321,856 =
+    # 14,293,651,161,088; the unembedding for the last token only, 2·525,336,576 =
+    # 1,050,673,152; attention in full, 4·L·P²·H·D = 4·32·1024²·32·128 = 549,755,813,888:
+    # 14,844,457,648,128 FLOPs, 15.01 ms at 989 TFLOP/s, above the memory bound's
+    # (15,009,857,536 + 134,217,728 bytes) / 3.35e12 = 4.52 ms.
+    ttft = llama3_8b_plan([1]).ttft
+    assert ttft.bound == "compute"
+    assert ttft.step_s == pytest.approx(14_844_457_648_128 / H100_PEAK, rel=1e-12)
+    assert llama3_8b_plan([1], chips=4).ttft.step_s == pytest.approx(ttft.step_s / 4)
+
+
+DECODE = ["decode", "--preset", "llama3-8b", "--chip", "h100", "--chips", "1"]
+
+
+def test_decode_s_summary_keys_and_numbers(tmp_path, capsys):
+    summary, out = summary_of(
+        [*DECODE, "--batches", "1,8,64", "--context", "8192"], tmp_path, capsys
+    )
+    keys = {"batch", "kv_cache_bytes", "total_bytes", "fits", "step_seconds", "bound"}
+    assert [set(b) for b in summary["batches"]] == 3 * [keys | {"tokens_per_second"}]
+    assert summary["params"] == 8_030_261_248 and summary["critical_batch"] is None
+    assert [b["fits"] for b in summary["batches"]] == [True, True, False]
+    # Batch 64: 64 GiB of cache, 84.78 GB held: printed, not raised.
+    assert summary["batches"][2]["kv_cache_bytes"] == 64 * LLAMA3_8B_CACHE
+    assert "does not fit" in out and "GB = 1e9 bytes" in out
+    assert out.splitlines()[0].startswith("decode: llama3-8b, published: https://")
+    one = summary["batches"][0]
+    assert one["tokens_per_second"] == pytest.approx(H100_BW / 16_083_599_360, rel=1e-12)
+    assert summary["ttft_seconds"] == pytest.approx(14_844_457_648_128 / H100_PEAK, rel=1e-12)
+
+
+def test_decode_s_critical_batch_is_rounded_up(tmp_path, capsys):
+    summary, _ = summary_of([*DECODE, "--context", "256", "--weights", "int8"], tmp_path, capsys)
+    assert summary["critical_batch"] == 424  # 423.39 sequences, by hand above
+    assert summary["weights"] == "int8" and summary["cache"] == "bfloat16"
+
+
+def test_decode_kv_heads_override(tmp_path, capsys):
+    # K = 1 (multi-query): 2·32·8192·1·128·2 = 134,217,728 bytes a sequence.
+    summary, _ = summary_of([*DECODE, "--kv-heads", "1", "--batches", "1"], tmp_path, capsys)
+    assert summary["batches"][0]["kv_cache_bytes"] == 134_217_728
+
+
+def test_predict_a_training_run_of_llama2_7b(tmp_path, capsys):
+    # Per token: 6·P_matmul + 12·L·H·D·S. P_matmul = 32·(4·4096² + 3·4096·11008) +
+    # 32000·4096 = 32·202,375,168 + 131,072,000 = 6,607,077,376; 6 of it =
+    # 39,642,464,256; attention 12·32·32·128·4096 = 6,442,450,944: 46,084,915,200.
+    # On 2T tokens: 92,169,830,400,000,000,000,000 FLOPs. On 2,048 A100s (312 TFLOP/s
+    # bf16) at MFU 0.4: 9.21698304e22 / (2048 · 312e12 · 0.4) = 360,615.4 s = 4.174 days.
+    argv = ["predict", "--preset", "llama2-7b", "--chip", "a100", "--chips", "2048"]
+    summary, out = summary_of([*argv, "--tokens", "2e12", "--mfu", "0.4"], tmp_path, capsys)
+    assert summary["training_flops"] == 92_169_830_400_000_000_000_000
+    assert summary["days"] == pytest.approx(9.21698304e22 / (2048 * A100_PEAK * 0.4) / 86_400)
+    assert summary["days"] == pytest.approx(4.174, abs=0.001)
+    # 6·T·P, beside it: 6 · 2e12 · 6,738,415,616.
+    assert summary["napkin_flops"] == 6 * 2 * 10**12 * 6_738_415_616
+    assert summary["params"] == 6_738_415_616 and summary["step_seconds"] > 0
+    assert out.splitlines()[0].startswith("predict: llama2-7b, published: https://")
+
+
+def test_predict_takes_gpt2_as_published_and_keeps_the_course_s_presets(tmp_path, capsys):
+    summary, _ = summary_of(["predict", "--preset", "gpt2", "--chip", "h100"], tmp_path, capsys)
+    assert summary["params"] == 124_337_664 and summary["batch"] == 512
+    assert set(summary) >= {"params", "step_seconds"} and "days" not in summary
+    summary, out = summary_of(["predict", "--preset", "cpu"], tmp_path, capsys)
+    assert "a course preset" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        ([*DECODE, "--kv-heads", "5"], "must divide the 32 query heads"),
+        (["decode", "--preset", "llama5"], "invalid choice"),
+        (["decode", "--preset", "llama3-8b", "--chip", "h1000"], "unknown chip 'h1000'"),
+        (["decode", "--preset", "llama3-8b", "--chip", "local"], "a chip of the table"),
+        ([*DECODE, "--batches", "1,0"], "positive integers"),
+        ([*DECODE, "--chips", "0"], "positive"),
+        ([*DECODE, "--context", "9000"], "has 8,192 positions"),
+        ([*DECODE, "--context", "512", "--prompt", "1024"], "longer than the context"),
+        ([*DECODE, "--weights", "int4"], "invalid choice"),
+        (["predict", "--preset", "llama2-7b", "--weights", "int8"], "roofline decode"),
+        (["predict", "--preset", "llama2-7b", "--cache", "int8"], "roofline decode"),
+        (["predict", "--preset", "llama3-8b", "--kv-heads", "3"], "must divide"),
+        (["predict", "--preset", "llama2-7b", "--tokens", "2e12", "--mfu", "40"], "0.4"),
+        (["predict", "--preset", "llama2-7b", "--tokens", "2e12"], "go together"),
+        (["predict", "--preset", "llama2-7b", "--tokens", "0", "--mfu", "0.4"], "positive"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, says, capsys):
+    assert roofline_command(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_a_batch_that_does_not_fit_is_still_planned():
+    row = llama3_8b_plan([64]).batches[0]
+    assert not row.fits and math.isfinite(row.step.step_s) and row.step.tokens_per_s > 0
+
+
+@pytest.mark.parametrize("levers", [[], ["--weights", "int8", "--cache", "int8"]])
+def test_the_readme_s_decode_tables_are_the_code_s(levers, capsys):
+    """roofline/README.md quotes two decode tables; they must still be what it prints."""
+    argv = [*DECODE, "--batches", "1,8,64", "--context", "8192", *levers]
+    assert roofline_command(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(out) if line.split()[:1] == ["batch"])
+    with open(os.path.join(REPO, "roofline", "README.md")) as f:
+        readme = f.read().splitlines()
+    quoted = readme.index(f"$ python -m roofline {' '.join(argv)}")
+    assert readme[quoted + 1 : quoted + 5] == out[start : start + 4]
