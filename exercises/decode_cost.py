@@ -80,10 +80,13 @@ def critical_batch_int8(
     matmul_shapes, other_params, cache_bytes_per_sequence, flops_per_sequence, peak_flops, bandwidth
 ):
     """B*, the batch from which decode is compute-bound, with the weights in
-    bfloat16 and in int8: (bf16, int8), each a float, or None when no batch is.
+    bfloat16 and in int8: (bf16, int8), two floats, or (None, None) when no
+    batch is.
 
-    W in bfloat16 is 2 bytes per parameter (matmul weights and others); in
-    int8, int8_weight_bytes. Both use B* = (W / bw) / (f / peak − C / bw),
+    W is what a step reads: the matmul weights (an untied output projection
+    among them) and the others (norms); an embedding table is a lookup of B
+    rows, not read whole, so it is not in matmul_shapes. W in bfloat16 is 2
+    bytes per parameter; in int8, int8_weight_bytes. Both use B* = (W / bw) / (f / peak − C / bw),
     and None when f / peak − C / bw <= 0. Their ratio is W's. peak is the
     compute dtype's: int8 weights are multiplied in bfloat16 too.
     """
