@@ -19,7 +19,11 @@ SESSIONS = {
     "1": ("test_session_1.py", "a model without attention"),
     "2": ("test_session_2.py", "attention, positions, jit, loading, multichip, FLOPs, intensity"),
     "3": ("test_session_3.py", "inference, the KV cache, decode and inference rooflines"),
-    "4": ("test_session_4.py", "flash attention, FSDP and a ring matmul by hand, Pallas, int8"),
+    "4": ("test_session_4.py", "flash attention, FSDP and a ring matmul by hand, Pallas"),
+    "5": (
+        "test_session_5.py",
+        "more users from the same memory: grouped-query attention, RoPE, int8, published models",
+    ),
     "bugs": ("test_session_bugs.py", "find the bug"),
 }
 # An exercise that rebuilds a module of the repository (its solution mirrors
@@ -32,7 +36,7 @@ TOPIC_EXERCISES = {
     "intensity": "a napkin of a relu-attention chain; no module computes a chain's intensity",
     "mfu_vs_bandwidth": "a napkin of MFU against MBU; predict.py and decode_cost.py hold one each",
     "inference_roofline": "a napkin of prefill, holding and generating; no module plans all three",
-    "int8_numerics": "int8 absmax quantisation; the model and its checks have no int8",
+    "int8_numerics": "an int8 sum accumulated in int32; quantize.py scales matrices, never sums",
     "pallas_matmul": "a first Pallas kernel; sessions/flash.py is the course's, for attention",
     **dict.fromkeys(
         [

@@ -42,6 +42,7 @@ INFERENCE = "tests/test_inference.py"
 OP_ROOFLINE = "tests/test_op_roofline.py"
 POD_ORDER = "tests/test_pod_order.py"
 SESSION_4 = "tests/test_exercises/test_session_4.py"
+SESSION_5 = "tests/test_exercises/test_session_5.py"
 NAMES_TEST = "tests/test_exercises/test_exercise_names.py"
 HOMEWORK_TEST = "tests/test_exercises/test_homework.py"
 DISCORD_TEST = f"{HOMEWORK_TEST}::test_every_part_fits_discord_at_the_boundary"
@@ -577,6 +578,178 @@ MUTANTS = [
             ),
         ),
         (f"{SESSION_4}::test_ring_matmul_equals_the_product_with_permutes_only",),
+    ),
+    Mutant(
+        "rope-interleaved",
+        "RoPE pairs dims 2i and 2i + 1 (Meta's original layout), not i and i + D/2 (rotate_half)",
+        "solutions/rotary.py",
+        (
+            (
+                "angles = jnp.concatenate([angles, angles], axis=-1)",
+                "angles = jnp.repeat(angles, 2, axis=-1)",
+            ),
+            (
+                "x1, x2 = x[..., : D // 2], x[..., D // 2 :]",
+                "x1, x2 = x[..., ::2], x[..., 1::2]",
+            ),
+            (
+                "rotated_half = jnp.concatenate([-x2, x1], axis=-1)",
+                "rotated_half = jnp.stack([-x2, x1], axis=-1).reshape(x.shape)",
+            ),
+        ),
+        (
+            f"{SESSION_5}::test_rotate_pairs_dim_i_with_dim_i_plus_half",
+            f"{SESSION_5}::test_rotate_against_the_complex_reference",
+            f"{SESSION_5}::test_the_score_depends_only_on_the_distance",
+        ),
+    ),
+    Mutant(
+        "rope-theta",
+        "RoPE's frequencies base^(-i/D) for pair i, not base^(-2i/D)",
+        "solutions/rotary.py",
+        (
+            (
+                "base ** (-jnp.arange(0, head_dim, 2) / head_dim)",
+                "base ** (-jnp.arange(0, head_dim // 2) / head_dim)",
+            ),
+        ),
+        (
+            f"{SESSION_5}::test_rotary_angles_by_hand",
+            f"{SESSION_5}::test_rotate_against_the_complex_reference",
+        ),
+    ),
+    Mutant(
+        "rope-same-position",
+        "the key turned to the query's position: the score no longer sees the distance",
+        "solutions/rotary.py",
+        (("rotate(k[None, :], jnp.array([n]), base)", "rotate(k[None, :], jnp.array([m]), base)"),),
+        (f"{SESSION_5}::test_the_score_depends_only_on_the_distance",),
+    ),
+    Mutant(
+        "int8-per-input-channel",
+        "int8 scales taken per input column, not per output row",
+        "solutions/quantize.py",
+        (
+            ("amax = jnp.max(jnp.abs(w), axis=1)", "amax = jnp.max(jnp.abs(w), axis=0)"),
+            ("values = jnp.round(w / scale[:, None])", "values = jnp.round(w / scale[None, :])"),
+        ),
+        (f"{SESSION_5}::test_quantize_per_channel_by_hand",),
+    ),
+    Mutant(
+        "int8-floor",
+        "int8 values truncated toward -inf: an element can move by a whole step",
+        "solutions/quantize.py",
+        (("values = jnp.round(w / scale[:, None])", "values = jnp.floor(w / scale[:, None])"),),
+        (
+            f"{SESSION_5}::test_quantize_per_channel_by_hand",
+            f"{SESSION_5}::test_each_element_moves_by_at_most_half_its_rows_step",
+        ),
+    ),
+    Mutant(
+        "matvec-bound-max",
+        "the product's error bound from the largest |x| rather than the sum over in",
+        "solutions/quantize.py",
+        (("return scale / 2 * jnp.sum(jnp.abs(x))", "return scale / 2 * jnp.max(jnp.abs(x))"),),
+        (f"{SESSION_5}::test_matvec_error_bound_by_hand_and_it_holds",),
+    ),
+    Mutant(
+        "per-tensor-per-row",
+        "the 'per-tensor' error computed with a scale per row: both columns the same",
+        "solutions/quantize.py",
+        (
+            (
+                "tensor_scale = jnp.max(jnp.abs(w)) / 127",
+                "tensor_scale = jnp.max(jnp.abs(w), axis=1, keepdims=True) / 127",
+            ),
+        ),
+        (
+            f"{SESSION_5}::test_rounding_errors_by_hand",
+            f"{SESSION_5}::test_one_large_row_spoils_the_per_tensor_scale",
+        ),
+    ),
+    Mutant(
+        "gqa-counts-h",
+        "the GQA cache counted with the H query heads, not the K key/value heads",
+        "solutions/decode_cost.py",
+        (
+            (
+                "return 2 * layers * batch * context * kv_heads * head_dim * bytes_per_value",
+                "return 2 * layers * batch * context * heads * head_dim * bytes_per_value",
+            ),
+        ),
+        (
+            f"{SESSION_5}::test_gqa_cache_bytes_by_hand",
+            f"{SESSION_5}::test_decode_fits_by_hand",
+        ),
+    ),
+    Mutant(
+        "fits-ceil",
+        "sequences that fit rounded up: the last one overflows HBM",
+        "solutions/decode_cost.py",
+        (
+            (
+                "return math.floor((hbm_bytes - weight_bytes) / cache_bytes_per_sequence)",
+                "return math.ceil((hbm_bytes - weight_bytes) / cache_bytes_per_sequence)",
+            ),
+        ),
+        (f"{SESSION_5}::test_sequences_that_fit_by_hand",),
+    ),
+    Mutant(
+        "int8-scales-per-input",
+        "int8 weights' scales counted per input column, not per output row",
+        "solutions/decode_cost.py",
+        (("out * inputs + 4 * out for out, inputs", "out * inputs + 4 * inputs for out, inputs"),),
+        (
+            f"{SESSION_5}::test_int8_weight_bytes_by_hand",
+            f"{SESSION_5}::test_critical_batch_of_llama3_8b_on_an_h100",
+        ),
+    ),
+    Mutant(
+        "critical-int8-no-scales",
+        "the int8 critical batch from half bf16's bytes: the scales and the norms' bytes lost",
+        "solutions/decode_cost.py",
+        (
+            (
+                "int8 = int8_weight_bytes(matmul_shapes, other_params)",
+                "int8 = sum(out * inputs for out, inputs in matmul_shapes) + other_params",
+            ),
+        ),
+        (
+            f"{SESSION_5}::test_critical_batch_int8_by_hand",
+            f"{SESSION_5}::test_critical_batch_of_llama3_8b_on_an_h100",
+        ),
+    ),
+    Mutant(
+        "critical-cache-ignored",
+        "the critical batch without the cache's share of each step: the weights-only napkin",
+        "solutions/decode_cost.py",
+        (
+            (
+                "margin = flops_per_sequence / peak_flops - cache_bytes_per_sequence / bandwidth",
+                "margin = flops_per_sequence / peak_flops",
+            ),
+        ),
+        (
+            f"{SESSION_5}::test_critical_batch_int8_by_hand",
+            f"{SESSION_5}::test_critical_batch_of_llama3_8b_on_an_h100",
+        ),
+    ),
+    Mutant(
+        "published-tied",
+        "a published model counted with its embedding tied: LLaMA's own output projection lost",
+        "solutions/decode_cost.py",
+        (('+ 2 * model["vocab"] * E + E', '+ model["vocab"] * E + E'),),
+        (
+            f"{SESSION_5}::test_published_params_by_hand",
+            f"{SESSION_5}::test_decode_fits_by_hand",
+        ),
+    ),
+    Mutant(
+        "fits-in-gib",
+        "decode's bytes counted in GiB against a chip's GB",
+        "solutions/decode_cost.py",
+        (("needed_gb = (weights + cache) / 1e9", "needed_gb = (weights + cache) / 2**30"),),
+        (f"{SESSION_5}::test_decode_fits_by_hand",),
     ),
     Mutant(
         "ring-backwards",

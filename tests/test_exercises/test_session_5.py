@@ -1,0 +1,424 @@
+"""Session 5 (s5_serve), more users from the same memory: the KV cache's bytes
+under grouped-query attention and how many sequences fit; RoPE's rotation and
+why q·k then sees only the distance; int8 weights per output channel and their
+error bound; the critical batch with int8 weights; whether a published model's
+decode fits a chip; an int8 absmax-scaled sum.
+
+Every expected number is worked out by hand in a comment or computed here
+in float64 NumPy, never by the code under test."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from adapters import exercise
+
+gqa_cache_bytes = exercise("decode_cost.gqa_cache_bytes")
+sequences_that_fit = exercise("decode_cost.sequences_that_fit")
+int8_weight_bytes = exercise("decode_cost.int8_weight_bytes")
+critical_batch_int8 = exercise("decode_cost.critical_batch_int8")
+published_params = exercise("decode_cost.published_params")
+decode_fits = exercise("decode_cost.decode_fits")
+rotary_angles = exercise("rotary.rotary_angles")
+rotate = exercise("rotary.rotate")
+rotated_score = exercise("rotary.rotated_score")
+quantize_per_channel = exercise("quantize.quantize_per_channel")
+int8_matvec = exercise("quantize.int8_matvec")
+matvec_error_bound = exercise("quantize.matvec_error_bound")
+rounding_errors = exercise("quantize.rounding_errors")
+quantize_absmax = exercise("int8_numerics.quantize_absmax")
+int8_sum = exercise("int8_numerics.int8_sum")
+int8_sum_error_bound = exercise("int8_numerics.int8_sum_error_bound")
+
+# LLaMA-3-8B by hand, from Meta's config.json (the numbers are written again here,
+# not read from the module under test): L=32, E=4096, F=14336, H=32, K=8, D=128,
+# V=128256, untied, gated. Its H100-SXM: 80 GB, 3.35 TB/s, 989 TFLOP/s bf16 dense
+# (NVIDIA's H100 datasheet).
+LLAMA3_8B = {
+    "layers": 32,
+    "embed": 4096,
+    "ff": 14336,
+    "heads": 32,
+    "kv_heads": 8,
+    "head_dim": 128,
+    "vocab": 128256,
+    "seq": 8192,
+}
+HBM, BW, PEAK = 80e9, 3.35e12, 989e12
+# Per layer: wq and wo 4096·4096 each, wk and wv 4096·1024 each, three 4096·14336:
+# 2·16,777,216 + 2·4,194,304 + 3·58,720,256 = 218,103,808; norms 2·4096.
+# 32 layers: 6,979,321,856 matmul weights + 262,144 norm scales; the embedding and the
+# output projection 128,256·4096 = 525,336,576 each; the final norm 4096.
+PARAMS = 8_030_261_248  # 6,979,321,856 + 262,144 + 2·525,336,576 + 4096
+WEIGHTS_BF16 = 2 * PARAMS  # 16,060,522,496 bytes held
+CACHE_8192 = 2**30  # one sequence at T=8192: 2·32·8192·8·128·2 = 2^(1+5+13+3+7+1) bytes
+
+
+# The KV cache under grouped-query attention, and what fits.
+
+
+@pytest.mark.exercise("decode_cost.gqa_cache_bytes")
+def test_gqa_cache_bytes_by_hand():
+    assert gqa_cache_bytes(32, 1, 8192, 32, 8, 128, 2) == CACHE_8192  # 1.07 GB
+    assert gqa_cache_bytes(32, 1, 8192, 32, 32, 128, 2) == 4 * CACHE_8192  # K = H: 4.29 GB
+    assert gqa_cache_bytes(32, 1, 8192, 32, 1, 128, 2) == CACHE_8192 // 8  # multi-query
+    # The query heads do not count, only K ...
+    assert gqa_cache_bytes(32, 1, 8192, 64, 8, 128, 2) == CACHE_8192
+    # ... and sizes that differ pairwise make each factor count once.
+    assert gqa_cache_bytes(2, 3, 5, 14, 7, 11, 4) == 2 * 2 * 3 * 5 * 7 * 11 * 4  # 18,480
+
+
+@pytest.mark.exercise("decode_cost.gqa_cache_bytes")
+@pytest.mark.parametrize("kv_heads", [5, 64], ids=["5 of 32", "64 of 32"])
+def test_gqa_cache_bytes_refuses_a_k_that_does_not_divide_h(kv_heads):
+    with pytest.raises(ValueError):
+        gqa_cache_bytes(32, 1, 8192, 32, kv_heads, 128, 2)
+
+
+@pytest.mark.exercise("decode_cost.sequences_that_fit")
+def test_sequences_that_fit_by_hand(record_property):
+    # 80e9 - 16,060,522,496 = 63,939,477,504 bytes left for caches.
+    fit = {k: sequences_that_fit(HBM, WEIGHTS_BF16, CACHE_8192 * k // 8) for k in (32, 8, 1)}
+    assert fit[8] == 59  # 59.55: 59·2^30 <= left < 60·2^30
+    assert fit[32] == 14  # caches of K = H heads: 14.89
+    assert fit[1] == 476  # multi-query: 476.38
+    assert sequences_that_fit(10, 4, 2) == 3  # exactly full
+    assert sequences_that_fit(80e9, 141e9, 1) == 0  # a 70B model's bf16 weights: none
+    assert sequences_that_fit(80e9, 80e9, 1) == 0
+    record_property(
+        "measured",
+        "LLaMA-3-8B's bf16 weights on 80 GB, T=8192: "
+        + ", ".join(f"K={k}: {n} sequences" for k, n in fit.items()),
+    )
+
+
+# int8 weights and the critical batch.
+
+# LLaMA-3-8B's decode step reads every matmul weight (the untied output projection
+# [128256, 4096] among them; the embedding is a lookup of B rows) and the norms.
+MATMULS = 32 * [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096)]
+MATMULS += 32 * [(14336, 4096), (14336, 4096), (4096, 14336)] + [(128256, 4096)]
+NORMS = 32 * 2 * 4096 + 4096  # 266,240
+# 6,979,321,856 + 525,336,576 = 7,504,658,432 int8 values; output channels per layer
+# 4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096 = 43,008, so 32·43,008 + 128,256 =
+# 1,504,512 scales of 4 bytes; the norms in bf16.
+W8 = 7_504_658_432 + 4 * 1_504_512 + 2 * NORMS  # 7,511,208,960 bytes
+W16 = 2 * (7_504_658_432 + NORMS)  # 15,009,849,344 bytes
+
+
+@pytest.mark.exercise("decode_cost.int8_weight_bytes")
+def test_int8_weight_bytes_by_hand():
+    assert int8_weight_bytes([(3, 5)], 0) == 15 + 4 * 3  # the scales count per output row
+    assert int8_weight_bytes([(3, 5), (7, 2)], 11) == 27 + (14 + 28) + 22
+    assert int8_weight_bytes([(3, 5)], 11, other_bytes=4) == 27 + 44
+    assert int8_weight_bytes(MATMULS, NORMS) == W8 == 7_511_208_960
+
+
+@pytest.mark.exercise("decode_cost.critical_batch_int8")
+def test_critical_batch_int8_by_hand():
+    # One [1000, 1000] weight: 2 MB in bf16, 1,004,000 bytes in int8. f = 2e6 FLOPs
+    # on 1e12 FLOP/s is 2 µs a sequence; 1e9 B/s reads bf16's weights in 2 ms.
+    assert critical_batch_int8([(1000, 1000)], 0, 0, 2e6, 1e12, 1e9) == pytest.approx(
+        (1000, 502)  # 2e-3 / 2e-6; 1.004e-3 / 2e-6
+    )
+    # A cache of 1000 bytes a sequence takes 1 µs to read: the margin halves.
+    assert critical_batch_int8([(1000, 1000)], 0, 1000, 2e6, 1e12, 1e9) == pytest.approx(
+        (2000, 1004)
+    )
+    # A cache that takes as long to read as its FLOPs to do: never compute-bound.
+    assert critical_batch_int8([(1000, 1000)], 0, 2000, 2e6, 1e12, 1e9) == (None, None)
+    assert critical_batch_int8([(1000, 1000)], 0, 3000, 2e6, 1e12, 1e9) == (None, None)
+
+
+@pytest.mark.exercise("decode_cost.critical_batch_int8")
+def test_critical_batch_of_llama3_8b_on_an_h100(record_property):
+    """At T=256 (a cache of 33,554,432 bytes a sequence, f = 2·7,504,658,432 +
+    4·32·256·32·128 = 15,143,534,592 FLOPs): B* about 846 in bf16, 423 in int8,
+    their ratio W8 / W16 = 0.5004. At T=8192 the cache's 320 µs per sequence
+    outweighs its 20 µs of FLOPs: no batch is compute-bound."""
+    cache, flops = 2 * 32 * 256 * 8 * 128 * 2, 2 * 7_504_658_432 + 4 * 32 * 256 * 32 * 128
+    margin = np.float64(flops) / PEAK - np.float64(cache) / BW
+    bf16, int8 = critical_batch_int8(MATMULS, NORMS, cache, flops, PEAK, BW)
+    assert bf16 == pytest.approx(W16 / BW / margin, rel=1e-9)
+    assert int8 == pytest.approx(W8 / BW / margin, rel=1e-9)
+    assert (bf16, int8) == pytest.approx((846.07, 423.39), abs=0.01)
+    assert int8 / bf16 == pytest.approx(W8 / W16, rel=1e-9)  # only W moved
+    cache, flops = CACHE_8192, 2 * 7_504_658_432 + 4 * 32 * 8192 * 32 * 128
+    assert critical_batch_int8(MATMULS, NORMS, cache, flops, PEAK, BW) == (None, None)
+    record_property(
+        "measured", f"LLaMA-3-8B, T=256, H100: B* {bf16:.0f} in bf16, {int8:.0f} in int8"
+    )
+
+
+# A published model against a chip.
+
+
+@pytest.mark.exercise("decode_cost.published_params")
+def test_published_params_by_hand():
+    assert published_params(LLAMA3_8B) == PARAMS  # 8.03 billion
+    # LLaMA-2-7B (its config.json: 32 layers, 4096, 11008, 32 heads, 32 KV heads,
+    # vocab 32000): 32·(4·4096² + 3·4096·11008 + 2·4096) + 2·32000·4096 + 4096.
+    llama2_7b = dict(LLAMA3_8B, ff=11008, kv_heads=32, vocab=32000, seq=4096)
+    assert published_params(llama2_7b) == 6_738_415_616
+    # Sizes that differ pairwise: per layer 2·3·4·7 + 2·3·2·7 + 3·3·5 + 2·3 = 303;
+    # two layers, an embedding and an output projection of 11·3, a final norm of 3.
+    toy = {
+        "layers": 2,
+        "embed": 3,
+        "ff": 5,
+        "heads": 4,
+        "kv_heads": 2,
+        "head_dim": 7,
+        "vocab": 11,
+        "seq": 9,
+    }
+    assert published_params(toy) == 2 * 303 + 2 * 11 * 3 + 3  # 675
+
+
+@pytest.mark.exercise("decode_cost.decode_fits")
+def test_decode_fits_by_hand(record_property):
+    # Batch 1: 16,060,522,496 + 1,073,741,824 bytes = 17.13 GB.
+    gb, fits = decode_fits(LLAMA3_8B, 1, 8192, 80)
+    assert gb == pytest.approx(17.134264320, rel=1e-9) and fits
+    # 59 sequences: 79.41 GB, they fit; 60: 80.49 GB, they do not (GB of 10^9 bytes:
+    # in GiB both would fit, 73.96 and 74.96).
+    assert decode_fits(LLAMA3_8B, 59, 8192, 80) == (pytest.approx(79.411290112), True)
+    assert decode_fits(LLAMA3_8B, 60, 8192, 80) == (pytest.approx(80.485031936), False)
+    # int8 weights: 8.03 GB and 64 caches of 1.07 GB, 76.75 GB.
+    assert decode_fits(LLAMA3_8B, 64, 8192, 80, bytes_per_param=1) == (
+        pytest.approx(76.749737984),
+        True,
+    )
+    # and an int8 cache as well (its scales left out): 128 sequences in the same bytes.
+    assert decode_fits(LLAMA3_8B, 128, 8192, 80, 1, 1) == (pytest.approx(76.749737984), True)
+    # The same model without GQA (K = H = 32): wk and wv grow by 32·2·4096·3072 =
+    # 805,306,368 parameters, 17,671,135,232 bytes in all, and each cache is 4.29 GB:
+    # 14 sequences need 77.80 GB, 15 need 82.10.
+    no_gqa = dict(LLAMA3_8B, kv_heads=32)
+    assert decode_fits(no_gqa, 14, 8192, 80) == (pytest.approx(77.800677376), True)
+    assert decode_fits(no_gqa, 15, 8192, 80) == (pytest.approx(82.095644672), False)
+    # A shorter context: batch 64 at T=2048 holds 64·268,435,456 bytes of cache.
+    assert decode_fits(LLAMA3_8B, 64, 2048, 80) == (pytest.approx(33.240391680), True)
+    record_property(
+        "measured", f"LLaMA-3-8B bf16, batch 1 at T=8192: {gb:.2f} GB of an H100's 80 GB"
+    )
+
+
+# RoPE.
+
+
+def rope_reference(x, positions, base):
+    """Rotation by complex multiplication, in float64: pair i is the complex
+    number x[i] + j·x[i + D/2], turned by e^(j·pos·θ_i)."""
+    x = np.asarray(x, np.float64)
+    half = x.shape[-1] // 2
+    theta = base ** (-2.0 * np.arange(half) / x.shape[-1])
+    z = (x[..., :half] + 1j * x[..., half:]) * np.exp(1j * np.outer(positions, theta))
+    return np.concatenate([z.real, z.imag], axis=-1)
+
+
+@pytest.mark.exercise("rotary.rotary_angles")
+def test_rotary_angles_by_hand():
+    # D = 4, base 100: θ = (100^0, 100^(-2/4)) = (1, 0.1).
+    got = rotary_angles(jnp.array([0, 1, 3]), 4, base=100.0)
+    np.testing.assert_allclose(got, [[0, 0], [1, 0.1], [3, 0.3]], rtol=1e-6)
+    # D = 8, base 10,000: θ_i = 10^(-i) for i = 0..3.
+    got = rotary_angles(jnp.array([2]), 8)
+    np.testing.assert_allclose(got, [[2, 0.2, 0.02, 0.002]], rtol=1e-6)
+
+
+@pytest.mark.exercise("rotary.rotate")
+def test_rotate_pairs_dim_i_with_dim_i_plus_half():
+    """A unit vector on dim 0 turns into dims 0 and D/2 (rotate_half's pairing),
+    never into dim 1 (the interleaved one's)."""
+    x = jnp.array([[1.0, 0.0, 0.0, 0.0]])
+    got = rotate(x, jnp.array([1]), base=100.0)
+    np.testing.assert_allclose(got, [[np.cos(1), 0, np.sin(1), 0]], atol=1e-6)
+    # Dim 1 (pair 1, θ = 0.1) turns by 0.3 at position 3, into dim 3.
+    x = jnp.array([[0.0, 1.0, 0.0, 0.0]])
+    got = rotate(x, jnp.array([3]), base=100.0)
+    np.testing.assert_allclose(got, [[0, np.cos(0.3), 0, np.sin(0.3)]], atol=1e-6)
+
+
+@pytest.mark.exercise("rotary.rotate")
+@pytest.mark.parametrize("base", [10_000.0, 500_000.0], ids=["base 1e4", "LLaMA-3's 5e5"])
+def test_rotate_against_the_complex_reference(base):
+    positions = np.array([0, 1, 2, 5, 17, 100])
+    x = jax.random.normal(jax.random.key(0), (6, 16))
+    got = rotate(x, jnp.asarray(positions), base=base)
+    assert got.shape == (6, 16)
+    np.testing.assert_allclose(got, rope_reference(x, positions, base), atol=2e-5)
+    np.testing.assert_allclose(got[0], x[0], atol=1e-7, err_msg="position 0 turns nothing")
+    np.testing.assert_allclose(
+        np.linalg.norm(got, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5, err_msg="lengths"
+    )
+
+
+@pytest.mark.exercise("rotary.rotated_score")
+def test_the_score_depends_only_on_the_distance(record_property):
+    """q at m and k at n score Re Σ_i q_i conj(k_i) e^(j(m-n)θ_i), pairs as complex
+    numbers: the same for (m + s, n + s), different for another distance."""
+    q, k = jax.random.normal(jax.random.key(1), (2, 16))
+    qz = np.asarray(q[:8], np.float64) + 1j * np.asarray(q[8:], np.float64)
+    kz = np.asarray(k[:8], np.float64) + 1j * np.asarray(k[8:], np.float64)
+    theta = 10_000.0 ** (-2.0 * np.arange(8) / 16)
+    scale = float(jnp.linalg.norm(q) * jnp.linalg.norm(k))
+    for m, n in [(0, 0), (5, 2), (2, 5), (7, 0), (40, 3)]:
+        expected = np.real(np.sum(qz * np.conj(kz) * np.exp(1j * (m - n) * theta)))
+        for shift in (0, 1, 13, 100):
+            got = float(rotated_score(q, k, m + shift, n + shift))
+            assert got == pytest.approx(expected, abs=1e-4 * scale), (m, n, shift)
+    assert float(rotated_score(q, k, 0, 0)) == pytest.approx(float(q @ k), rel=1e-5)
+    spread = [float(rotated_score(q, k, d, 0)) for d in range(4)]
+    assert np.ptp(spread) > 1e-3 * scale, f"the score does not change with the distance: {spread}"
+    record_property("measured", "q·k at distances 0..3: " + ", ".join(f"{s:.2f}" for s in spread))
+
+
+# int8 weights per output channel.
+
+W_HAND = jnp.array([[100.0, -40.0, 2.0], [0.3, -0.2, 0.05]])  # [out=2, in=3]
+
+
+@pytest.mark.exercise("quantize.quantize_per_channel")
+def test_quantize_per_channel_by_hand():
+    """Row 0: scale 100/127; -40·1.27 = -50.8 -> -51, 2·1.27 = 2.54 -> 3.
+    Row 1: scale 0.3/127; -0.2·127/0.3 = -84.67 -> -85, 0.05·127/0.3 = 21.17 -> 21."""
+    values, scale = quantize_per_channel(W_HAND)
+    assert values.dtype == jnp.int8 and values.shape == (2, 3)
+    assert scale.dtype == jnp.float32 and scale.shape == (2,)
+    np.testing.assert_array_equal(values, [[127, -51, 3], [127, -85, 21]])
+    np.testing.assert_allclose(scale, [100 / 127, 0.3 / 127], rtol=1e-6)
+    values, scale = quantize_per_channel(jnp.zeros((3, 2)).at[1].set(jnp.array([4.0, -1.0])))
+    np.testing.assert_array_equal(values, [[0, 0], [127, -32], [0, 0]], err_msg="zero rows")
+    np.testing.assert_allclose(scale, [1, 4 / 127, 1], rtol=1e-6)
+
+
+def one_large_row(out=6, inputs=40, seed=0):
+    """A [out, in] matrix whose row 2 is a thousand times the others."""
+    w = jax.random.normal(jax.random.key(seed), (out, inputs))
+    return w.at[2].multiply(1000.0)
+
+
+@pytest.mark.exercise("quantize.quantize_per_channel")
+def test_each_element_moves_by_at_most_half_its_rows_step():
+    w = one_large_row()
+    values, scale = quantize_per_channel(w)
+    error = np.abs(np.asarray(w, np.float64) - np.asarray(values, np.float64) * scale[:, None])
+    assert np.all(error <= np.asarray(scale)[:, None] / 2 * (1 + 1e-5))
+    assert np.all(np.max(np.abs(np.asarray(values, np.int32)), axis=1) == 127)
+
+
+def numpy_per_channel(w):
+    """The test's own per-channel quantisation, in float64: (int8 values, scales)."""
+    w = np.asarray(w, np.float64)
+    scale = np.max(np.abs(w), axis=1) / 127
+    return np.round(w / scale[:, None]).astype(np.int8), scale
+
+
+@pytest.mark.exercise("quantize.int8_matvec")
+def test_int8_matvec_against_float64():
+    # By hand: rows (127, -51, 3)·(1, 1, 1) = 79 and (127, -85, 21)·(1, 1, 1) = 63, scaled.
+    values = jnp.array([[127, -51, 3], [127, -85, 21]], jnp.int8)
+    got = int8_matvec(values, jnp.array([0.5, 0.25]), jnp.ones(3))
+    assert got.shape == (2,)
+    np.testing.assert_allclose(got, [79 * 0.5, 63 * 0.25], rtol=1e-6)
+    values, scale = numpy_per_channel(one_large_row())
+    x = jax.random.normal(jax.random.key(1), (40,))
+    got = int8_matvec(jnp.asarray(values), jnp.asarray(scale, jnp.float32), x)
+    assert got.shape == (6,) and got.dtype == x.dtype
+    expected = (values.astype(np.float64) @ np.asarray(x, np.float64)) * scale
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+@pytest.mark.exercise("quantize.matvec_error_bound")
+def test_matvec_error_bound_by_hand_and_it_holds(record_property):
+    # Σ|x| = 1 + 2 + 3 = 6: bounds 0.5/2·6 and 2/2·6.
+    bound = matvec_error_bound(jnp.array([0.5, 2.0]), jnp.array([1.0, -2.0, 3.0]))
+    np.testing.assert_allclose(bound, [1.5, 6.0], rtol=1e-6)
+    w = one_large_row()
+    values, scale = numpy_per_channel(w)
+    worst = 0.0
+    for seed in range(3):
+        x = jax.random.normal(jax.random.key(10 + seed), (40,))
+        exact = np.asarray(w, np.float64) @ np.asarray(x, np.float64)
+        approx = (values.astype(np.float64) @ np.asarray(x, np.float64)) * scale
+        bound = np.asarray(matvec_error_bound(jnp.asarray(scale, jnp.float32), x), np.float64)
+        assert np.all(np.abs(exact - approx) <= bound * (1 + 1e-5)), seed
+        worst = max(worst, float(np.max(np.abs(exact - approx) / bound)))
+    record_property("measured", f"largest error / bound over 3 vectors: {worst:.2f}")
+
+
+@pytest.mark.exercise("quantize.rounding_errors")
+def test_rounding_errors_by_hand():
+    """Per tensor (scale 100/127 for both rows) row 1 rounds to (0, 0, 0): off by
+    0.3. Per channel row 1 is off by at most |-85·0.3/127 + 0.2| = 0.000787. Row 0
+    has the same scale both ways: |3·100/127 - 2| = 0.362."""
+    per_tensor, per_channel = rounding_errors(W_HAND)
+    assert per_tensor.shape == per_channel.shape == (2,)
+    np.testing.assert_allclose(per_tensor, [0.36220472, 0.3], rtol=1e-5)
+    np.testing.assert_allclose(per_channel, [0.36220472, 0.00078740], rtol=1e-3)
+
+
+@pytest.mark.exercise("quantize.rounding_errors")
+def test_one_large_row_spoils_the_per_tensor_scale(record_property):
+    w = one_large_row()
+    per_tensor, per_channel = rounding_errors(w)
+    small = np.array([0, 1, 3, 4, 5])
+    amax = np.max(np.abs(np.asarray(w, np.float64)), axis=1)
+    # float64: per channel each row within half its own step; per tensor within half the
+    # large row's step, which rounds most of a small row's weights to 0.
+    assert np.all(np.asarray(per_channel) <= amax / 127 / 2 * (1 + 1e-5))
+    assert np.all(np.asarray(per_tensor) <= amax.max() / 127 / 2 * (1 + 1e-5))
+    assert np.all(np.asarray(per_tensor)[small] > 20 * np.asarray(per_channel)[small])
+    record_property(
+        "measured",
+        f"one row 1000x: small rows off by {float(per_tensor[small].mean()):.3f} per tensor, "
+        f"{float(per_channel[small].mean()):.4f} per channel",
+    )
+
+
+# int8 numerics: a sum.
+
+X = 3 * jax.random.normal(jax.random.key(0), (4096,))
+
+
+@pytest.mark.exercise("int8_numerics.quantize_absmax")
+def test_quantize_absmax_maps_the_largest_value_to_127():
+    q, scale = quantize_absmax(X)
+    assert q.dtype == jnp.int8 and q.shape == X.shape
+    assert float(scale) == pytest.approx(float(jnp.max(jnp.abs(X))) / 127, rel=1e-6)
+    assert int(jnp.max(jnp.abs(q.astype(jnp.int32)))) == 127
+    # Round to nearest: each value moves by at most half a step.
+    assert float(jnp.max(jnp.abs(q * scale - X))) <= float(scale) / 2 * (1 + 1e-5)
+    q0, _ = quantize_absmax(jnp.zeros(8))
+    np.testing.assert_array_equal(q0, 0, err_msg="all-zero input")
+
+
+@pytest.mark.exercise("int8_numerics.int8_sum")
+def test_int8_sum_is_the_sum_of_the_quantised_values(record_property):
+    q = jnp.round(X / (jnp.max(jnp.abs(X)) / 127))
+    expected = float(jnp.sum(q.astype(jnp.int32))) * float(jnp.max(jnp.abs(X))) / 127
+    got = float(int8_sum(X))
+    assert got == pytest.approx(expected, rel=1e-5), "not the int8 values summed, times the scale"
+    exact, bound = float(jnp.sum(X)), float(jnp.max(jnp.abs(X))) / 127 * X.shape[0] / 2
+    assert abs(got - exact) <= bound
+    record_property(
+        "measured", f"N=4096: |int8 - float32| = {abs(got - exact):.3f}, bound {bound:.1f}"
+    )
+
+
+@pytest.mark.exercise("int8_numerics.int8_sum")
+def test_int8_sum_accumulates_without_overflow():
+    """1024 values of 127 sum to 130048: past int8's and int16's range."""
+    assert float(int8_sum(jnp.full((1024,), 0.5))) == pytest.approx(512.0)
+
+
+@pytest.mark.exercise("int8_numerics.int8_sum_error_bound")
+def test_int8_sum_error_bound_by_hand_and_holds():
+    scale = float(jnp.max(jnp.abs(X))) / 127
+    assert float(int8_sum_error_bound(X)) == pytest.approx(4096 * scale / 2, rel=1e-6)
+    for seed in range(3):
+        x = jax.random.uniform(jax.random.key(seed), (1000,), minval=-1, maxval=1)
+        q = jnp.round(x / (jnp.max(jnp.abs(x)) / 127))
+        quantised = float(jnp.sum(q)) * float(jnp.max(jnp.abs(x))) / 127
+        assert abs(quantised - float(jnp.sum(x))) <= float(int8_sum_error_bound(x))
