@@ -189,9 +189,9 @@ def train_flags(argv=None):
     return parser.parse_args(argv)
 
 
-def infer_flags(argv=None):
-    """s3_infer.py's flags, parsed and checked."""
-    parser = ArgumentParser(prog="s3_infer.py", description="Session 3: inference.")
+def infer_parser(prog="s3_infer.py", description="Session 3: inference."):
+    """s3_infer.py's flags, which s5_serve.py takes too (sessions/run/levers.py)."""
+    parser = ArgumentParser(prog=prog, description=description)
     add_shape_flags(parser)
     add_chip_flags(parser, "prefill and decode")
     parser.add_argument("--checkpoint-dir", default="runs/s2/checkpoints")
@@ -205,7 +205,12 @@ def infer_flags(argv=None):
     # What resolve reads that s3 has no flag for: the model as trained, XLA's attention.
     parser.set_defaults(no_attention=False, no_positions=False, attention_impl=None)
     parser.set_defaults(eval_every=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def infer_flags(argv=None, parser=None):
+    """s3_infer.py's flags (or `parser`'s, built on infer_parser), parsed and checked."""
+    args = (parser or infer_parser()).parse_args(argv)
     if training := list(given(args, ("steps", "batch", "lr", "log_every", "data"))):
         raise UsageError(f"--{training[0].replace('_', '-')} is a training flag (try --batches)")
     try:
