@@ -190,6 +190,7 @@ def pallas_attention(q, k, v, segment_ids=None):
     (segment_ids) are not among what it takes."""
     if segment_ids is not None:
         raise UsageError("our Pallas flash attention is causal only: no segment_ids")
+
     def local(q, k, v, _):
         return flash_attention(q, *repeat_kv(k, v, q.shape[2]))
 

@@ -213,10 +213,8 @@ def unembed(p, x, dense=dense):
     write and read, and the loss takes its sums in float32 (train.cross_entropy)."""
     x = rms_norm(x, p["final_norm"])
     if "unembed" in p:
-        logits = dense(x, p["unembed"])  # "BSE,EV->BSV"
-    else:
-        logits = jnp.einsum("BSE,VE->BSV", x, p["embed"])
-    return constrain(logits, "BSV")
+        return constrain(dense(x, p["unembed"]), "BSV")  # "BSE,EV->BSV"
+    return constrain(jnp.einsum("BSE,VE->BSV", x, p["embed"]), "BSV")
 
 
 def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
