@@ -144,6 +144,7 @@ def add_model_flags(parser, preset_default="cpu", published=False):
     # What the session scripts' resolve reads that one step's cost does not depend on.
     parser.set_defaults(steps=None, lr=None, seed=None, log_every=None, eval_every=None)
     parser.set_defaults(data=None, no_attention=False, no_positions=False)
+    parser.set_defaults(kv_heads=None, rope=None, gated=None, tied=None)  # the preset's model
 
 
 def model_from_args(args, published=False, **overrides):

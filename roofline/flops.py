@@ -8,6 +8,9 @@ costs 6 FLOPs per parameter per token: 6·B·P, with B the tokens in the step.
 
 That formula ignores attention's own matmuls, q·k and probs·v, which have no
 parameters: per layer, forward, 2·B·S·S·H·D each (B sequences of S tokens).
+Grouped-query attention (K key/value heads shared by the H query heads) changes
+the parameters of wk and wv, E·K·D each, and not these: every query head still
+scores every key, H of them whatever K.
 
 Bytes are counted the same way, as a lower bound: what a step must read and
 write at least once (weights, gradients, optimizer state, activations kept for
@@ -32,17 +35,32 @@ def count_params(tree):
 def param_count(cfg):
     """P for a ModelConfig, counted from its shapes (sessions/model.py's params):
 
-    embedding V·E (tied: also the output projection; untied: another V·E),
-    positions S·E (a learned table: not with RoPE),
+    embedding V·E (tied: also the output projection; untied: V·E more for it),
+    learned positions S·E (rotary positions have none),
     per layer: q, o 2·E·H·D, k, v 2·E·K·D and a norm scale E (with attention),
-               w_in, w_out 2·E·F (gated: w_gate another E·F) and a norm scale E,
+               w_in, w_out 2·E·F (gated: w_gate, E·F more) and a norm scale E,
     final norm scale E."""
-    E, F, H, K, D = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim
-    attention = (2 * E * H * D + 2 * E * K * D + E) if cfg.attention else 0
-    per_layer = (3 if cfg.gated else 2) * E * F + E + attention
-    positions = cfg.seq * E if cfg.positions and not cfg.rope else 0
-    embeddings = cfg.vocab * E * (1 if cfg.tied else 2)
-    return embeddings + positions + cfg.layers * per_layer + E
+    E, V = cfg.embed, cfg.vocab
+    per_layer = mlp_matrices(cfg) + E + ((attention_matrices(cfg) + E) if cfg.attention else 0)
+    positions = cfg.seq * E if learned_positions(cfg) else 0
+    unembed = 0 if cfg.tied else V * E
+    return V * E + unembed + positions + cfg.layers * per_layer + E
+
+
+def attention_matrices(cfg):
+    """One layer's attention weights: wq and wo E·H·D each, wk and wv E·K·D each."""
+    E, H, K, D = cfg.embed, cfg.heads, cfg.n_kv_heads, cfg.head_dim
+    return 2 * E * H * D + 2 * E * K * D
+
+
+def mlp_matrices(cfg):
+    """One layer's MLP weights: w_in and w_out E·F each, and w_gate when gated."""
+    return (3 if cfg.gated else 2) * cfg.embed * cfg.ff
+
+
+def learned_positions(cfg):
+    """Whether the model holds a table of positions: positions on, and not rotary."""
+    return cfg.positions and not cfg.rope
 
 
 def model_line(cfg, *, length="S", vocab=True):
@@ -50,7 +68,8 @@ def model_line(cfg, *, length="S", vocab=True):
     'L=4 E=128 F=512 H=2 D=64 S=128 V=256' (layers, embedding, feed-forward,
     heads, head dimension, sequence, vocabulary). length: the letter for
     cfg.seq ("S" a training sequence, "T" decode's cache positions), or None
-    to leave it out; vocab=False leaves V out."""
+    to leave it out; vocab=False leaves V out. Session 5's switches follow
+    where set: 'K=1' (key/value heads, when fewer than H), rope, gated, untied."""
     parts = [
         f"L={cfg.layers}",
         f"E={cfg.embed}",
@@ -58,11 +77,14 @@ def model_line(cfg, *, length="S", vocab=True):
         f"H={cfg.heads}",
         f"D={cfg.head_dim}",
     ]
+    if cfg.n_kv_heads != cfg.heads:
+        parts.append(f"K={cfg.n_kv_heads}")
     if length:
         parts.append(f"{length}={cfg.seq}")
     if vocab:
         parts.append(f"V={cfg.vocab}")
-    return " ".join(parts)
+    switches = {"rope": cfg.positions and cfg.rope, "gated": cfg.gated, "untied": not cfg.tied}
+    return " ".join(parts + [name for name, on in switches.items() if on])
 
 
 def flash_kernel(cfg):
@@ -72,18 +94,16 @@ def flash_kernel(cfg):
 
 def matmul_params(cfg):
     """Parameters that take part in a matmul, once per token: every weight
-    matrix, and the output projection (the tied embedding, or the untied
-    unembedding; an untied embedding table is looked up, not multiplied).
-    Norm scales and the positional table are added, not multiplied: no FLOPs
-    to speak of."""
-    E, F, H, K, D, V = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim, cfg.vocab
-    attention = 2 * E * H * D + 2 * E * K * D if cfg.attention else 0
-    per_layer = (3 if cfg.gated else 2) * E * F + attention
-    return cfg.layers * per_layer + V * E
+    matrix, and the output projection V·E (the tied embedding, or the untied
+    unembed). Norm scales, the positional table and an untied embedding's
+    table are added or looked up, not multiplied: no FLOPs to speak of."""
+    per_layer = mlp_matrices(cfg) + (attention_matrices(cfg) if cfg.attention else 0)
+    return cfg.layers * per_layer + cfg.vocab * cfg.embed
 
 
 def attention_flops(cfg, batch, causal_half=False):
-    """Forward FLOPs of q·k^T and probs·v over all layers, for `batch` sequences.
+    """Forward FLOPs of q·k^T and probs·v over all layers, for `batch` sequences:
+    H heads, whatever K (each query head scores every key on its own).
 
     Counted in full by default: the einsum computes the whole [S, S] score
     matrix and masks half of it, and that is what XLA counts too. Some trainers
@@ -129,14 +149,17 @@ def activations_per_token(cfg):
 
     The backward pass of y = x @ W needs x (for W's gradient); a nonlinearity
     needs its input. Per layer, the course's model keeps:
-        attention: the normed input E; q, k, v 3·H·D; the heads' output H·D
+        attention: the normed input E; q H·D, k and v K·D each; the heads' output H·D
         MLP:       the normed input E; ReLU's input F and output F
-    and after the last layer the final normed stream E. The score matrix
+                   (gated: SiLU's input F, x·w_in F and their product F)
+    and after the last layer the final normed stream E. Rotary positions keep
+    nothing more: the rotation is linear, with angles recomputed from the
+    positions, so its backward needs only q's and k's gradients. The score matrix
     (H·S per token) and the logits (V per token) are counted apart, in
     `train_bytes`: the scores exist only without a flash kernel."""
-    E, F, H, D = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim
-    attention = E + 4 * H * D if cfg.attention else 0
-    mlp = E + 2 * F
+    E, F, H, K, D = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim
+    attention = E + 2 * H * D + 2 * K * D if cfg.attention else 0
+    mlp = E + (3 if cfg.gated else 2) * F
     return cfg.layers * (attention + mlp) + E
 
 
@@ -180,7 +203,7 @@ class Ledger(NamedTuple):
     tokens: int  # B: tokens in the step
     params: int  # P: every parameter
     matmul_params: int  # parameters that multiply a token (the tied embedding once)
-    kaplan_params: int  # Kaplan et al.'s N: no embedding or positional parameters
+    kaplan_params: int  # Kaplan et al.'s N: no embedding (nor unembedding) or positional ones
     napkin: int  # 6·B·P
     kaplan: int  # 6·B·N
     matmul: int  # 6·B·P_matmul, attention left out
@@ -196,8 +219,8 @@ def ledger(cfg, batch):
     """Every count of one training step of `batch` sequences, side by side."""
     tokens = batch * cfg.seq
     P, Pm = param_count(cfg), matmul_params(cfg)
-    table = cfg.seq * cfg.embed if cfg.positions and not cfg.rope else 0
-    N = P - cfg.vocab * cfg.embed * (1 if cfg.tied else 2) - table
+    vocabulary = cfg.vocab * cfg.embed * (1 if cfg.tied else 2)
+    N = P - vocabulary - (cfg.seq * cfg.embed if learned_positions(cfg) else 0)
     full, causal = 3 * attention_flops(cfg, batch), 3 * attention_flops(cfg, batch, True)
     return Ledger(
         tokens=tokens,
@@ -234,9 +257,8 @@ def ledger_lines(cfg, batch):
         row(
             "6·B·P_matmul, matmul weights only",
             g.matmul,
-            f"{non_matmul:,} norm scales and positional values "
-            + ("" if cfg.tied else "and an embedding table ")
-            + "multiply nothing",
+            f"{non_matmul:,} norm scales and positional values multiply nothing"
+            + ("" if cfg.tied else ", nor the untied embedding's lookup table"),
         ),
         row(
             "+ attention, full score matrix",

@@ -31,7 +31,7 @@ from sessions import data
 from sessions.attention import IMPLEMENTATIONS
 from sessions.config import PRESETS
 from sessions.meter import run_utilisation
-from sessions.run.cli import ArgumentParser, positive_int, resolve, run_main
+from sessions.run.cli import FAMILY, ArgumentParser, positive_int, resolve, run_main
 from sessions.train import init_state, make_optimizer, make_train_step
 
 
@@ -52,7 +52,7 @@ def parse_args(argv):
     )
     parser.add_argument("--compare", choices=["naive", "flax"], help="also time this step")
     # What s2_train.py's resolve reads that this bench has no flag for: the preset's.
-    shapes = ("embed", "ff", "heads", "head_dim", "layers", "vocab")
+    shapes = ("embed", "ff", "heads", "head_dim", "layers", "vocab", *FAMILY)
     training = ("steps", "lr", "seed", "log_every", "eval_every", "data")
     parser.set_defaults(**dict.fromkeys(shapes + training), no_attention=False, no_positions=False)
     return parser.parse_args(argv)

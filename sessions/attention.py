@@ -7,7 +7,13 @@ matches their keys:
     scores[b, h, s, t] = q[b, s, h, :] . k[b, t, h, :] / sqrt(D)
     out[b, s, h, :]    = sum_t softmax_t(scores)[b, h, s, t] * v[b, t, h, :]
 
-Shapes: q [B, S, H, D]; k, v [B, T, H, D] (T = S in self-attention).
+Shapes: q [B, S, H, D]; k, v [B, T, K, D] (T = S in self-attention). K heads
+of keys and values, K dividing H: each is read by G = H/K query heads, query
+head h by key/value head h // G (grouped-query attention, Ainslie et al. 2023,
+arxiv.org/abs/2305.13245). K = H is multi-head attention, one key per query
+head; K = 1 is multi-query (Shazeer 2019, arxiv.org/abs/1911.02150). Fewer KV
+heads shrink what a decoder caches by H/K; the FLOPs stay those of H heads,
+as every query head still scores every key.
 
 Five implementations compute the same thing (`IMPLEMENTATIONS`): the einsums
 below, the reference; `jax.nn.dot_product_attention` (XLA's); cuDNN's flash
@@ -44,22 +50,37 @@ def attention_mask(S, T, segment_ids=None):
 
 def einsum_attention(q, k, v, segment_ids=None):
     """Attention by hand; the reference every other implementation is checked against."""
-    D = q.shape[-1]
-    # Scores and softmax in float32 even when q, k are bfloat16: exp() of a
-    # bf16 logit loses the small differences that decide where attention goes.
-    scores = jnp.einsum("BSHD,BTHD->BHST", q, k, preferred_element_type=jnp.float32)
-    scores = scores * D**-0.5
-    mask = attention_mask(q.shape[1], k.shape[1], segment_ids)
+    B, S, H, D = q.shape
+    K = k.shape[2]
+    mask = attention_mask(S, k.shape[1], segment_ids)
+    if K == H:  # multi-head: one key/value head per query head
+        scores = jnp.einsum("BSHD,BTHD->BHST", q, k, preferred_element_type=jnp.float32)
+        probs = masked_softmax(scores * D**-0.5, mask).astype(v.dtype)
+        return jnp.einsum("BHST,BTHD->BSHD", probs, v)
+    # Grouped: the H query heads as [K, G], query head h = k·G + g reading KV head k,
+    # so no key or value is copied. (Not taken at K = H: a unit G changes the order in
+    # which XLA's CPU matmul sums, by an ulp, and K = H must stay today's attention.)
+    q = q.reshape(B, S, K, H // K, D)
+    scores = jnp.einsum("BSKGD,BTKD->BKGST", q, k, preferred_element_type=jnp.float32)
+    probs = masked_softmax(scores * D**-0.5, mask[:, :, None]).astype(v.dtype)
+    return jnp.einsum("BKGST,BTKD->BSKGD", probs, v).reshape(B, S, H, D)
+
+
+def masked_softmax(scores, mask):
+    """float32 scores [..., S, T] -> probabilities over T, zero where mask is false.
+
+    Scores and softmax in float32 even when q, k are bfloat16: exp() of a bf16
+    logit loses the small differences that decide where attention goes."""
     # A large negative number, not -inf: a fully masked row would give NaN.
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("BHST,BTHD->BSHD", probs, v)
+    return jax.nn.softmax(scores, axis=-1)
 
 
 def fused_attention(q, k, v, segment_ids=None):
     """The library call, `jax.nn.dot_product_attention`, in XLA's implementation
     (JAX's default, on every backend): the same einsums as above, with XLA free
-    to fuse them. The flash kernels below are asked for by name."""
+    to fuse them; it takes K < H key/value heads itself, grouped as above. The
+    flash kernels below are asked for by name."""
     mask = None if segment_ids is None else attention_mask(q.shape[1], k.shape[1], segment_ids)
     causal = segment_ids is None  # the mask, when given, already is causal
     return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal)
@@ -69,7 +90,8 @@ def cudnn_attention(q, k, v, segment_ids=None):
     """cuDNN's fused flash attention (NVIDIA, bf16/fp16), asked for by name: no
     fallback, so a step compiled with it certainly runs it (`choose` checks the
     shapes first). Its forward and backward are the custom calls
-    __cudnn$fmhaSoftmax and __cudnn$fmhaSoftmaxBackward in the compiled step."""
+    __cudnn$fmhaSoftmax and __cudnn$fmhaSoftmaxBackward in the compiled step.
+    It takes K < H key/value heads itself, as jax.nn.dot_product_attention does."""
     mask = None if segment_ids is None else attention_mask(q.shape[1], k.shape[1], segment_ids)
     return jax.nn.dot_product_attention(
         q, k, v, mask=mask, is_causal=segment_ids is None, implementation="cudnn"
@@ -85,6 +107,7 @@ def splash_kernel(q, k, v, segment_ids=None, *, interpret=False):
     same kernel as plain JAX ops on any backend (slow; for checking it)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
+    k, v = repeat_kv(k, v, q.shape[2])
     _, S, H, D = q.shape
     T = k.shape[1]
     mask = splash.MultiHeadMask([splash.CausalMask((S, T))] * H)
@@ -114,10 +137,24 @@ def splash_kernel(q, k, v, segment_ids=None, *, interpret=False):
     return heads_first(out)
 
 
+def repeat_kv(k, v, heads):
+    """k, v [B, T, K, D] -> [B, T, H, D], KV head h // G for query head h (G = H/K).
+
+    For the kernels that take one key head per query head (the multi-head
+    splash kernel, our flash kernel): each device repeats its own K/tp heads to
+    its H/tp, after the split, so nothing crosses a link. The copies cost G x
+    the bytes of k and v in training, [B, T, H, D] arrays the size of q; the
+    KV cache, which grouped-query attention exists to shrink, never holds them.
+    With K = H: k and v as they are."""
+    G = heads // k.shape[2]
+    return (k, v) if G == 1 else (jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2))
+
+
 def on_each_device(local, q, k, v, segment_ids):
     """local(q, k, v, segment_ids) on each device's own rows (data, fsdp) and heads (tp),
     as the activations are laid out (sessions/sharding.py): a Pallas kernel is one
-    device's program, which XLA's partitioner cannot split."""
+    device's program, which XLA's partitioner cannot split. q's H heads and k's and
+    v's K heads are split alike: each device holds the KV heads its query heads read."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.are_all_axes_manual:  # one device, or already one device's part
         return local(q, k, v, segment_ids)
@@ -153,7 +190,11 @@ def pallas_attention(q, k, v, segment_ids=None):
     (segment_ids) are not among what it takes."""
     if segment_ids is not None:
         raise UsageError("our Pallas flash attention is causal only: no segment_ids")
-    return on_each_device(lambda q, k, v, _: flash_attention(q, k, v), q, k, v, None)
+
+    def local(q, k, v, _):
+        return flash_attention(q, *repeat_kv(k, v, q.shape[2]))
+
+    return on_each_device(local, q, k, v, None)
 
 
 IMPLEMENTATIONS = {
@@ -166,5 +207,5 @@ IMPLEMENTATIONS = {
 
 
 def attention(q, k, v, segment_ids=None, impl="einsum"):
-    """Causal attention. q: [B, S, H, D], k, v: [B, T, H, D] -> [B, S, H, D]."""
+    """Causal attention. q: [B, S, H, D], k, v: [B, T, K, D] -> [B, S, H, D]."""
     return IMPLEMENTATIONS[impl](q, k, v, segment_ids)

@@ -41,11 +41,13 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
-            divisors = [str(k) for k in range(1, self.heads + 1) if self.heads % k == 0]
+            divisors = ", ".join(str(k) for k in range(1, self.heads + 1) if self.heads % k == 0)
             raise UsageError(
                 f"--kv-heads {self.kv_heads} must divide the {self.heads} query heads "
-                f"(try {', '.join(divisors)})"
+                f"(try {divisors})"
             )
+        if self.rope and self.head_dim % 2:  # RoPE turns the head's dims in pairs
+            raise UsageError(f"--rope needs an even --head-dim, not {self.head_dim}")
 
     @property
     def n_kv_heads(self):

@@ -20,13 +20,22 @@ from sessions import sharding
 from sessions.model import cast
 
 # How many leading dims of each matmul weight are its inputs (model.dense's n_in).
-INPUT_DIMS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_in": 1, "w_out": 1}
+INPUT_DIMS = {
+    "wq": 1,
+    "wk": 1,
+    "wv": 1,
+    "wo": 2,
+    "w_in": 1,
+    "w_gate": 1,
+    "w_out": 1,
+    "unembed": 1,
+}
 
 
 def out_in_order(path, ndim):
     """The permutation that puts a weight's output dims before its input dims
     ([E, H, D] -> [H, D, E]), found by its name at the end of `path`; None for
-    a leaf decode reads as stored (norm scales, the embedding)."""
+    a leaf decode reads as stored (norm scales, the embedding, the positions)."""
     n_in = INPUT_DIMS.get(path[-1].key)
     return None if n_in is None else (*range(n_in, ndim), *range(n_in))
 
@@ -41,8 +50,9 @@ def out_in_spec(path, leaf, order):
 def decode_weights(params, cfg):
     """The params as a decode step reads them: in the compute dtype, each
     matmul weight transposed to [*out, *in] (wq [E, H, D] -> [H, D, E], wo
-    [H, D, E] -> [E, H, D], w_in [E, F] -> [F, E], ...), split over a mesh by
-    its own rule, permuted. The tied embedding [V, E] is [out, in] already."""
+    [H, D, E] -> [E, H, D], w_in [E, F] -> [F, E], an untied unembed [E, V] ->
+    [V, E], ...), split over a mesh by its own rule, permuted. The tied
+    embedding [V, E] is [out, in] already."""
 
     def relayout(path, w):
         order = out_in_order(path, w.ndim)

@@ -26,6 +26,10 @@ timing in scripts/bench.py would then measure that, not the library.
 The tied embedding is one `nnx.Embed` read twice: its `embedding` Param looks
 tokens up and is the output projection, giving logits in the compute dtype, as
 `Embed.attend` and sessions/model.py's `unembed` do.
+
+It is session 2's model only: session 5's switches (grouped-query attention,
+rotary positions, the gated MLP, untied embeddings) live in sessions/model.py
+alone, and a config that sets one is refused.
 """
 
 import functools
@@ -37,6 +41,7 @@ from flax import nnx
 
 from sessions.attention import attention
 from sessions.config import ModelConfig
+from sessions.errors import UsageError
 from sessions.model import dense
 from sessions.positions import add_positions
 from sessions.sharding import PARAM_SPECS, constrain
@@ -121,6 +126,11 @@ class Transformer(nnx.Module):
     """tokens: int [B, S] -> logits [B, S, V], as sessions.model.forward."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        if cfg.n_kv_heads != cfg.heads or cfg.rope or cfg.gated or not cfg.tied:
+            raise UsageError(
+                "the Flax model is session 2's model: no --kv-heads, --rope, --gated or "
+                "--untied (sessions/model.py has them)"
+            )
         E, V = cfg.embed, cfg.vocab
         self.cfg = cfg
         embed_init = nnx.initializers.normal(E**-0.5)  # std 1/sqrt(E): see init_params

@@ -11,14 +11,16 @@ and each step computes only the new token's:
              Each step reads every weight and the cache for B tokens:
              memory-bound until B is large (roofline/decode_cost.py).
 
-The cache: a key and a value of [H, D] per layer, row and position, T =
-cfg.seq positions, in the compute dtype: 2·L·B·T·H·D·bytes. It is held as
-one dict per layer, like the params, with "v" [B, H, T, D] and "k" stored
-transposed, [B, H, D, T]: q·k contracts D and probs·v contracts T, and a
-matmul reads its right operand fastest as [contracted, kept]. In [B, T, H, D]
-order XLA's CPU backend transposes the whole cache, every layer, every step,
-before its matmuls: 3x slower decode attention at gpt2 shapes, for the same
-bytes.
+The cache: a key and a value of [K, D] per layer, row and position (K =
+cfg.n_kv_heads, H unless grouped-query attention shares each among G = H/K
+query heads), T = cfg.seq positions, in the compute dtype: 2·L·B·T·K·D·bytes.
+It is held as one dict per layer, like the params, with "v" [B, K, T, D] and
+"k" stored transposed, [B, K, D, T]: q·k contracts D and probs·v contracts T,
+and a matmul reads its right operand fastest as [contracted, kept]. In
+[B, T, K, D] order XLA's CPU backend transposes the whole cache, every layer,
+every step, before its matmuls: 3x slower decode attention at gpt2 shapes,
+for the same bytes. With rotary positions the keys are cached already turned,
+each by its own position (sessions/rotary.py): a step turns only its own.
 
 The weights, too, are laid out for decode (sessions/decode_layout.py): each
 matmul weight [out, in], multiplied with the weight on the left.
@@ -53,54 +55,71 @@ from sessions.sharding import constrain
 
 def init_cache(cfg, batch):
     """An empty cache, one dict per layer (like params["layers"]): "k" zeros
-    [B, H, D, T] and "v" zeros [B, H, T, D], in the compute dtype. A model
+    [B, K, D, T] and "v" zeros [B, K, T, D], in the compute dtype. A model
     without attention needs none: its tokens never read each other."""
-    B, H, D, T = batch, cfg.heads, cfg.head_dim, cfg.seq
+    B, K, D, T = batch, cfg.n_kv_heads, cfg.head_dim, cfg.seq
     return [
         {
-            "k": constrain(jnp.zeros((B, H, D, T), cfg.dtype), "BHDT"),
-            "v": constrain(jnp.zeros((B, H, T, D), cfg.dtype), "BHTD"),
+            "k": constrain(jnp.zeros((B, K, D, T), cfg.dtype), "BKDT"),
+            "v": constrain(jnp.zeros((B, K, T, D), cfg.dtype), "BKTD"),
         }
         for _ in range(cfg.layers if cfg.attention else 0)
     ]
 
 
 def cache_bytes(cache):
-    """Bytes the cache holds: 2·L·B·T·H·D·bytes per element."""
+    """Bytes the cache holds: 2·L·B·T·K·D·bytes per element."""
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
 
 
 def cached_attention(q, k, v, cache, pos):
     """The new tokens' attention over the cache and over themselves.
 
-    q, k, v: [B, S, H, D], the tokens at positions pos..pos+S-1; cache: one
-    layer's {"k": [B, H, D, T], "v": [B, H, T, D]}, filled before pos ->
-    [B, S, H, D]. Query s sees the cached keys t < pos and the new keys up to
-    itself: one softmax over both, the causal mask of sessions/attention.py."""
-    S, T, D = q.shape[1], cache["k"].shape[-1], q.shape[-1]
+    q: [B, S, H, D], k, v: [B, S, K, D], the tokens at positions pos..pos+S-1;
+    cache: one layer's {"k": [B, K, D, T], "v": [B, K, T, D]}, filled before
+    pos -> [B, S, H, D]. Query s sees the cached keys t < pos and the new keys
+    up to itself: one softmax over both, the causal mask of sessions/attention.py.
+    The H query heads are grouped as [K, G], as in attention.einsum_attention:
+    query head h = k·G + g reads cached head k, and the cache is read once for
+    all G of them."""
+    B, S, H, D = q.shape
+    K, T = k.shape[2], cache["k"].shape[-1]
     # Scores in float32, as in sessions/attention.py: exp() of bf16 scores is too coarse.
-    old = jnp.einsum("BSHD,BHDT->BHST", q, cache["k"], preferred_element_type=jnp.float32)
-    new = jnp.einsum("BSHD,BTHD->BHST", q, k, preferred_element_type=jnp.float32)
+    f32 = jnp.float32
+    if K == H:  # multi-head, as before grouping existed: the same einsums, the same bits
+        old = jnp.einsum("BSHD,BHDT->BHST", q, cache["k"], preferred_element_type=f32)
+        new = jnp.einsum("BSHD,BTHD->BHST", q, k, preferred_element_type=f32)
+    else:
+        # [B, S, H, D] -> [B, K, G, S, D], a few KB: the G query heads of a KV head and
+        # their S positions side by side, one block of rows for the cache's [D, T]. (In
+        # [B, S, K, G, D] order XLA's CPU runtime has no bfloat16 dot for the product.)
+        q = q.reshape(B, S, K, H // K, D).transpose(0, 2, 3, 1, 4)
+        old = jnp.einsum("BKGSD,BKDT->BKGST", q, cache["k"], preferred_element_type=f32)
+        new = jnp.einsum("BKGSD,BTKD->BKGST", q, k, preferred_element_type=f32)
     old, new = old * D**-0.5, new * D**-0.5
     low = jnp.finfo(jnp.float32).min  # not -inf: a fully masked row would give NaN
     old = jnp.where(jnp.arange(T) < pos, old, low)
     new = jnp.where(jnp.arange(S)[None, :] <= jnp.arange(S)[:, None], new, low)
     probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1)
     probs = probs.astype(v.dtype)
-    out = jnp.einsum("BHST,BHTD->BSHD", probs[..., :T], cache["v"])
-    return out + jnp.einsum("BHST,BTHD->BSHD", probs[..., T:], v)
+    if K == H:
+        out = jnp.einsum("BHST,BHTD->BSHD", probs[..., :T], cache["v"])
+        return out + jnp.einsum("BHST,BTHD->BSHD", probs[..., T:], v)
+    out = jnp.einsum("BKGST,BKTD->BSKGD", probs[..., :T], cache["v"])
+    out = out + jnp.einsum("BKGST,BTKD->BSKGD", probs[..., T:], v)
+    return out.reshape(B, S, H, D)
 
 
 def write(cache, k, v, pos, live=True):
-    """One layer's cache with k, v [B, S, H, D] written at positions pos..pos+S-1;
+    """One layer's cache with k, v [B, S, K, D] written at positions pos..pos+S-1;
     where `live` (a traced bool) is false, those slots keep what they held."""
-    k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, H, D, S], [B, H, S, D]
+    k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, D, S], [B, K, S, D]
     if live is not True:  # reads S slots: a few KB, not the cache
         k = jnp.where(live, k, jax.lax.dynamic_slice(cache["k"], (0, 0, 0, pos), k.shape))
         v = jnp.where(live, v, jax.lax.dynamic_slice(cache["v"], (0, 0, pos, 0), v.shape))
     return {
-        "k": constrain(jax.lax.dynamic_update_slice(cache["k"], k, (0, 0, 0, pos)), "BHDT"),
-        "v": constrain(jax.lax.dynamic_update_slice(cache["v"], v, (0, 0, pos, 0)), "BHTD"),
+        "k": constrain(jax.lax.dynamic_update_slice(cache["k"], k, (0, 0, 0, pos)), "BKDT"),
+        "v": constrain(jax.lax.dynamic_update_slice(cache["v"], v, (0, 0, pos, 0)), "BKTD"),
     }
 
 
@@ -127,21 +146,24 @@ def decode_step(w, cache, token, pos, cfg, live=True):
 
     w: decode_weights(params, cfg); token: int [B] at position pos (traced) ->
     (logits float32 [B, V] for position pos + 1, the cache with pos written,
-    unless `live` is false)."""
+    unless `live` is false). Learned positions are looked up at pos, rotary
+    ones turn the token's q and k by pos."""
     x = embed(w, token[:, None], cfg, start=pos)  # [B, 1, E]
     written = []
     for i, layer in enumerate(w["layers"]):
         attend = _attend_with_cache(cache[i], pos, live) if cfg.attention else None
-        x, new = block(layer, x, cfg, attend, dense=dense_out_in)
+        x, new = block(layer, x, cfg, attend, dense=dense_out_in, start=pos)
         written.append(new)
-    return unembed(w, x)[:, 0].astype(jnp.float32), written if cfg.attention else cache
+    logits = unembed(w, x, dense=dense_out_in)[:, 0].astype(jnp.float32)
+    return logits, written if cfg.attention else cache
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
 def prefill(params, prompts, cfg):
     """prompts: int [B, P] -> (logits float32 [B, V] for position P, the cache
     with slots 0..P-1 filled). The prompt runs through the model once, with the
-    model's own causal attention; each layer's k, v go into the cache."""
+    model's own causal attention; each layer's k, v go into the cache (the keys
+    turned by their positions 0..P-1 when rotary)."""
     p = cast(params, cfg)
 
     def keep(q, k, v):
@@ -260,7 +282,7 @@ def generate(params, cfg, prompts, n_new, *, key=None, temperature=0.0):
     temperature 0: greedy (argmax); otherwise sampled at that temperature with
     `key`. Prefill once, then n_new decode steps in compiled chunks of STEPS. Under a
     mesh (jax.set_mesh) the cache is split like the activations: rows over
-    data and fsdp, heads over tp."""
+    data and fsdp, KV heads over tp."""
     prompts = jnp.asarray(prompts, jnp.int32)
     if prompts.ndim != 2:
         raise UsageError(f"prompts must be [batch, length], got shape {prompts.shape}")

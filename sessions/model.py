@@ -6,9 +6,21 @@ is pure functions over it.
     block(x) = x + attention(norm(x))     (skipped when cfg.attention is False)
              + mlp(norm(...))             (pre-norm residual, as in GPT-2)
 
-The output projection is tied to the token embedding (logits = x @ embed^T):
-one [V, E] matrix read in both directions. The lookup costs no FLOPs; the
-output projection costs 2·B·S·E·V forward, like any matmul.
+By default it is the course's model, GPT-2's block: H heads of keys and values,
+a learned table of positions, a ReLU MLP of two matrices, and the output
+projection tied to the token embedding (logits = x @ embed^T): one [V, E]
+matrix read in both directions. The lookup costs no FLOPs; the output
+projection costs 2·B·S·E·V forward, like any matmul.
+
+Four switches of ModelConfig turn it into LLaMA's block, each alone or together:
+
+    kv_heads K   grouped-query attention: K heads of keys and values (wk, wv
+                 [E, K, D]), each read by G = H/K query heads; K = 1 is
+                 multi-query. The KV cache holds K heads, not H.
+    rope         rotary positions (sessions/rotary.py): q and k turned by their
+                 position after the projection; no learned table `pos`.
+    gated        SwiGLU: silu(x·w_gate) * (x·w_in), then ·w_out; three matrices.
+    tied False   the output projection is a matrix of its own, unembed [E, V].
 """
 
 import math
@@ -19,6 +31,7 @@ import jax.numpy as jnp
 from sessions.attention import attention
 from sessions.config import ModelConfig
 from sessions.positions import add_positions, init_positions
+from sessions.rotary import rotate
 from sessions.sharding import constrain
 
 __all__ = ["ModelConfig", "forward", "init_params"]
@@ -28,8 +41,10 @@ def init_params(cfg: ModelConfig, key):
     """A dict of float32 arrays. Matmul weights are drawn with std 1/sqrt(fan_in)
     so activations keep unit scale; the projections back into the residual
     stream get an extra 1/sqrt(2L) (GPT-2), so L layers of residual adds do
-    not grow it."""
+    not grow it. Keys and values have K = cfg.n_kv_heads heads; w_gate (gated)
+    is drawn like w_in, the untied unembed like the embedding."""
     E, F, H, D, V, L = cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.vocab, cfg.layers
+    K = cfg.n_kv_heads
     residual_scale = (2 * L) ** -0.5
 
     def normal(key, shape, std):
@@ -41,12 +56,14 @@ def init_params(cfg: ModelConfig, key):
         if cfg.attention:
             layer["attn_norm"] = jnp.ones((E,))
             layer["wq"] = normal(k[0], (E, H, D), E**-0.5)
-            layer["wk"] = normal(k[1], (E, H, D), E**-0.5)
-            layer["wv"] = normal(k[2], (E, H, D), E**-0.5)
+            layer["wk"] = normal(k[1], (E, K, D), E**-0.5)
+            layer["wv"] = normal(k[2], (E, K, D), E**-0.5)
             layer["wo"] = normal(k[3], (H, D, E), (H * D) ** -0.5 * residual_scale)
         layer["mlp_norm"] = jnp.ones((E,))
         layer["w_in"] = normal(k[4], (E, F), E**-0.5)
         layer["w_out"] = normal(k[5], (F, E), F**-0.5 * residual_scale)
+        if cfg.gated:  # a stream of its own: the default model's six keep their values
+            layer["w_gate"] = normal(jax.random.fold_in(key, 6), (E, F), E**-0.5)
         return layer
 
     # fold_in gives each layer its own stream, independent of how many layers there are.
@@ -59,9 +76,21 @@ def init_params(cfg: ModelConfig, key):
         "layers": [init_layer(jax.random.fold_in(key, 100 + i)) for i in range(L)],
         "final_norm": jnp.ones((E,)),
     }
-    if cfg.positions:
+    if learned_positions(cfg):
         params["pos"] = init_positions(jax.random.fold_in(key, 1), cfg.seq, E)
+    if not cfg.tied:  # std 1/sqrt(E), as the tied one: logits of unit std at the start
+        params["unembed"] = normal(jax.random.fold_in(key, 2), (E, V), E**-0.5)
     return params
+
+
+def learned_positions(cfg):
+    """Whether positions come from a learned table `pos` (not rotary, not none)."""
+    return cfg.positions and not cfg.rope
+
+
+def rotary_positions(cfg):
+    """Whether q and k are rotated by their positions (sessions/rotary.py)."""
+    return cfg.positions and cfg.rope
 
 
 def rms_norm(x, scale, eps=1e-6):
@@ -88,40 +117,54 @@ def dense(x, w, n_in=1):
     return (x2 @ w2).reshape(B, S, *out_shape)
 
 
-def qkv(layer, x, dense=dense):
-    """x: [B, S, E] -> q, k, v, each [B, S, H, D] ("BSE,EHD->BSHD")."""
-    return tuple(constrain(dense(x, layer[w]), "BSHD") for w in ("wq", "wk", "wv"))
+def qkv(layer, x, cfg, start=0, dense=dense):
+    """x: [B, S, E] at positions start..start+S-1 -> q [B, S, H, D] ("BSE,EHD->BSHD"),
+    k, v [B, S, K, D] ("BSE,EKD->BSKD"); with rotary positions, q and k turned by
+    their positions (start may be traced)."""
+    q = constrain(dense(x, layer["wq"]), "BSHD")
+    k, v = (constrain(dense(x, layer[w]), "BSKD") for w in ("wk", "wv"))
+    if rotary_positions(cfg):
+        q, k = rotate(q, start, cfg.rope_base), rotate(k, start, cfg.rope_base)
+    return q, k, v
 
 
-def attention_block(layer, x, attend, dense=dense):
+def attention_block(layer, x, cfg, attend, dense=dense, start=0):
     """x: [B, S, E] -> ([B, S, E], what attend returned beside its output).
 
     attend(q, k, v) -> (out [B, S, H, D], extra) is the attention itself: in
     training, causal self-attention over the S positions (extra None); in
     decoding, attention over a KV cache, which it returns updated as extra."""
-    out, extra = attend(*qkv(layer, x, dense))
+    out, extra = attend(*qkv(layer, x, cfg, start, dense))
     return constrain(dense(out, layer["wo"], n_in=2), "BSE"), extra  # "BSHD,HDE->BSE"
 
 
-def mlp_block(layer, x, dense=dense):
+def mlp_block(layer, x, cfg, dense=dense):
     """x: [B, S, E] -> [B, S, E]; acts on each position alone."""
     h = constrain(dense(x, layer["w_in"]), "BSF")  # "BSE,EF->BSF"
-    # ReLU, as in the course. GELU (GPT-2's) learns about as well here and
-    # costs 3-5% more per step on a CPU, where its tanh is not free.
-    h = jax.nn.relu(h)
+    if cfg.gated:
+        # SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"; LLaMA's): a
+        # second projection, through SiLU, gates the first, position by position.
+        h = jax.nn.silu(constrain(dense(x, layer["w_gate"]), "BSF")) * h
+    else:
+        # ReLU, as in the course. GELU (GPT-2's) learns about as well here and
+        # costs 3-5% more per step on a CPU, where its tanh is not free.
+        h = jax.nn.relu(h)
     return constrain(dense(h, layer["w_out"]), "BSE")  # "BSF,FE->BSE"
 
 
-def block(layer, x, cfg, attend, dense=dense):
-    """One layer, pre-norm residual: x [B, S, E] -> ([B, S, E], attend's extra).
+def block(layer, x, cfg, attend, dense=dense, start=0):
+    """One layer, pre-norm residual: x [B, S, E] at positions start..start+S-1
+    -> ([B, S, E], attend's extra).
 
     dense is how a weight is applied: the decoder passes its own, for weights
-    it stores transposed (sessions/decode_layout.py)."""
+    it stores transposed (sessions/decode_layout.py), and its position as start
+    (rotary positions turn q and k by it)."""
     extra = None
     if cfg.attention:
-        a, extra = attention_block(layer, rms_norm(x, layer["attn_norm"]), attend, dense)
+        normed = rms_norm(x, layer["attn_norm"])
+        a, extra = attention_block(layer, normed, cfg, attend, dense, start)
         x = x + a
-    return x + mlp_block(layer, rms_norm(x, layer["mlp_norm"]), dense), extra
+    return x + mlp_block(layer, rms_norm(x, layer["mlp_norm"]), cfg, dense), extra
 
 
 def cast(params, cfg: ModelConfig):
@@ -152,21 +195,26 @@ def embed(p, tokens, cfg: ModelConfig, start=0):
     one-hot: it adds 0.7% to the course step's FLOPs at V=256; at GPT-2's
     50,304 it adds 18% (5 ms at an H100's bf16 peak) and a 3.3 GB one-hot in
     bf16 (predicted, roofline/flops.py). The gather's sum moves B·S·E numbers
-    whatever V is: it is the one that scales."""
+    whatever V is: it is the one that scales.
+
+    Only learned positions are added here; rotary ones turn q and k (qkv)."""
     x = p["embed"][tokens].astype(cfg.dtype)
-    if cfg.positions:
+    if learned_positions(cfg):
         x = add_positions(x, p["pos"], start)
     return constrain(x, "BSE")
 
 
-def unembed(p, x):
+def unembed(p, x, dense=dense):
     """x: [B, S, E] -> logits [B, S, V] in the compute dtype, through the tied
-    embedding. At GPT-2's vocabulary they are the step's largest array (32 x
+    embedding, or through p["unembed"] where the params hold one (cfg.tied
+    False; applied by `dense`, like every matmul weight the decoder stores
+    transposed). At GPT-2's vocabulary they are the step's largest array (32 x
     1024 x 50,304: 6.6 GB in float32): in bfloat16 they cost half the bytes to
     write and read, and the loss takes its sums in float32 (train.cross_entropy)."""
     x = rms_norm(x, p["final_norm"])
-    logits = jnp.einsum("BSE,VE->BSV", x, p["embed"])
-    return constrain(logits, "BSV")
+    if "unembed" in p:
+        return constrain(dense(x, p["unembed"]), "BSV")  # "BSE,EV->BSV"
+    return constrain(jnp.einsum("BSE,VE->BSV", x, p["embed"]), "BSV")
 
 
 def forward(params, tokens, cfg: ModelConfig, segment_ids=None):

@@ -34,12 +34,14 @@ BATCH = ("data", "fsdp")  # the batch dimension is split over both
 # The partition rules, one line per weight: which mesh axis splits each dimension.
 PARAM_SPECS = {
     "embed": P("tp", "fsdp"),  # [V, E], also the tied output projection
+    "unembed": P("fsdp", "tp"),  # [E, V], the untied output projection: embed's transposed
     "pos": P(None, "fsdp"),  # [S, E]
     "wq": P("fsdp", "tp", None),  # [E, H, D]
-    "wk": P("fsdp", "tp", None),  # [E, H, D]
-    "wv": P("fsdp", "tp", None),  # [E, H, D]
+    "wk": P("fsdp", "tp", None),  # [E, K, D]: the K heads split over tp like the H
+    "wv": P("fsdp", "tp", None),  # [E, K, D]
     "wo": P("tp", None, "fsdp"),  # [H, D, E]
     "w_in": P("fsdp", "tp"),  # [E, F]
+    "w_gate": P("fsdp", "tp"),  # [E, F], the gated MLP's second input matrix
     "w_out": P("tp", "fsdp"),  # [F, E]
     "attn_norm": P(None),  # [E], a few KB: replicate
     "mlp_norm": P(None),  # [E]
@@ -51,13 +53,16 @@ PARAM_SPECS = {
 ACTIVATION_SPECS = {
     "BS": P(BATCH, None),  # tokens
     "BSE": P(BATCH, None, None),  # the residual stream
-    "BSHD": P(BATCH, None, "tp", None),  # queries, keys, values
+    "BSHD": P(BATCH, None, "tp", None),  # queries (keys and values when K = H)
+    # Keys and values, K heads; split over tp like the queries' H, so that the G query
+    # heads that read a KV head sit on its device (H/tp = G·K/tp heads each).
+    "BSKD": P(BATCH, None, "tp", None),
     "BSF": P(BATCH, None, "tp"),  # the MLP's hidden layer
     "BSV": P(BATCH, None, "tp"),  # logits
-    # The KV cache, one layer: values [B, H, T, D], keys stored transposed [B, H, D, T]
+    # The KV cache, one layer: values [B, K, T, D], keys stored transposed [B, K, D, T]
     # (sessions/inference.py says why); split like the keys and values themselves.
-    "BHTD": P(BATCH, "tp", None, None),
-    "BHDT": P(BATCH, "tp", None, None),
+    "BKTD": P(BATCH, "tp", None, None),
+    "BKDT": P(BATCH, "tp", None, None),
 }
 
 
@@ -113,6 +118,7 @@ def check_divisible(model_cfg, batch, sizes, processes=1):
         ("batch", batch, n_batch, "data x fsdp"),
         ("batch", batch, processes, "the process count"),
         ("heads", model_cfg.heads, sizes["tp"], "tp"),
+        ("kv_heads", model_cfg.n_kv_heads, sizes["tp"], "tp"),
         ("ff", model_cfg.ff, sizes["tp"], "tp"),
         ("vocab", model_cfg.vocab, sizes["tp"], "tp"),
         ("embed", model_cfg.embed, sizes["fsdp"], "fsdp"),

@@ -106,6 +106,14 @@ def add_shape_flags(parser):
         "a text file, folder or glob, or token files: nanoGPT's train.bin, llm.c's "
         "'dir/*_train_*.bin' (with --vocab)",
     )
+    # Session 5's switches of the model, None unless given: a served checkpoint's must match.
+    parser.add_argument("--kv-heads", type=positive_int, metavar="K", help="key/value heads")
+    for flag, dest, action, what in (
+        ("--rope", "rope", "store_true", "rotary positions, not a learned table"),
+        ("--gated", "gated", "store_true", "SwiGLU feed-forward: three matrices"),
+        ("--untied", "tied", "store_false", "an output projection, not the embedding's"),
+    ):
+        parser.add_argument(flag, dest=dest, action=action, default=None, help=what)
 
 
 def add_tokenizer_flag(parser):
@@ -222,7 +230,8 @@ def infer_flags(argv=None, parser=None):
     return args
 
 
-MODEL_FLAGS = ("seq", "embed", "ff", "heads", "head_dim", "layers", "vocab")
+FAMILY = ("kv_heads", "rope", "gated", "tied")  # session 5's switches
+MODEL_FLAGS = ("seq", "embed", "ff", "heads", "head_dim", "layers", "vocab", *FAMILY)
 TRAIN_FLAGS = ("steps", "batch", "lr", "seed", "log_every", "eval_every")
 READ = ("preset", "dtype", "attention_impl", "no_attention", "no_positions", "data")
 
@@ -253,6 +262,7 @@ def resolve(args, platform=None, **model_overrides):
 
 
 SHAPES = ("vocab", "embed", "ff", "heads", "head_dim", "layers", "seq", "attention", "positions")
+SHAPES += FAMILY
 
 
 class Serving(NamedTuple):

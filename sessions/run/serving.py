@@ -36,13 +36,20 @@ def inference_config(serving):
         trained = ModelConfig(**meta["model"])
     except TypeError:
         raise UsageError(f"{serving.checkpoint_dir}: a checkpoint of another version") from None
-    asked = {f: v for f, v in serving.shapes.items() if v != getattr(trained, f)}
-    if asked:
-        theirs = ", ".join(f"{f}={getattr(trained, f)}" for f in asked)
+    flags = {f: shape_of(serving.model, f) for f in serving.shapes}
+    asked = {f: v for f, v in flags.items() if v != shape_of(trained, f)}
+    if asked:  # other shapes, positions (learned or rotary) or K than the flags ask for
+        theirs = ", ".join(f"{f}={shape_of(trained, f)}" for f in asked)
         ours = ", ".join(f"{f}={v}" for f, v in asked.items())
         raise UsageError(f"the checkpoint has {theirs}, not {ours}; drop the shape flags")
     cfg = serving.model
     return dataclasses.replace(trained, dtype=cfg.dtype, attention_impl=cfg.attention_impl), meta
+
+
+def shape_of(cfg, name):
+    """cfg's value for `name` of sessions.run.cli.SHAPES, as a checkpoint's is compared
+    with the flags': K as a number (kv_heads None means H, whether given or not)."""
+    return cfg.n_kv_heads if name == "kv_heads" else getattr(cfg, name)
 
 
 def prompt_for(serving, cfg, meta):
