@@ -43,6 +43,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from sessions import quantize
 from sessions.attention import attention
 from sessions.attention_choice import choose_for_length
 from sessions.decode_layout import decode_weights, dense_out_in
@@ -51,10 +52,12 @@ from sessions.model import block, cast, embed, unembed
 from sessions.sharding import constrain
 
 
-def init_cache(cfg, batch):
+def init_cache(cfg, batch, int8=False):
     """An empty cache, one dict per layer (like params["layers"]): "k" zeros
     [B, H, D, T] and "v" zeros [B, H, T, D], in the compute dtype. A model
     without attention needs none: its tokens never read each other."""
+    if int8:  # int8, with a scale per token and head (sessions/quantize.py)
+        return quantize.init_int8_cache(cfg, batch)
     B, H, D, T = batch, cfg.heads, cfg.head_dim, cfg.seq
     return [
         {
@@ -77,6 +80,8 @@ def cached_attention(q, k, v, cache, pos):
     layer's {"k": [B, H, D, T], "v": [B, H, T, D]}, filled before pos ->
     [B, S, H, D]. Query s sees the cached keys t < pos and the new keys up to
     itself: one softmax over both, the causal mask of sessions/attention.py."""
+    if "k_scale" in cache:  # an int8 cache (sessions/quantize.py)
+        return quantize.cached_attention_int8(q, k, v, cache, pos)
     S, T, D = q.shape[1], cache["k"].shape[-1], q.shape[-1]
     # Scores in float32, as in sessions/attention.py: exp() of bf16 scores is too coarse.
     old = jnp.einsum("BSHD,BHDT->BHST", q, cache["k"], preferred_element_type=jnp.float32)
@@ -94,6 +99,8 @@ def cached_attention(q, k, v, cache, pos):
 def write(cache, k, v, pos, live=True):
     """One layer's cache with k, v [B, S, H, D] written at positions pos..pos+S-1;
     where `live` (a traced bool) is false, those slots keep what they held."""
+    if "k_scale" in cache:  # an int8 cache (sessions/quantize.py)
+        return quantize.write_int8(cache, k, v, pos, live)
     k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, H, D, S], [B, H, S, D]
     if live is not True:  # reads S slots: a few KB, not the cache
         k = jnp.where(live, k, jax.lax.dynamic_slice(cache["k"], (0, 0, 0, pos), k.shape))
@@ -137,17 +144,18 @@ def decode_step(w, cache, token, pos, cfg, live=True):
     return unembed(w, x)[:, 0].astype(jnp.float32), written if cfg.attention else cache
 
 
-@functools.partial(jax.jit, static_argnames="cfg")
-def prefill(params, prompts, cfg):
+@functools.partial(jax.jit, static_argnames=("cfg", "int8_cache"))
+def prefill(params, prompts, cfg, int8_cache=False):
     """prompts: int [B, P] -> (logits float32 [B, V] for position P, the cache
-    with slots 0..P-1 filled). The prompt runs through the model once, with the
-    model's own causal attention; each layer's k, v go into the cache."""
+    with slots 0..P-1 filled, int8 if int8_cache). The prompt runs through the
+    model once, with the model's own causal attention; each layer's k, v go
+    into the cache."""
     p = cast(params, cfg)
 
     def keep(q, k, v):
         return attention(q, k, v, impl=cfg.attention_impl), (k, v)
 
-    x, cache = embed(p, prompts, cfg), init_cache(cfg, prompts.shape[0])
+    x, cache = embed(p, prompts, cfg), init_cache(cfg, prompts.shape[0], int8_cache)
     for i, layer in enumerate(p["layers"]):
         x, kv = block(layer, x, cfg, keep)
         if cfg.attention:  # without attention no token reads another: nothing to keep
@@ -254,13 +262,16 @@ def platform_of(params):
     return next(iter(w.devices())).platform if isinstance(w, jax.Array) else jax.default_backend()
 
 
-def generate(params, cfg, prompts, n_new, *, key=None, temperature=0.0):
+def generate(
+    params, cfg, prompts, n_new, *, key=None, temperature=0.0, int8_weights=False, int8_cache=False
+):
     """prompts: int [B, P] -> int [B, P + n_new], the prompts and their continuations.
 
     temperature 0: greedy (argmax); otherwise sampled at that temperature with
     `key`. Prefill once, then n_new decode steps in compiled chunks of STEPS. Under a
     mesh (jax.set_mesh) the cache is split like the activations: rows over
-    data and fsdp, heads over tp."""
+    data and fsdp, heads over tp. int8_weights, int8_cache: decode reads its weights,
+    its cache, in int8 (sessions/quantize.py), one program for each kind."""
     prompts = jnp.asarray(prompts, jnp.int32)
     if prompts.ndim != 2:
         raise UsageError(f"prompts must be [batch, length], got shape {prompts.shape}")
@@ -272,18 +283,13 @@ def generate(params, cfg, prompts, n_new, *, key=None, temperature=0.0):
         raise UsageError("sampling (temperature > 0) needs a key")
     key = jax.random.key(0) if key is None else key  # unused when greedy
     impl, _ = choose_for_length(cfg, platform_of(params), *prompts.shape)
-    logits, cache = prefill(params, prompts, dataclasses.replace(cfg, attention_impl=impl))
+    logits, cache = prefill(
+        params, prompts, dataclasses.replace(cfg, attention_impl=impl), int8_cache
+    )
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T], room for the new tokens
+    w = decode_weights(params, cfg)
+    w = quantize.quantize_decode_weights(w) if int8_weights else w
     tokens, _, _ = decode_loop(
-        decode_weights(params, cfg),
-        cache,
-        tokens,
-        logits,
-        P,
-        n_new,
-        key,
-        temperature,
-        cfg=cfg,
-        greedy=temperature == 0,
+        w, cache, tokens, logits, P, n_new, key, temperature, cfg=cfg, greedy=temperature == 0
     )
     return tokens[:, : P + n_new]

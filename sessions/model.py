@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from sessions.attention import attention
 from sessions.config import ModelConfig
 from sessions.positions import add_positions, init_positions
+from sessions.quantize import lookup, tied_logits
 from sessions.sharding import constrain
 
 __all__ = ["ModelConfig", "forward", "init_params"]
@@ -153,7 +154,7 @@ def embed(p, tokens, cfg: ModelConfig, start=0):
     50,304 it adds 18% (5 ms at an H100's bf16 peak) and a 3.3 GB one-hot in
     bf16 (predicted, roofline/flops.py). The gather's sum moves B·S·E numbers
     whatever V is: it is the one that scales."""
-    x = p["embed"][tokens].astype(cfg.dtype)
+    x = lookup(p["embed"], tokens).astype(cfg.dtype)  # an int8 table too (decode)
     if cfg.positions:
         x = add_positions(x, p["pos"], start)
     return constrain(x, "BSE")
@@ -165,7 +166,7 @@ def unembed(p, x):
     1024 x 50,304: 6.6 GB in float32): in bfloat16 they cost half the bytes to
     write and read, and the loss takes its sums in float32 (train.cross_entropy)."""
     x = rms_norm(x, p["final_norm"])
-    logits = jnp.einsum("BSE,VE->BSV", x, p["embed"])
+    logits = tied_logits(x, p["embed"])  # "BSE,VE->BSV"; an int8 table too (decode)
     return constrain(logits, "BSV")
 
 
