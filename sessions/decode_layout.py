@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from sessions import sharding
 from sessions.model import cast
+from sessions.quantize import Int8
 
 # How many leading dims of each matmul weight are its inputs (model.dense's n_in).
 INPUT_DIMS = {
@@ -75,10 +76,19 @@ def dense_out_in(x, w, n_in=1):
     reads it once, row by row, whatever the batch; as x @ w^T, 2 to 8 rows cost
     it about twice one row's time (gpt2's MLP weights at batch 4: 11.8 ms
     against 18.4 ms). Its simplifier rewrites the one into the other, so the
-    product is held as computed behind an optimization barrier."""
+    product is held as computed behind an optimization barrier.
+
+    An int8 weight (sessions/quantize.py) is multiplied in the compute dtype,
+    its values converted where the dot reads them (exactly: they are integers
+    of 7 bits), and each output channel's scale then multiplies its row of the
+    product, in float32."""
+    scale = w.scale if isinstance(w, Int8) else None
+    w = w if scale is None else w.values.astype(x.dtype)
     B, S = x.shape[:2]
     out_shape, in_shape = w.shape[: w.ndim - n_in], w.shape[w.ndim - n_in :]
     x2 = x.reshape(B * S, math.prod(in_shape))
     w2 = w.reshape(math.prod(out_shape), math.prod(in_shape))
     y = jax.lax.optimization_barrier(w2 @ x2.T)  # [out, B·S]
+    if scale is not None:
+        y = (y * scale.reshape(-1, 1)).astype(y.dtype)
     return y.T.reshape(B, S, *out_shape)

@@ -45,6 +45,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from sessions import quantize
 from sessions.attention import attention
 from sessions.attention_choice import choose_for_length
 from sessions.decode_layout import decode_weights, dense_out_in
@@ -53,10 +54,12 @@ from sessions.model import block, cast, embed, unembed
 from sessions.sharding import constrain
 
 
-def init_cache(cfg, batch):
+def init_cache(cfg, batch, int8=False):
     """An empty cache, one dict per layer (like params["layers"]): "k" zeros
     [B, K, D, T] and "v" zeros [B, K, T, D], in the compute dtype. A model
     without attention needs none: its tokens never read each other."""
+    if int8:  # int8, with a scale per token and KV head (sessions/quantize.py)
+        return quantize.init_int8_cache(cfg, batch)
     B, K, D, T = batch, cfg.n_kv_heads, cfg.head_dim, cfg.seq
     return [
         {
@@ -82,6 +85,8 @@ def cached_attention(q, k, v, cache, pos):
     The H query heads are grouped as [K, G], as in attention.einsum_attention:
     query head h = k·G + g reads cached head k, and the cache is read once for
     all G of them."""
+    if "k_scale" in cache:  # an int8 cache (sessions/quantize.py)
+        return quantize.cached_attention_int8(q, k, v, cache, pos)
     B, S, H, D = q.shape
     K, T = k.shape[2], cache["k"].shape[-1]
     # Scores in float32, as in sessions/attention.py: exp() of bf16 scores is too coarse.
@@ -113,6 +118,8 @@ def cached_attention(q, k, v, cache, pos):
 def write(cache, k, v, pos, live=True):
     """One layer's cache with k, v [B, S, K, D] written at positions pos..pos+S-1;
     where `live` (a traced bool) is false, those slots keep what they held."""
+    if "k_scale" in cache:  # an int8 cache (sessions/quantize.py)
+        return quantize.write_int8(cache, k, v, pos, live)
     k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, D, S], [B, K, S, D]
     if live is not True:  # reads S slots: a few KB, not the cache
         k = jnp.where(live, k, jax.lax.dynamic_slice(cache["k"], (0, 0, 0, pos), k.shape))
@@ -158,18 +165,18 @@ def decode_step(w, cache, token, pos, cfg, live=True):
     return logits, written if cfg.attention else cache
 
 
-@functools.partial(jax.jit, static_argnames="cfg")
-def prefill(params, prompts, cfg):
+@functools.partial(jax.jit, static_argnames=("cfg", "int8_cache"))
+def prefill(params, prompts, cfg, int8_cache=False):
     """prompts: int [B, P] -> (logits float32 [B, V] for position P, the cache
-    with slots 0..P-1 filled). The prompt runs through the model once, with the
-    model's own causal attention; each layer's k, v go into the cache (the keys
-    turned by their positions 0..P-1 when rotary)."""
+    with slots 0..P-1 filled, int8 if int8_cache). The prompt runs through the
+    model once, with the model's own causal attention; each layer's k, v go into
+    the cache (the keys turned by their positions 0..P-1 when rotary)."""
     p = cast(params, cfg)
 
     def keep(q, k, v):
         return attention(q, k, v, impl=cfg.attention_impl), (k, v)
 
-    x, cache = embed(p, prompts, cfg), init_cache(cfg, prompts.shape[0])
+    x, cache = embed(p, prompts, cfg), init_cache(cfg, prompts.shape[0], int8_cache)
     for i, layer in enumerate(p["layers"]):
         x, kv = block(layer, x, cfg, keep)
         if cfg.attention:  # without attention no token reads another: nothing to keep
@@ -276,13 +283,16 @@ def platform_of(params):
     return next(iter(w.devices())).platform if isinstance(w, jax.Array) else jax.default_backend()
 
 
-def generate(params, cfg, prompts, n_new, *, key=None, temperature=0.0):
+def generate(
+    params, cfg, prompts, n_new, *, key=None, temperature=0.0, int8_weights=False, int8_cache=False
+):
     """prompts: int [B, P] -> int [B, P + n_new], the prompts and their continuations.
 
     temperature 0: greedy (argmax); otherwise sampled at that temperature with
     `key`. Prefill once, then n_new decode steps in compiled chunks of STEPS. Under a
     mesh (jax.set_mesh) the cache is split like the activations: rows over
-    data and fsdp, KV heads over tp."""
+    data and fsdp, KV heads over tp. int8_weights, int8_cache: decode reads its
+    weights, its cache, in int8 (sessions/quantize.py), one program for each kind."""
     prompts = jnp.asarray(prompts, jnp.int32)
     if prompts.ndim != 2:
         raise UsageError(f"prompts must be [batch, length], got shape {prompts.shape}")
@@ -294,18 +304,13 @@ def generate(params, cfg, prompts, n_new, *, key=None, temperature=0.0):
         raise UsageError("sampling (temperature > 0) needs a key")
     key = jax.random.key(0) if key is None else key  # unused when greedy
     impl, _ = choose_for_length(cfg, platform_of(params), *prompts.shape)
-    logits, cache = prefill(params, prompts, dataclasses.replace(cfg, attention_impl=impl))
+    logits, cache = prefill(
+        params, prompts, dataclasses.replace(cfg, attention_impl=impl), int8_cache
+    )
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T], room for the new tokens
+    w = decode_weights(params, cfg)
+    w = quantize.quantize_decode_weights(w) if int8_weights else w
     tokens, _, _ = decode_loop(
-        decode_weights(params, cfg),
-        cache,
-        tokens,
-        logits,
-        P,
-        n_new,
-        key,
-        temperature,
-        cfg=cfg,
-        greedy=temperature == 0,
+        w, cache, tokens, logits, P, n_new, key, temperature, cfg=cfg, greedy=temperature == 0
     )
     return tokens[:, : P + n_new]

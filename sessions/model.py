@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from sessions.attention import attention
 from sessions.config import ModelConfig
 from sessions.positions import add_positions, init_positions
+from sessions.quantize import lookup, tied_logits
 from sessions.rotary import rotate
 from sessions.sharding import constrain
 
@@ -198,7 +199,7 @@ def embed(p, tokens, cfg: ModelConfig, start=0):
     whatever V is: it is the one that scales.
 
     Only learned positions are added here; rotary ones turn q and k (qkv)."""
-    x = p["embed"][tokens].astype(cfg.dtype)
+    x = lookup(p["embed"], tokens).astype(cfg.dtype)  # an int8 table too (decode)
     if learned_positions(cfg):
         x = add_positions(x, p["pos"], start)
     return constrain(x, "BSE")
@@ -214,7 +215,8 @@ def unembed(p, x, dense=dense):
     x = rms_norm(x, p["final_norm"])
     if "unembed" in p:
         return constrain(dense(x, p["unembed"]), "BSV")  # "BSE,EV->BSV"
-    return constrain(jnp.einsum("BSE,VE->BSV", x, p["embed"]), "BSV")
+    logits = tied_logits(x, p["embed"])  # "BSE,VE->BSV"; an int8 table too (decode)
+    return constrain(logits, "BSV")
 
 
 def forward(params, tokens, cfg: ModelConfig, segment_ids=None):

@@ -12,6 +12,7 @@ reads them (sessions/plan/). Every such shape of the course is built here:
     abstract_batch          a batch of token ids, split as the loader splits it
     abstract_weights        the params as a server keeps them, in the compute dtype
     abstract_decode_weights those weights as a decode step reads them, transposed
+    abstract_int8_weights   those weights in int8 (sessions/quantize.py)
     abstract_prefill_inputs everything inference.prefill takes
     abstract_decode_inputs  everything inference.decode_steps takes
 """
@@ -22,8 +23,9 @@ import functools
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from sessions import inference, sharding
+from sessions import inference, quantize, sharding
 from sessions.decode_layout import out_in_order, out_in_spec
 from sessions.model import init_params
 from sessions.train import init_state, make_optimizer
@@ -84,6 +86,24 @@ def abstract_decode_weights(abstract_params):
     return jax.tree_util.tree_map_with_path(relayout, abstract_params)
 
 
+def abstract_int8_weights(weights):
+    """What quantize.quantize_decode_weights returns, from abstract_decode_weights'
+    ShapeDtypeStructs: each Int8's values split as their weight, its scales
+    [*out] as the weight's output dims (the first: decode's layout is [*out, *in])."""
+
+    def place(x, q):
+        if not isinstance(q, quantize.Int8):
+            return x
+        spec = (*x.sharding.spec, *(None,) * x.ndim)[: q.scale.ndim]
+        scale = NamedSharding(x.sharding.mesh, P(*spec))
+        return quantize.Int8(
+            jax.ShapeDtypeStruct(q.values.shape, q.values.dtype, sharding=x.sharding),
+            jax.ShapeDtypeStruct(q.scale.shape, q.scale.dtype, sharding=scale),
+        )
+
+    return jax.tree.map(place, weights, jax.eval_shape(quantize.quantize_decode_weights, weights))
+
+
 def abstract_prefill_inputs(cfg, batch, prompt_len, mesh):
     """(arguments, static keywords) of inference.prefill for `batch` prompts of
     prompt_len tokens over `mesh`: the weights as a server keeps them, and the
@@ -94,9 +114,10 @@ def abstract_prefill_inputs(cfg, batch, prompt_len, mesh):
     return (abstract_weights(cfg, mesh), prompts), {"cfg": cfg}
 
 
-def abstract_decode_inputs(cfg, batch, mesh):
+def abstract_decode_inputs(cfg, batch, mesh, int8_weights=False, int8_cache=False):
     """(arguments, static keywords) of inference.decode_steps for `batch` sequences over
-    `mesh`: ShapeDtypeStructs carrying their shardings. The one place that knows
+    `mesh`: ShapeDtypeStructs carrying their shardings, the weights and the cache
+    in int8 where asked (sessions/quantize.py). The one place that knows
     decode's signature.
 
     The weights come as decode reads them, in the compute dtype, so nothing
@@ -109,9 +130,10 @@ def abstract_decode_inputs(cfg, batch, mesh):
     rows = sharding.batch_sharding(mesh)
     small = rows.mesh.shape["data"] * rows.mesh.shape["fsdp"]
     with jax.set_mesh(mesh):
-        make = jax.jit(inference.init_cache, static_argnums=(0, 1))
-        layouts = make.lower(dataclasses.replace(cfg, seq=1), small).compile().output_shardings
-    shapes = jax.eval_shape(functools.partial(inference.init_cache, cfg, batch))
+        make = jax.jit(inference.init_cache, static_argnums=(0, 1, 2))
+        small_cfg = dataclasses.replace(cfg, seq=1)
+        layouts = make.lower(small_cfg, small, int8_cache).compile().output_shardings
+    shapes = jax.eval_shape(functools.partial(inference.init_cache, cfg, batch, int8_cache))
     cache = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, layouts
     )
@@ -121,6 +143,7 @@ def abstract_decode_inputs(cfg, batch, mesh):
     key = jax.eval_shape(lambda: jax.random.key(0))
     temperature = jax.ShapeDtypeStruct((), np.float32)
     weights = abstract_decode_weights(abstract_weights(cfg, mesh))
+    weights = abstract_int8_weights(weights) if int8_weights else weights
     inputs = (weights, cache, tokens, logits, start, n, key, temperature)
     return inputs, {"cfg": cfg, "greedy": True}
 
