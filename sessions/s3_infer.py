@@ -31,9 +31,9 @@ from sessions import inference, sharding
 from sessions.errors import UsageError
 from sessions.plan import infer_on_target, programs
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import NEW_TOKENS, infer_flags, make_folder, run_main, serving_config
+from sessions.run.cli import NEW_TOKENS, infer_flags, make_folder, run_main
 from sessions.run.report import decode_table_lines, plot_decode
-from sessions.run.serving import inference_config, load_params, prompt_for
+from sessions.run.serving import inference_config, load_params, prompt_for, serving_config
 from sessions.sample import sample_tokens, show
 
 # Each timing below: one uncounted call first (it compiles), then the median of

@@ -119,3 +119,18 @@ def make_evaluator(cfg, tc, val_tokens, batch_sharding, *, jit=True):
         for i in range(tc.eval_batches)
     ]
     return lambda params: float(np.mean([eval_step(params, b) for b in batches]))
+
+
+def train_briefly(cfg, tc, train_tokens, val_batches):
+    """(params, mean validation loss over val_batches) after tc.steps jitted steps from
+    scratch on one device: no mesh, checkpoints or overlap (session 2 shows those).
+    Session 5 trains each grouped-query variant of one model this way, on the same
+    batches, so that their losses differ by K alone."""
+    optimizer = make_optimizer(tc, tc.steps)
+    state = init_state(jax.random.key(tc.seed), cfg=cfg, optimizer=optimizer)
+    step = jax.jit(functools.partial(train_step, cfg=cfg, optimizer=optimizer), donate_argnums=0)
+    for i in range(tc.steps):
+        batch = data.get_batch(train_tokens, i, batch=tc.batch, seq=cfg.seq, seed=tc.seed)
+        state, _ = step(state, batch)
+    evaluate = jax.jit(functools.partial(loss_fn, cfg=cfg))
+    return state["params"], float(np.mean([evaluate(state["params"], b) for b in val_batches]))

@@ -3,7 +3,8 @@ configs once (library code never sees the flags), and bad input on one line.
 
     args = train_flags(argv)           # s2_train.py's flags (infer_flags: s3_infer.py's)
     run = resolve(args)                # Resolved(preset, model, train, attention_note, data)
-    serving = serving_config(args)     # s3_infer.py's: Serving(model, shapes, checkpoint_dir, ...)
+
+(s3 and s5 turn theirs into a served model with sessions/run/serving.py's serving_config.)
 
 What a flag leaves open (the preset, dtype, corpus and attention of each platform)
 is decided in sessions/defaults.py; resolve reads the flags and hands it their values.
@@ -12,13 +13,12 @@ is decided in sessions/defaults.py; resolve reads the flags and hands it their v
 import argparse
 import os
 import sys
-from typing import NamedTuple
 
 import jax
 
 from sessions.attention import IMPLEMENTATIONS
-from sessions.config import PRESETS, ModelConfig
-from sessions.defaults import configs_for, serving_attention
+from sessions.config import PRESETS
+from sessions.defaults import configs_for
 from sessions.errors import Interrupted, TrainingDiverged, UsageError
 from sessions.run import multihost
 
@@ -259,31 +259,6 @@ def resolve(args, platform=None, **model_overrides):
         model_fields={**given(args, MODEL_FLAGS), **flags, **model_overrides},
         train_fields=given(args, TRAIN_FLAGS),
     )
-
-
-SHAPES = ("vocab", "embed", "ff", "heads", "head_dim", "layers", "seq", "attention", "positions")
-SHAPES += FAMILY
-
-
-class Serving(NamedTuple):
-    """s3_infer.py's flags as configs (serving_config): the model to serve, and its prompt."""
-
-    model: ModelConfig  # preset + shape flags, the platform's dtype, XLA's attention
-    shapes: dict  # those the flags ask for (all, with --preset): a checkpoint's must match
-    checkpoint_dir: str | None  # None: random parameters (--random-params, --target)
-    prompt: str
-    tokenizer: str | None  # a tokenizer.json that writes token ids as text
-    preset: str  # the preset's name, as resolve chose it
-
-
-def serving_config(args, platform=None):
-    """Serving for s3_infer.py's flags on `platform` (None: this machine's)."""
-    attention = serving_attention(platform or jax.default_backend())
-    run = resolve(args, platform, attention_impl=attention)
-    asked = [f for f in SHAPES if args.preset or f in given(args, MODEL_FLAGS)]
-    shapes = {f: getattr(run.model, f) for f in asked}
-    checkpoint_dir = None if args.random_params or args.target else args.checkpoint_dir
-    return Serving(run.model, shapes, checkpoint_dir, args.prompt, args.tokenizer, run.preset)
 
 
 def run_main(main, argv=None):

@@ -29,6 +29,8 @@ def serve_flags(argv=None):
     parser.add_argument("--plan-chip", default="h100", help="the chip it is planned on")
     parser.set_defaults(run_dir="runs/s5")
     args = infer_flags(argv, parser)
+    if args.mesh:
+        raise UsageError("--mesh: s5_serve.py serves on one device (s3_infer.py takes a mesh)")
     if args.plan not in PUBLISHED:
         raise UsageError(f"--plan {args.plan}: no such published model ({', '.join(PUBLISHED)})")
     if args.plan_chip not in CHIPS:
@@ -39,7 +41,8 @@ def serve_flags(argv=None):
 
 def lever_name(weights, cache):
     """("int8", "full") -> "int8 weights"; ("full", "full") -> "full precision"."""
-    parts = [f"int8 {what}" for what, kind in (("weights", weights), ("cache", cache)) if kind == "int8"]
+    chosen = (("weights", weights), ("cache", cache))
+    parts = [f"int8 {what}" for what, kind in chosen if kind == "int8"]
     return " + ".join(parts) or "full precision"
 
 
