@@ -176,9 +176,9 @@ def test_one_kv_head_is_hand_written_multi_query_attention(impl):
     f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
     out = run(f32(q), f32(k), f32(v))
     np.testing.assert_allclose(out, multi_query(q, k[:, :, 0], v[:, :, 0]), atol=2e-5)
-    if impl in ("einsum", "fused"):  # two KV heads: which query heads read which
-        k2, v2 = normal(9, (B, S, 2, D)), normal(10, (B, S, 2, D))
-        np.testing.assert_allclose(run(f32(q), f32(k2), f32(v2)), grouped_query(q, k2, v2), 2e-5)
+    # Two KV heads: which query heads read which (heads 0, 1 the first; 2, 3 the second).
+    k2, v2 = normal(9, (B, S, 2, D)), normal(10, (B, S, 2, D))
+    np.testing.assert_allclose(run(f32(q), f32(k2), f32(v2)), grouped_query(q, k2, v2), atol=2e-5)
 
 
 def plain_llama(params, tokens, cfg):
