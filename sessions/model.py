@@ -214,7 +214,8 @@ def unembed(p, x, dense=dense):
     x = rms_norm(x, p["final_norm"])
     if "unembed" in p:
         return constrain(dense(x, p["unembed"]), "BSV")  # "BSE,EV->BSV"
-    return constrain(jnp.einsum("BSE,VE->BSV", x, p["embed"]), "BSV")
+    logits = jnp.einsum("BSE,VE->BSV", x, p["embed"])
+    return constrain(logits, "BSV")
 
 
 def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
