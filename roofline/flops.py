@@ -42,7 +42,7 @@ def param_count(cfg):
     final norm scale E."""
     E, V = cfg.embed, cfg.vocab
     per_layer = mlp_matrices(cfg) + E + ((attention_matrices(cfg) + E) if cfg.attention else 0)
-    positions = cfg.seq * E if learned_positions(cfg) else 0
+    positions = cfg.seq * E if position_table(cfg) else 0
     unembed = 0 if cfg.tied else V * E
     return V * E + unembed + positions + cfg.layers * per_layer + E
 
@@ -58,7 +58,7 @@ def mlp_matrices(cfg):
     return (3 if cfg.gated else 2) * cfg.embed * cfg.ff
 
 
-def learned_positions(cfg):
+def position_table(cfg):
     """Whether the model holds a table of positions: positions on, and not rotary."""
     return cfg.positions and not cfg.rope
 
@@ -220,7 +220,7 @@ def ledger(cfg, batch):
     tokens = batch * cfg.seq
     P, Pm = param_count(cfg), matmul_params(cfg)
     vocabulary = cfg.vocab * cfg.embed * (1 if cfg.tied else 2)
-    N = P - vocabulary - (cfg.seq * cfg.embed if learned_positions(cfg) else 0)
+    N = P - vocabulary - (cfg.seq * cfg.embed if position_table(cfg) else 0)
     full, causal = 3 * attention_flops(cfg, batch), 3 * attention_flops(cfg, batch, True)
     return Ledger(
         tokens=tokens,

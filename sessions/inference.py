@@ -11,16 +11,15 @@ and each step computes only the new token's:
              Each step reads every weight and the cache for B tokens:
              memory-bound until B is large (roofline/decode_cost.py).
 
-The cache: a key and a value of [K, D] per layer, row and position (K =
-cfg.n_kv_heads, H unless grouped-query attention shares each among G = H/K
-query heads), T = cfg.seq positions, in the compute dtype: 2·L·B·T·K·D·bytes.
-It is held as one dict per layer, like the params, with "v" [B, K, T, D] and
-"k" stored transposed, [B, K, D, T]: q·k contracts D and probs·v contracts T,
-and a matmul reads its right operand fastest as [contracted, kept]. In
-[B, T, K, D] order XLA's CPU backend transposes the whole cache, every layer,
-every step, before its matmuls: 3x slower decode attention at gpt2 shapes,
-for the same bytes. With rotary positions the keys are cached already turned,
-each by its own position (sessions/rotary.py): a step turns only its own.
+The cache: a key and a value of [K, D] per layer, row and position (K heads:
+H, or fewer shared by G = H/K query heads each), T = cfg.seq positions, in the
+compute dtype: 2·L·B·T·K·D·bytes. It is one dict per layer, like the params,
+with "v" [B, K, T, D] and "k" stored transposed, [B, K, D, T]: q·k contracts D
+and probs·v contracts T, and a matmul reads its right operand fastest as
+[contracted, kept]. In [B, T, K, D] order XLA's CPU backend transposes the
+whole cache, every layer, every step, before its matmuls: 3x slower decode
+attention at gpt2 shapes, for the same bytes. Rotary keys are cached turned,
+each at its own position (sessions/rotary.py): a step turns only its own.
 
 The weights, too, are laid out for decode (sessions/decode_layout.py): each
 matmul weight [out, in], multiplied with the weight on the left.
@@ -81,32 +80,24 @@ def cached_attention(q, k, v, cache, pos):
     q: [B, S, H, D], k, v: [B, S, K, D], the tokens at positions pos..pos+S-1;
     cache: one layer's {"k": [B, K, D, T], "v": [B, K, T, D]}, filled before
     pos -> [B, S, H, D]. Query s sees the cached keys t < pos and the new keys
-    up to itself: one softmax over both, the causal mask of sessions/attention.py.
-    The H query heads are grouped as [K, G], as in attention.einsum_attention:
-    query head h = k·G + g reads cached head k, and the cache is read once for
-    all G of them."""
+    up to itself: one softmax over both, in float32, with the causal mask and the
+    groups of sessions/attention.py (query head h = k·G + g reads KV head k)."""
     if "k_scale" in cache:  # an int8 cache (sessions/quantize.py)
         return quantize.cached_attention_int8(q, k, v, cache, pos)
     B, S, H, D = q.shape
     K, T = k.shape[2], cache["k"].shape[-1]
-    # Scores in float32, as in sessions/attention.py: exp() of bf16 scores is too coarse.
-    f32 = jnp.float32
     if K == H:  # multi-head, as before grouping existed: the same einsums, the same bits
-        old = jnp.einsum("BSHD,BHDT->BHST", q, cache["k"], preferred_element_type=f32)
-        new = jnp.einsum("BSHD,BTHD->BHST", q, k, preferred_element_type=f32)
-    else:
-        # [B, S, H, D] -> [B, K, G, S, D], a few KB: the G query heads of a KV head and
-        # their S positions side by side, one block of rows for the cache's [D, T]. (In
-        # [B, S, K, G, D] order XLA's CPU runtime has no bfloat16 dot for the product.)
+        old = jnp.einsum("BSHD,BHDT->BHST", q, cache["k"], preferred_element_type=jnp.float32)
+        new = jnp.einsum("BSHD,BTHD->BHST", q, k, preferred_element_type=jnp.float32)
+    else:  # q to [B, K, G, S, D], a few KB: XLA's CPU has no bf16 dot from [B, S, K, G, D]
         q = q.reshape(B, S, K, H // K, D).transpose(0, 2, 3, 1, 4)
-        old = jnp.einsum("BKGSD,BKDT->BKGST", q, cache["k"], preferred_element_type=f32)
-        new = jnp.einsum("BKGSD,BTKD->BKGST", q, k, preferred_element_type=f32)
+        old = jnp.einsum("BKGSD,BKDT->BKGST", q, cache["k"], preferred_element_type=jnp.float32)
+        new = jnp.einsum("BKGSD,BTKD->BKGST", q, k, preferred_element_type=jnp.float32)
     old, new = old * D**-0.5, new * D**-0.5
     low = jnp.finfo(jnp.float32).min  # not -inf: a fully masked row would give NaN
     old = jnp.where(jnp.arange(T) < pos, old, low)
     new = jnp.where(jnp.arange(S)[None, :] <= jnp.arange(S)[:, None], new, low)
-    probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1)
-    probs = probs.astype(v.dtype)
+    probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(v.dtype)
     if K == H:
         out = jnp.einsum("BHST,BHTD->BSHD", probs[..., :T], cache["v"])
         return out + jnp.einsum("BHST,BTHD->BSHD", probs[..., T:], v)
@@ -153,8 +144,7 @@ def decode_step(w, cache, token, pos, cfg, live=True):
 
     w: decode_weights(params, cfg); token: int [B] at position pos (traced) ->
     (logits float32 [B, V] for position pos + 1, the cache with pos written,
-    unless `live` is false). Learned positions are looked up at pos, rotary
-    ones turn the token's q and k by pos."""
+    unless `live` is false). Its positions (learned or rotary) are pos's."""
     x = embed(w, token[:, None], cfg, start=pos)  # [B, 1, E]
     written = []
     for i, layer in enumerate(w["layers"]):

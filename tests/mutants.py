@@ -56,6 +56,7 @@ EMBED_GRAD = "tests/test_embedding_gradient.py"
 HLO_READING = "tests/test_hlo_reading.py"
 LAYERS = "tests/test_layers.py"
 PLANNER = "tests/test_planner.py"
+FAMILY = "tests/test_model_family.py"
 
 MUTANTS = [
     Mutant(
@@ -1186,6 +1187,95 @@ MUTANTS = [
             ),
         ),
         (f"{PLANNER}::test_predict_a_training_run_of_llama2_7b",),
+    ),
+    Mutant(
+        "rope-neighbours",
+        "RoPE pairing neighbours (2i, 2i + 1), not the halves (i, i + D/2) it documents",
+        "sessions/rotary.py",
+        (
+            (
+                "x1, x2 = x32[..., : D // 2], x32[..., D // 2 :]",
+                "x1, x2 = x32[..., 0::2], x32[..., 1::2]",
+            ),
+        ),
+        (
+            f"{FAMILY}::test_rope_equals_a_float64_rotation",
+            f"{FAMILY}::test_forward_equals_a_plain_llama_block",
+        ),
+    ),
+    Mutant(
+        "rope-not-a-rotation",
+        "RoPE's second half turned the wrong way: q·k then depends on more than m - n",
+        "sessions/rotary.py",
+        (("x2 * cos + x1 * sin", "x2 * cos - x1 * sin"),),
+        (f"{FAMILY}::test_rope_scores_depend_only_on_the_distance",),
+    ),
+    Mutant(
+        "rope-decode-at-zero",
+        "the decode step turns its token's q and k as if at position 0",
+        "sessions/inference.py",
+        (
+            (
+                "x, new = block(layer, x, cfg, attend, dense=dense_out_in, start=pos)",
+                "x, new = block(layer, x, cfg, attend, dense=dense_out_in)",
+            ),
+        ),
+        (
+            f"{FAMILY}::test_the_cached_decode_gives_the_model_s_logits[rope]",
+            f"{FAMILY}::test_the_cached_decode_gives_the_model_s_logits[llama]",
+        ),
+    ),
+    Mutant(
+        "gqa-heads-interleaved",
+        "query head h reads KV head h % K, not h // G",
+        "sessions/attention.py",
+        (
+            (
+                "    q = q.reshape(B, S, K, H // K, D)\n",
+                "    q = q.reshape(B, S, H // K, K, D).swapaxes(2, 3)\n",
+            ),
+        ),
+        (
+            f"{FAMILY}::test_one_kv_head_is_hand_written_multi_query_attention[einsum]",
+            f"{FAMILY}::test_forward_equals_a_plain_llama_block",
+        ),
+    ),
+    Mutant(
+        "gqa-cache-interleaved",
+        "the cached decode's query head h reads cached head h % K",
+        "sessions/inference.py",
+        (
+            (
+                "q = q.reshape(B, S, K, H // K, D).transpose(0, 2, 3, 1, 4)",
+                "q = q.reshape(B, S, H // K, K, D).transpose(0, 3, 2, 1, 4)",
+            ),
+        ),
+        (f"{FAMILY}::test_the_cached_decode_gives_the_model_s_logits[llama]",),
+    ),
+    Mutant(
+        "kv-heads-over-tp",
+        "the KV heads' split over tp left unchecked",
+        "sessions/sharding.py",
+        (('        ("kv_heads", model_cfg.n_kv_heads, sizes["tp"], "tp"),\n', ""),),
+        (
+            f"{FAMILY}::test_kv_heads_split_over_tp",
+            "tests/test_cli.py::test_bad_input_is_one_line_and_exit_2[kv heads vs mesh]",
+        ),
+    ),
+    Mutant(
+        "count-no-gate",
+        "the gated MLP counted with two matrices",
+        "roofline/flops.py",
+        (
+            (
+                "return (3 if cfg.gated else 2) * cfg.embed * cfg.ff",
+                "return 2 * cfg.embed * cfg.ff",
+            ),
+        ),
+        (
+            f"{FAMILY}::test_the_roofline_counts_every_parameter[gated]",
+            f"{FAMILY}::test_xla_counts_the_llama_step_as_the_roofline_does",
+        ),
     ),
 ]
 

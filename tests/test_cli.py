@@ -140,6 +140,19 @@ BAD_INPUTS = {
         ["--preset", "tiny", "--vocab", "100"],
         "--vocab 100: the tokens of this corpus are bytes",
     ),
+    "kv heads vs heads": (
+        ["--preset", "tiny", "--kv-heads", "3"],
+        "--kv-heads 3 must divide the 4 query heads (try 1, 2, 4)",
+    ),
+    "zero kv heads": (["--preset", "tiny", "--kv-heads", "0"], "must be a positive integer"),
+    "kv heads vs mesh": (
+        ["--preset", "tiny", "--kv-heads", "1", "--mesh", "fsdp=4,tp=2"],
+        "kv_heads 1 does not divide over tp = 2",
+    ),
+    "rope on an odd head": (
+        ["--preset", "tiny", "--rope", "--head-dim", "7"],
+        "--rope needs an even --head-dim, not 7",
+    ),
 }
 
 

@@ -11,6 +11,7 @@ from flax import nnx
 from roofline.compiled.scatters import scatters
 from sessions import flax_model
 from sessions.config import TrainConfig
+from sessions.errors import UsageError
 from sessions.model import forward, init_params
 from sessions.sharding import PARAM_SPECS, make_mesh
 from sessions.train import cross_entropy, make_optimizer, make_train_step
@@ -35,6 +36,16 @@ def test_logits_equal_ours(cfg, key, switches):
     model = flax_model.from_params(params, cfg)
     x = tokens(cfg)
     np.testing.assert_allclose(model(x), forward(params, x, cfg), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "switch", [{"kv_heads": 1}, {"rope": True}, {"gated": True}, {"tied": False}]
+)
+def test_session_5_s_switches_are_refused_in_one_line(cfg, switch):
+    """The Flax model is session 2's: a switch it lacks is refused, never ignored."""
+    with pytest.raises(UsageError, match="the Flax model is session 2's model") as refused:
+        flax_model.Transformer(dataclasses.replace(cfg, **switch), rngs=nnx.Rngs(params=0))
+    assert "\n" not in str(refused.value)
 
 
 def test_conversion_round_trips_and_own_init_has_our_shapes(cfg, key):

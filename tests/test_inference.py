@@ -273,6 +273,14 @@ TINY = ["--random-params", "--preset", "tiny"]
         ([*TINY, "--batch", "4"], "training flag"),
         (["--checkpoint-dir", "/nonexistent/checkpoints"], "--checkpoint-every"),
         (["--embed", "32"], "the checkpoint has embed=48, not embed=32"),
+        ([*TINY, "--kv-heads", "3"], "--kv-heads 3 must divide the 4 query heads"),
+        # A checkpoint trained with other positions or K than the flags ask for.
+        (["--kv-heads", "2"], "the checkpoint has kv_heads=4, not kv_heads=2"),
+        (
+            ["--rope", "--gated"],
+            "the checkpoint has rope=False, gated=False, not rope=True, gated=True",
+        ),
+        (["--untied"], "the checkpoint has tied=True, not tied=False"),
     ],
 )
 def test_s3_bad_input_is_one_line_and_exit_2(argv, why, capsys, checkpoint_dir):

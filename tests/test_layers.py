@@ -41,6 +41,7 @@ CONCEPTS = {
     "attention, five implementations of it": "attention.py",
     "which attention runs where": "attention_choice.py",
     "learned positions": "positions.py",
+    "rotary positions (RoPE)": "rotary.py",
     "every array a program takes, as shapes with their shardings": "shapes.py",
     "the jitted training step": "train.py",
     "bytes as tokens, batches as a function of (seed, step)": "data.py",
