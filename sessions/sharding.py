@@ -58,6 +58,7 @@ ACTIVATION_SPECS = {
     # (sessions/inference.py says why); split like the keys and values themselves.
     "BHTD": P(BATCH, "tp", None, None),
     "BHDT": P(BATCH, "tp", None, None),
+    "BHT": P(BATCH, "tp", None),  # an int8 cache's scales, one per position (quantize.py)
 }
 
 

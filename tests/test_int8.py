@@ -106,13 +106,13 @@ def test_the_int8_product_is_within_its_bound(n_in):
 
 def attention_reference(q, k, v, k8, k_scale, v8, v_scale, pos):
     """float64 NumPy: the new tokens' grouped attention over the dequantized cache
-    and themselves. q [B, S, H, D]; k, v [B, S, K, D]; k8 [B, K, D, T], k_scale
-    [B, K, 1, T]; v8 [B, K, T, D], v_scale [B, K, T, 1]. Query head h reads KV
+    and themselves. q [B, S, H, D]; k, v [B, S, K, D]; k8 [B, K, D, T], v8
+    [B, K, T, D], their scales [B, K, T]. Query head h reads KV
     head h // G, G = H / K, as grouped-query attention's groups are laid out."""
     Bq, S, H, D = q.shape
     K, T = k8.shape[1], k8.shape[-1]
-    keys = np.concatenate([(k8 * k_scale).transpose(0, 3, 1, 2), k], axis=1)  # [B, T+S, K, D]
-    values = np.concatenate([(v8 * v_scale).transpose(0, 2, 1, 3), v], axis=1)
+    keys = np.concatenate([(k8 * k_scale[:, :, None]).transpose(0, 3, 1, 2), k], axis=1)
+    values = np.concatenate([(v8 * v_scale[..., None]).transpose(0, 2, 1, 3), v], axis=1)
     out = np.zeros(q.shape)
     for h in range(H):
         kv = h // (H // K)
@@ -138,8 +138,7 @@ def test_int8_cache_attention_equals_attention_over_the_dequantized_cache(K):
     k, v = rng.standard_normal((2, Bq, S, K, D))
     k8 = rng.integers(-127, 128, (Bq, K, D, T))
     v8 = rng.integers(-127, 128, (Bq, K, T, D))
-    k_scale = rng.uniform(0.001, 0.03, (Bq, K, 1, T))
-    v_scale = rng.uniform(0.001, 0.03, (Bq, K, T, 1))
+    k_scale, v_scale = rng.uniform(0.001, 0.03, (2, Bq, K, T))
     cache = {
         "k": jnp.asarray(k8, jnp.int8),
         "v": jnp.asarray(v8, jnp.int8),
@@ -165,10 +164,10 @@ def test_the_int8_write_quantizes_each_token_and_head_in_its_slots(cfg):
     written = inference.write(cache, jnp.asarray(k), jnp.asarray(v), 3)
     k_scale = np.abs(k).max(-1) / 127  # [B, S, H]
     v_scale = np.abs(v).max(-1) / 127
-    np.testing.assert_allclose(written["k_scale"][:, :, 0, 3:5], k_scale.transpose(0, 2, 1), 1e-6)
-    np.testing.assert_allclose(written["v_scale"][:, :, 3:5, 0], v_scale.transpose(0, 2, 1), 1e-6)
-    k_back = np.asarray(written["k"], np.float64) * np.asarray(written["k_scale"])  # [B, H, D, T]
-    v_back = np.asarray(written["v"], np.float64) * np.asarray(written["v_scale"])  # [B, H, T, D]
+    np.testing.assert_allclose(written["k_scale"][..., 3:5], k_scale.transpose(0, 2, 1), 1e-6)
+    np.testing.assert_allclose(written["v_scale"][..., 3:5], v_scale.transpose(0, 2, 1), 1e-6)
+    k_back = np.asarray(written["k"], np.float64) * np.asarray(written["k_scale"])[:, :, None]
+    v_back = np.asarray(written["v"], np.float64) * np.asarray(written["v_scale"])[..., None]
     half = 0.5 + 127 * EPS32
     assert np.all(
         np.abs(k_back[..., 3:5] - k.transpose(0, 2, 3, 1))
@@ -178,15 +177,10 @@ def test_the_int8_write_quantizes_each_token_and_head_in_its_slots(cfg):
         np.abs(v_back[:, :, 3:5] - v.transpose(0, 2, 1, 3))
         <= v_scale.transpose(0, 2, 1)[..., None] * half
     )
-    for name in ("k", "k_scale"):
+    for name, axis in (("k", 3), ("v", 2), ("k_scale", 2), ("v_scale", 2)):  # the T axis
         np.testing.assert_array_equal(
-            np.delete(np.asarray(written[name]), [3, 4], axis=3),
-            np.delete(np.asarray(cache[name]), [3, 4], axis=3),
-        )
-    for name in ("v", "v_scale"):
-        np.testing.assert_array_equal(
-            np.delete(np.asarray(written[name]), [3, 4], axis=2),
-            np.delete(np.asarray(cache[name]), [3, 4], axis=2),
+            np.delete(np.asarray(written[name]), [3, 4], axis=axis),
+            np.delete(np.asarray(cache[name]), [3, 4], axis=axis),
         )
     dead = inference.write(
         written, jnp.asarray(k) + 1, jnp.asarray(v) + 1, 3, live=jnp.bool_(False)
@@ -204,7 +198,11 @@ def dequantized(w8):
 def dense_copy(cache8):
     """An int8 cache as the full-precision cache it stands for: values · scales."""
     return [
-        {"k": layer["k"] * layer["k_scale"], "v": layer["v"] * layer["v_scale"]} for layer in cache8
+        {
+            "k": layer["k"] * layer["k_scale"][:, :, None],
+            "v": layer["v"] * layer["v_scale"][..., None],
+        }
+        for layer in cache8
     ]
 
 
