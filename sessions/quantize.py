@@ -80,8 +80,8 @@ def quantize_decode_weights(weights):
     return jax.tree_util.tree_map_with_path(convert, weights)
 
 
-def weight_bytes(weights):
-    """Bytes a tree of weights holds, Int8 ones included: 1 a value, 4 a scale."""
+def stored_bytes(weights):
+    """Bytes a tree of weights stores, Int8 ones included: 1 a value, 4 a scale."""
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(weights))
 
 

@@ -86,16 +86,15 @@ def test_the_int8_product_is_within_its_bound(n_in):
     rng = np.random.default_rng(1)
     shape = (5, 3, 8) if n_in == 2 else (7, 24)  # [*out, *in]
     w = rng.standard_normal(shape).astype(np.float32)
-    x = rng.standard_normal((2, 3) + shape[len(shape) - n_in :]).astype(np.float32)
+    x = rng.standard_normal((2, 3, *shape[len(shape) - n_in :])).astype(np.float32)
     q = quantize.quantize_weight(jnp.asarray(w), n_in)
     y = np.asarray(dense_out_in(jnp.asarray(x), q, n_in), np.float64)  # [B, S, *out]
     n_out = len(shape) - n_in
     axes = (tuple(range(2, 2 + n_in)), tuple(range(n_out, n_out + n_in)))
     exact = np.tensordot(x.astype(np.float64), w.astype(np.float64), axes=axes)
-    x_sum = np.abs(x.astype(np.float64)).sum(axis=tuple(range(2, 2 + n_in)))[..., None]
+    x_abs = np.abs(x.astype(np.float64)).sum(axis=tuple(range(2, 2 + n_in)))  # [B, S]
+    bound = x_abs.reshape(2, 3, *(1,) * n_out) * np.asarray(q.scale, np.float64)  # s_o Σ|x_i|
     n = np.prod(shape[n_out:])
-    scale = np.asarray(q.scale, np.float64).reshape(1, 1, -1)
-    bound = scale.reshape((1, 1) + shape[:n_out]) * x_sum.reshape(2, 3, *(1,) * n_out)
     assert np.all(np.abs(y - exact) <= bound * (0.5 + n * 127 * EPS32))
     deq = np.asarray(quantize.dequantize(q), np.float64)
     via_dequantized = np.tensordot(x.astype(np.float64), deq, axes=axes)
@@ -109,7 +108,7 @@ def attention_reference(q, k, v, k8, k_scale, v8, v_scale, pos):
     and themselves. q [B, S, H, D]; k, v [B, S, K, D]; k8 [B, K, D, T], v8
     [B, K, T, D], their scales [B, K, T]. Query head h reads KV
     head h // G, G = H / K, as grouped-query attention's groups are laid out."""
-    Bq, S, H, D = q.shape
+    _, S, H, D = q.shape
     K, T = k8.shape[1], k8.shape[-1]
     keys = np.concatenate([(k8 * k_scale[:, :, None]).transpose(0, 3, 1, 2), k], axis=1)
     values = np.concatenate([(v8 * v_scale[..., None]).transpose(0, 2, 1, 3), v], axis=1)
@@ -270,7 +269,7 @@ def test_int8_bytes_by_hand(cfg, params):
     assert inference.cache_bytes(cache) == 2 * L * B * T * H * (D + 4)
     w8 = quantize.quantize_decode_weights(decode_weights(params, cfg))
     layer = 4 * E * H * D + 2 * E * F + 4 * (3 * H * D + E + F + E) + 2 * E * 4
-    assert quantize.weight_bytes(w8) == L * layer + V * E + 4 * V + T * E * 4 + E * 4
+    assert quantize.stored_bytes(w8) == L * layer + V * E + 4 * V + T * E * 4 + E * 4
 
 
 def test_the_full_decode_path_s_validation_loss_is_the_model_s(cfg, params):
