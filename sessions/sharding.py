@@ -63,6 +63,7 @@ ACTIVATION_SPECS = {
     # (sessions/inference.py says why); split like the keys and values themselves.
     "BKTD": P(BATCH, "tp", None, None),
     "BKDT": P(BATCH, "tp", None, None),
+    "BKT": P(BATCH, "tp", None),  # an int8 cache's scales, one per position (quantize.py)
 }
 
 

@@ -39,6 +39,8 @@ class Mutant(NamedTuple):
 
 CHECKPOINT = "tests/test_checkpoint.py"
 INFERENCE = "tests/test_inference.py"
+INT8 = "tests/test_int8.py"
+INT8_TARGETS = "tests/test_int8_targets.py"
 OP_ROOFLINE = "tests/test_op_roofline.py"
 POD_ORDER = "tests/test_pod_order.py"
 SESSION_4 = "tests/test_exercises/test_session_4.py"
@@ -294,6 +296,28 @@ MUTANTS = [
         "sessions/decode_layout.py",
         (("return P(*(spec[i] for i in order))", "return P(*spec)"),),
         (f"{INFERENCE}::test_sharded_equals_one_device",),
+    ),
+    Mutant(
+        "int8-widened",
+        "each int8 weight converted to bf16 in a buffer of its own before its matmul",
+        "sessions/decode_layout.py",
+        (
+            (
+                "w = w if scale is None else w.values.astype(x.dtype)",
+                "w = w if scale is None else jax.lax.optimization_barrier(w.values.astype(x.dtype))",
+            ),
+        ),
+        (
+            f"{INT8_TARGETS}::test_the_h100_decode_makes_no_float_copy_of_an_int8_array",
+            f"{INT8_TARGETS}::test_the_h100_decode_reads_the_roofline_s_int8_bytes",
+        ),
+    ),
+    Mutant(
+        "int8-v-scale",
+        "the int8 cache's value scales left out of attention",
+        "sessions/quantize.py",
+        (('probs[..., :T] * cache["v_scale"][:, :, None, None]', "probs[..., :T]"),),
+        (f"{INT8}::test_int8_cache_attention_equals_attention_over_the_dequantized_cache",),
     ),
     Mutant(
         "chip-substring",
@@ -833,8 +857,8 @@ MUTANTS = [
         "sessions/model.py",
         (
             (
-                '    x = p["embed"][tokens].astype(cfg.dtype)\n',
-                '    x = p["embed"].astype(cfg.dtype)[tokens]\n',
+                'x = lookup(p["embed"], tokens).astype(cfg.dtype)',
+                'x = lookup(p["embed"].astype(cfg.dtype), tokens)',
             ),
         ),
         (
@@ -956,11 +980,11 @@ MUTANTS = [
         "f32-logits",
         "the logits written in float32 (preferred_element_type): twice the bytes of the "
         "step's largest array",
-        "sessions/model.py",
+        "sessions/quantize.py",
         (
             (
-                'jnp.einsum("BSE,VE->BSV", x, p["embed"])\n',
-                'jnp.einsum("BSE,VE->BSV", x, p["embed"], preferred_element_type=jnp.float32)\n',
+                'return jnp.einsum("BSE,VE->BSV", x, table)\n',
+                'return jnp.einsum("BSE,VE->BSV", x, table, preferred_element_type=jnp.float32)\n',
             ),
         ),
         (

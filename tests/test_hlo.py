@@ -150,6 +150,16 @@ def test_trip_counts_multiply_through_nested_loops_and_reach_called_computations
     assert "main" not in times and "traced_cond" not in times
 
 
+def test_a_trip_count_the_compiler_states_is_taken_as_stated():
+    """The NVIDIA compiler's loop conditions are fusions, not a compare it can
+    be read from; it states the count in the loop's backend_config instead."""
+    stated = LOOPS.replace(
+        "condition=%traced_cond, body=%traced_body",
+        'condition=%traced_cond, body=%traced_body, backend_config={"known_trip_count":{"n":"16"}}',
+    )
+    assert parse(stated).trip_counts["traced_body"] == 16
+
+
 def test_a_snippet_without_headers_is_one_computation():
     text = "  %w = (f32[4]{0}, s32[]) while(%t), condition=%c, body=%b, metadata={}\n"
     module = parse(text)

@@ -86,16 +86,15 @@ def test_the_int8_product_is_within_its_bound(n_in):
     rng = np.random.default_rng(1)
     shape = (5, 3, 8) if n_in == 2 else (7, 24)  # [*out, *in]
     w = rng.standard_normal(shape).astype(np.float32)
-    x = rng.standard_normal((2, 3) + shape[len(shape) - n_in :]).astype(np.float32)
+    x = rng.standard_normal((2, 3, *shape[len(shape) - n_in :])).astype(np.float32)
     q = quantize.quantize_weight(jnp.asarray(w), n_in)
     y = np.asarray(dense_out_in(jnp.asarray(x), q, n_in), np.float64)  # [B, S, *out]
     n_out = len(shape) - n_in
     axes = (tuple(range(2, 2 + n_in)), tuple(range(n_out, n_out + n_in)))
     exact = np.tensordot(x.astype(np.float64), w.astype(np.float64), axes=axes)
-    x_sum = np.abs(x.astype(np.float64)).sum(axis=tuple(range(2, 2 + n_in)))[..., None]
+    x_abs = np.abs(x.astype(np.float64)).sum(axis=tuple(range(2, 2 + n_in)))  # [B, S]
+    bound = x_abs.reshape(2, 3, *(1,) * n_out) * np.asarray(q.scale, np.float64)  # s_o Σ|x_i|
     n = np.prod(shape[n_out:])
-    scale = np.asarray(q.scale, np.float64).reshape(1, 1, -1)
-    bound = scale.reshape((1, 1) + shape[:n_out]) * x_sum.reshape(2, 3, *(1,) * n_out)
     assert np.all(np.abs(y - exact) <= bound * (0.5 + n * 127 * EPS32))
     deq = np.asarray(quantize.dequantize(q), np.float64)
     via_dequantized = np.tensordot(x.astype(np.float64), deq, axes=axes)
@@ -106,13 +105,13 @@ def test_the_int8_product_is_within_its_bound(n_in):
 
 def attention_reference(q, k, v, k8, k_scale, v8, v_scale, pos):
     """float64 NumPy: the new tokens' grouped attention over the dequantized cache
-    and themselves. q [B, S, H, D]; k, v [B, S, K, D]; k8 [B, K, D, T], k_scale
-    [B, K, 1, T]; v8 [B, K, T, D], v_scale [B, K, T, 1]. Query head h reads KV
+    and themselves. q [B, S, H, D]; k, v [B, S, K, D]; k8 [B, K, D, T], v8
+    [B, K, T, D], their scales [B, K, T]. Query head h reads KV
     head h // G, G = H / K, as grouped-query attention's groups are laid out."""
-    Bq, S, H, D = q.shape
+    _, S, H, D = q.shape
     K, T = k8.shape[1], k8.shape[-1]
-    keys = np.concatenate([(k8 * k_scale).transpose(0, 3, 1, 2), k], axis=1)  # [B, T+S, K, D]
-    values = np.concatenate([(v8 * v_scale).transpose(0, 2, 1, 3), v], axis=1)
+    keys = np.concatenate([(k8 * k_scale[:, :, None]).transpose(0, 3, 1, 2), k], axis=1)
+    values = np.concatenate([(v8 * v_scale[..., None]).transpose(0, 2, 1, 3), v], axis=1)
     out = np.zeros(q.shape)
     for h in range(H):
         kv = h // (H // K)
@@ -138,8 +137,7 @@ def test_int8_cache_attention_equals_attention_over_the_dequantized_cache(K):
     k, v = rng.standard_normal((2, Bq, S, K, D))
     k8 = rng.integers(-127, 128, (Bq, K, D, T))
     v8 = rng.integers(-127, 128, (Bq, K, T, D))
-    k_scale = rng.uniform(0.001, 0.03, (Bq, K, 1, T))
-    v_scale = rng.uniform(0.001, 0.03, (Bq, K, T, 1))
+    k_scale, v_scale = rng.uniform(0.001, 0.03, (2, Bq, K, T))
     cache = {
         "k": jnp.asarray(k8, jnp.int8),
         "v": jnp.asarray(v8, jnp.int8),
@@ -165,10 +163,10 @@ def test_the_int8_write_quantizes_each_token_and_head_in_its_slots(cfg):
     written = inference.write(cache, jnp.asarray(k), jnp.asarray(v), 3)
     k_scale = np.abs(k).max(-1) / 127  # [B, S, H]
     v_scale = np.abs(v).max(-1) / 127
-    np.testing.assert_allclose(written["k_scale"][:, :, 0, 3:5], k_scale.transpose(0, 2, 1), 1e-6)
-    np.testing.assert_allclose(written["v_scale"][:, :, 3:5, 0], v_scale.transpose(0, 2, 1), 1e-6)
-    k_back = np.asarray(written["k"], np.float64) * np.asarray(written["k_scale"])  # [B, H, D, T]
-    v_back = np.asarray(written["v"], np.float64) * np.asarray(written["v_scale"])  # [B, H, T, D]
+    np.testing.assert_allclose(written["k_scale"][..., 3:5], k_scale.transpose(0, 2, 1), 1e-6)
+    np.testing.assert_allclose(written["v_scale"][..., 3:5], v_scale.transpose(0, 2, 1), 1e-6)
+    k_back = np.asarray(written["k"], np.float64) * np.asarray(written["k_scale"])[:, :, None]
+    v_back = np.asarray(written["v"], np.float64) * np.asarray(written["v_scale"])[..., None]
     half = 0.5 + 127 * EPS32
     assert np.all(
         np.abs(k_back[..., 3:5] - k.transpose(0, 2, 3, 1))
@@ -178,15 +176,10 @@ def test_the_int8_write_quantizes_each_token_and_head_in_its_slots(cfg):
         np.abs(v_back[:, :, 3:5] - v.transpose(0, 2, 1, 3))
         <= v_scale.transpose(0, 2, 1)[..., None] * half
     )
-    for name in ("k", "k_scale"):
+    for name, axis in (("k", 3), ("v", 2), ("k_scale", 2), ("v_scale", 2)):  # the T axis
         np.testing.assert_array_equal(
-            np.delete(np.asarray(written[name]), [3, 4], axis=3),
-            np.delete(np.asarray(cache[name]), [3, 4], axis=3),
-        )
-    for name in ("v", "v_scale"):
-        np.testing.assert_array_equal(
-            np.delete(np.asarray(written[name]), [3, 4], axis=2),
-            np.delete(np.asarray(cache[name]), [3, 4], axis=2),
+            np.delete(np.asarray(written[name]), [3, 4], axis=axis),
+            np.delete(np.asarray(cache[name]), [3, 4], axis=axis),
         )
     dead = inference.write(
         written, jnp.asarray(k) + 1, jnp.asarray(v) + 1, 3, live=jnp.bool_(False)
@@ -204,7 +197,11 @@ def dequantized(w8):
 def dense_copy(cache8):
     """An int8 cache as the full-precision cache it stands for: values · scales."""
     return [
-        {"k": layer["k"] * layer["k_scale"], "v": layer["v"] * layer["v_scale"]} for layer in cache8
+        {
+            "k": layer["k"] * layer["k_scale"][:, :, None],
+            "v": layer["v"] * layer["v_scale"][..., None],
+        }
+        for layer in cache8
     ]
 
 
@@ -272,7 +269,7 @@ def test_int8_bytes_by_hand(cfg, params):
     assert inference.cache_bytes(cache) == 2 * L * B * T * H * (D + 4)
     w8 = quantize.quantize_decode_weights(decode_weights(params, cfg))
     layer = 4 * E * H * D + 2 * E * F + 4 * (3 * H * D + E + F + E) + 2 * E * 4
-    assert quantize.weight_bytes(w8) == L * layer + V * E + 4 * V + T * E * 4 + E * 4
+    assert quantize.stored_bytes(w8) == L * layer + V * E + 4 * V + T * E * 4 + E * 4
 
 
 def test_the_full_decode_path_s_validation_loss_is_the_model_s(cfg, params):

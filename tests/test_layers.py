@@ -53,6 +53,10 @@ CONCEPTS = {
     "the same model in Flax NNX": "flax_model.py",
     "a KV cache, prefill and decode": "inference.py",
     "the weights as decode reads them": "decode_layout.py",
+    "int8 weights and an int8 KV cache, absmax scales": "quantize.py",
+    "what a cheaper decode costs in quality: loss through the decode path, greedy agreement": (
+        "decode_quality.py"
+    ),
     "sampling text": "sample.py",
     "our flash-attention kernel in Pallas": "flash.py",
     "FSDP's collectives by hand": "manual_fsdp.py",

@@ -195,7 +195,7 @@ def test_bfloat16_forward_is_close_to_float32(cfg, key):
     )
 
 
-ALPHABET = set("BSTEFHKGDVL")
+ALPHABET = set("BSTEFHDVLKG")  # K key/value heads, G query heads per K (GQA)
 EINSUM = re.compile(r"einsum\(\s*\"([^\"]+)\"")
 
 

@@ -3,11 +3,17 @@ bodies of `while` loops once a trip, and everything they call with them.
 
     parse(hlo_text).trip_counts   # {computation name: runs}, via trip_counts(module)
 
-A loop's trip count is read from its condition, `counter < N` with N a
-constant, the form XLA gives the loops it builds itself (collective matmuls,
-scans, decode's chunk of steps); a loop whose count cannot be read (a
-fori_loop over a traced count) counts once. Reads a roofline.compiled.hlo.Module.
+A loop's trip count is the one XLA states in its backend_config
+(`"known_trip_count":{"n":"16"}`, as the NVIDIA compiler writes it, whose
+conditions are fusions), else it is read from its condition, `counter < N`
+with N a constant, the form XLA gives the loops it builds itself (collective
+matmuls, scans, decode's chunk of steps); a loop whose count cannot be read
+(a fori_loop over a traced count) counts once. Reads a roofline.compiled.hlo.Module.
 """
+
+import re
+
+_KNOWN = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
 def trip_counts(module):
@@ -56,6 +62,9 @@ def _trips(module, loop, holder):
     counter, and the loop starts it at a constant; else 1. Counters step by
     more than one where XLA unrolled a loop (a bidirectional collective
     matmul steps by 2)."""
+    known = _KNOWN.search(loop.attributes.get("backend_config", ""))
+    if known:
+        return int(known.group(1))
     condition = module.computations.get(loop.calls["condition"][0])
     body = module.computations.get(loop.calls["body"][0])
     if condition is None:

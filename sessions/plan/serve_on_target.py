@@ -1,4 +1,5 @@
 """placeholder"""
 
+
 def plan_levers(*a):
     raise NotImplementedError
