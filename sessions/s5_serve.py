@@ -41,6 +41,7 @@ from sessions.run.levers import (
     levers_summary,
     quality_lines,
     serve_flags,
+    widening_line,
 )
 from sessions.run.serving import inference_config, load_params, prompt_for, serving_config
 
@@ -119,6 +120,9 @@ def main(argv=None):
             rows.append((w, c, step, got))
     for line in lever_table_lines(rows):
         print(line)
+    # Bytes stored are not bytes read: what did this machine's XLA make of int8?
+    copies = serve_on_target.float_copies_here(weights["int8"], cfg, args.batches[0])
+    print(widening_line(copies, jax.default_backend()))
 
     # 3. Grouped-query attention changes the model: K = H, H/2 and 1 key/value heads,
     # each trained from scratch for the same steps on the same batches, then served.
@@ -169,6 +173,8 @@ def main(argv=None):
             "plan": serving_summary(plan, preset=args.plan),
             "model": dataclasses.asdict(cfg),
             "source": source,
+            "peak_flops": roofs.peak_flops,
+            "bandwidth": roofs.bandwidth,
         }
         with open(args.summary_out, "w") as f:
             json.dump(summary, f, indent=1)

@@ -119,15 +119,9 @@ def serving_lines(plan, heading):
     weights, cache = plan.weights or plan.dtype, plan.cache or plan.dtype
     K, H, T = cfg.n_kv_heads, cfg.heads, cfg.seq
     peak, hbm_gb = chip.peak(plan.dtype), f"{chip.hbm_bytes / 1e9:,.0f} GB"
-    kinds = [
-        "SwiGLU" if cfg.gated else "",
-        "untied" if not cfg.tied else "tied",
-        "RoPE" if cfg.rope else ("learned positions" if cfg.positions else "no positions"),
-    ]
     lines = [
         heading,
-        f"model: {model_line(cfg, length='T')} | {', '.join(k for k in kinds if k)} "
-        + f"| {plan.params:,} parameters",
+        f"model: {model_line(cfg, length='T')} | {plan.params:,} parameters",
         f"chips: {n} x {chip.name}, {peak / 1e12:,.1f} TFLOP/s {plan.dtype} (the matmuls' "
         + f"peak, int8 weights too), {chip.hbm_bandwidth / 1e9:,.0f} GB/s and "
         + f"{chip.hbm_bytes / 1e9:,.0f} GB HBM each ({chip.source})",

@@ -14,6 +14,9 @@ on chip as a read of the whole array (docs/results.md, "Session 5").
 import dataclasses
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
+
 from roofline import decode_cost
 from roofline.compiled.op_work import program_work
 from roofline.compiled.widened import widened_copies
@@ -40,6 +43,19 @@ def smallest_int8_array(cfg, batch):
     decode activation is as large, so a float array this size is a weight's copy."""
     K = cfg.n_kv_heads
     return min(cfg.embed * K * cfg.head_dim, batch * K * cfg.seq * cfg.head_dim)
+
+
+def float_copies_here(int8_weights, cfg, batch):
+    """The ops of the decode loop with int8 weights and cache, compiled for this
+    machine, that write an int8 weight or cache out as floats (roofline/compiled/widened.py:
+    each with how often it runs a call); none where the dots read int8 themselves."""
+    cache = inference.init_cache(cfg, batch, int8=True)
+    tokens = jnp.zeros((batch, cfg.seq), jnp.int32)
+    logits = jnp.zeros((batch, cfg.vocab), jnp.float32)
+    lowered = inference.decode_steps.lower(
+        int8_weights, cache, tokens, logits, 0, 1, jax.random.key(0), 1.0, cfg=cfg, greedy=True
+    )
+    return widened_copies(lowered.compile().as_text(), smallest_int8_array(cfg, batch))
 
 
 def plan_levers(serving, batches, target, devices, say=print):

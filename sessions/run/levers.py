@@ -78,6 +78,20 @@ def lever_table_lines(rows):
     return lines
 
 
+def widening_line(copies, platform):
+    """What XLA on this platform did with int8 decode (copies: roofline.compiled.widened's
+    Widened ops of its program), for the reader of the table above."""
+    if not copies:
+        return f"XLA on this {platform} multiplies int8 as it is stored: no float copy of it"
+    per_step = sum(c.runs > 1 for c in copies)
+    return (
+        f"XLA on this {platform} widens int8 before its dots: {len(copies) - per_step} float "
+        f"copies of weights once a call, {per_step} of the cache every step, then reads those: "
+        "here int8 saves memory, not time; MBU above counts the bytes stored. For a GPU "
+        "or TPU, --target shows dots that read int8"
+    )
+
+
 def kv_heads_lines(trained, steps, unit):
     """The GQA ladder: K key/value heads trained for `steps` steps each, its validation
     loss beside its cache and its decode. trained: dicts of kv_table_row."""

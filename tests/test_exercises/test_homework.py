@@ -75,9 +75,7 @@ def test_session_names():
 def test_homework_n_is_session_n():
     """Sessions numbered 1, 2, ... in order, one for each session script, then
     the sets that are no session; each title says its session's number (from
-    SESSIONS, never from the script, so a set can land before its script).
-    The set of the session after the last script may be there already: it is
-    written beside that script; any further set has no session."""
+    SESSIONS, never from the script)."""
     scripts = sorted(
         p.name.split("_")[0] for p in pathlib.Path(REPO, "sessions").glob("s[0-9]_*.py")
     )
@@ -85,7 +83,7 @@ def test_homework_n_is_session_n():
     assert numbered == [str(n) for n in range(1, len(numbered) + 1)]
     with_script = [f"s{n}" for n in numbered[: len(scripts)]]
     assert with_script == scripts, "a session script without its homework"
-    assert len(numbered) - len(scripts) in (0, 1), "homework for sessions that have no script"
+    assert len(numbered) == len(scripts), "homework for sessions that have no script"
     assert list(grading.SESSIONS)[: len(numbered)] == numbered, "sessions first, in order"
     for key in numbered:
         title = grading.report_title([key])
