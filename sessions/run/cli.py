@@ -256,8 +256,7 @@ def resolve(args, platform=None, **model_overrides):
     )
 
 
-SHAPES = ("vocab", "embed", "ff", "heads", "head_dim", "layers", "seq", "attention", "positions")
-SHAPES += FAMILY
+SHAPES = (*MODEL_FLAGS, "attention", "positions")
 
 
 class Serving(NamedTuple):
@@ -274,10 +273,11 @@ class Serving(NamedTuple):
 def serving_config(args, platform=None):
     """Serving for s3_infer.py's flags on `platform` (None: this machine's)."""
     attention = serving_attention(platform or jax.default_backend())
-    run = resolve(args, platform, attention_impl=attention)
-    asked = [f for f in SHAPES if args.preset or f in given(args, MODEL_FLAGS)]
-    shapes = {f: getattr(run.model, f) for f in asked}
     checkpoint_dir = None if args.random_params or args.target else args.checkpoint_dir
+    held = {"kv_heads": None} if checkpoint_dir else {}  # K must divide the checkpoint's H
+    run = resolve(args, platform, attention_impl=attention, **held)
+    asked = [f for f in SHAPES if args.preset or f in given(args, MODEL_FLAGS)]
+    shapes = {f: getattr(run.model, f) for f in asked} | given(args, ("kv_heads",))
     return Serving(run.model, shapes, checkpoint_dir, args.prompt, args.tokenizer, run.preset)
 
 

@@ -36,7 +36,9 @@ def inference_config(serving):
         trained = ModelConfig(**meta["model"])
     except TypeError:
         raise UsageError(f"{serving.checkpoint_dir}: a checkpoint of another version") from None
-    flags = {f: shape_of(serving.model, f) for f in serving.shapes}
+    flags = dict(serving.shapes)
+    if flags.get("kv_heads", 0) is None:  # --preset, no --kv-heads: as many as its heads
+        flags["kv_heads"] = flags["heads"]
     asked = {f: v for f, v in flags.items() if v != shape_of(trained, f)}
     if asked:  # other shapes, positions (learned or rotary) or K than the flags ask for
         theirs = ", ".join(f"{f}={shape_of(trained, f)}" for f in asked)
