@@ -1,11 +1,22 @@
 """Attention alone, compiled for an H100 this machine lacks: the einsums write
 the whole score matrix, a flash kernel does not (sessions/plan/attention_on_target.py)."""
 
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import need
 
+from sessions import sharding
 from sessions.plan import programs
-from sessions.plan.attention_on_target import HEADS, attention_on_target, attention_table_lines
+from sessions.plan.attention_on_target import (
+    HEADS,
+    attention_on_target,
+    attention_program,
+    attention_table_lines,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,3 +52,22 @@ def test_the_roofline_counts_our_kernels_forward(h100):
     forward = 2 * 32 * HEADS * 1024**2 * 64
     assert forward <= row.counted_flops < row.flash_flops
     assert row.bytes < 2 * 32 * HEADS * 1024**2  # no [B, H, S, S] scores held
+
+
+def test_cudnn_takes_grouped_query_attention_itself(h100):
+    """H = 8 query heads over K = 2 key/value heads, forward and backward, compiled for an
+    H100: cuDNN's flash kernel takes the K heads as they are (jax.nn.dot_product_attention
+    groups them), so the step is its custom calls with no copy of k or v to H heads."""
+    target, devices = h100
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, devices=np.array(devices[:1]))
+    q = jax.ShapeDtypeStruct((4, 1024, 8, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((4, 1024, 2, 64), jnp.bfloat16)
+    program = attention_program("cudnn")
+    compiled, oom, _ = programs.compile_or_oom(program, (q, kv, kv), {}, mesh, target.chip, print)
+    assert oom is None
+    calls = [line for line in compiled.as_text().splitlines() if "__cudnn$fmhaSoftmax" in line]
+    forward = [line for line in calls if 'custom_call_target="__cudnn$fmhaSoftmax"' in line]
+    assert len(forward) == 1 and any("fmhaSoftmaxBackward" in line for line in calls)
+    # Its operands: q of 8 heads, k and v of 2.
+    operands = r"bf16\[4,1024,8,64\]\S*, bf16\[4,1024,2,64\]\S*, bf16\[4,1024,2,64\]"
+    assert re.search(operands, forward[0]), forward[0][:300]

@@ -276,6 +276,8 @@ TINY = ["--random-params", "--preset", "tiny"]
         ([*TINY, "--kv-heads", "3"], "--kv-heads 3 must divide the 4 query heads"),
         # A checkpoint trained with other positions or K than the flags ask for.
         (["--kv-heads", "2"], "the checkpoint has kv_heads=4, not kv_heads=2"),
+        # Held to the checkpoint's 4 heads, not the cpu preset's 2 it never serves.
+        (["--kv-heads", "3"], "the checkpoint has kv_heads=4, not kv_heads=3"),
         (
             ["--rope", "--gated"],
             "the checkpoint has rope=False, gated=False, not rope=True, gated=True",

@@ -18,6 +18,9 @@ from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.errors import UsageError
 from sessions.model import forward, init_params
 from sessions.rotary import rotate
+from sessions.run.checkpoint import Checkpoints
+from sessions.run.cli import infer_flags, serving_config
+from sessions.run.serving import inference_config, load_params
 from sessions.train import init_state, loss_fn, make_optimizer, make_train_step
 
 model = jax.jit(forward, static_argnames="cfg")
@@ -277,6 +280,24 @@ def test_the_llama_block_decodes_alike_on_a_mesh():
         assert unembed.sharding.shard_shape(unembed.shape) == (V // 2, E // 2)
     expected = model(params, np.asarray(tokens), cfg=cfg)[:, P - 1 : P + n]
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_llama_checkpoint_is_served_with_its_own_switches(tmp_path):
+    """A checkpoint of the LLaMA block, served with no switch given (s3_infer.py's
+    flags): K, rope, gated and untied come from it, and its weights come back."""
+    cfg, tc = dataclasses.replace(TINY, **OPTIONS["llama"]), TrainConfig(batch=2, steps=1)
+    params = numpy_params(cfg)
+    state = {"params": params, "opt": make_optimizer(tc, tc.steps).init(params)}
+    directory = str(tmp_path / "checkpoints")
+    with Checkpoints(directory, 1, cfg, tc) as checkpoints:
+        checkpoints.maybe_save(1, state, force=True)
+    serving = serving_config(infer_flags(["--checkpoint-dir", directory]), platform="cpu")
+    served, meta = inference_config(serving)
+    assert (served.n_kv_heads, served.rope, served.gated, served.tied) == (2, True, True, False)
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, devices=jax.devices()[:1])
+    with jax.set_mesh(mesh):
+        restored, _ = load_params(directory, 0, served, meta, mesh)
+    jax.tree.map(np.testing.assert_array_equal, restored, params)
 
 
 def test_kv_heads_split_over_tp():

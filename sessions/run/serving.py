@@ -15,12 +15,11 @@ from sessions.defaults import serving_attention
 from sessions.errors import UsageError
 from sessions.model import init_params
 from sessions.run.checkpoint import Checkpoints, newest_meta
-from sessions.run.cli import FAMILY, MODEL_FLAGS, PROMPT, given, resolve
+from sessions.run.cli import MODEL_FLAGS, PROMPT, given, resolve
 from sessions.sample import check_prompt, load_tokenizer, prompt_tokens
 from sessions.shapes import abstract_state
 
-SHAPES = ("vocab", "embed", "ff", "heads", "head_dim", "layers", "seq", "attention", "positions")
-SHAPES += FAMILY
+SHAPES = (*MODEL_FLAGS, "attention", "positions")
 
 
 class Serving(NamedTuple):
@@ -39,10 +38,11 @@ class Serving(NamedTuple):
 def serving_config(args, platform=None):
     """Serving for s3_infer.py's (and s5_serve.py's) flags on `platform` (None: this machine's)."""
     attention = serving_attention(platform or jax.default_backend())
-    run = resolve(args, platform, attention_impl=attention)
-    asked = [f for f in SHAPES if args.preset or f in given(args, MODEL_FLAGS)]
-    shapes = {f: getattr(run.model, f) for f in asked}
     checkpoint_dir = None if args.random_params or args.target else args.checkpoint_dir
+    held = {"kv_heads": None} if checkpoint_dir else {}  # K must divide the checkpoint's H
+    run = resolve(args, platform, attention_impl=attention, **held)
+    asked = [f for f in SHAPES if args.preset or f in given(args, MODEL_FLAGS)]
+    shapes = {f: getattr(run.model, f) for f in asked} | given(args, ("kv_heads",))
     return Serving(
         run.model, shapes, checkpoint_dir, args.prompt, args.tokenizer, run.preset, run.data
     )
@@ -66,7 +66,9 @@ def inference_config(serving):
         trained = ModelConfig(**meta["model"])
     except TypeError:
         raise UsageError(f"{serving.checkpoint_dir}: a checkpoint of another version") from None
-    flags = {f: shape_of(serving.model, f) for f in serving.shapes}
+    flags = dict(serving.shapes)
+    if flags.get("kv_heads", 0) is None:  # --preset, no --kv-heads: as many as its heads
+        flags["kv_heads"] = flags["heads"]
     asked = {f: v for f, v in flags.items() if v != shape_of(trained, f)}
     if asked:  # other shapes, positions (learned or rotary) or K than the flags ask for
         theirs = ", ".join(f"{f}={shape_of(trained, f)}" for f in asked)
