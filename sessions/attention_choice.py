@@ -113,3 +113,10 @@ def choose_for_length(cfg, platform, batch, seq):
         return impl, None
     xla = xla_attention(platform)
     return xla, f"{refusal}: {xla} attention instead"
+
+
+def platform_of(params):
+    """The platform ("cpu", "gpu", "tpu") of the device holding the weights, where
+    prefill runs."""
+    w = jax.tree.leaves(params)[0]
+    return next(iter(w.devices())).platform if isinstance(w, jax.Array) else jax.default_backend()

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 
 from sessions import quantize
 from sessions.attention import attention
-from sessions.attention_choice import choose_for_length
+from sessions.attention_choice import choose_for_length, platform_of
 from sessions.decode_layout import decode_weights, dense_out_in
 from sessions.errors import UsageError
 from sessions.model import block, cast, embed, unembed
@@ -264,13 +264,6 @@ def check_lengths(cfg, prompt_len, n_new):
             f"a prompt of {prompt_len} tokens and {n_new} new ones do not fit the context of "
             f"{cfg.seq}; ask for at most {cfg.seq - prompt_len} new tokens"
         )
-
-
-def platform_of(params):
-    """The platform ("cpu", "gpu", "tpu") of the device holding the weights, where
-    prefill runs."""
-    w = jax.tree.leaves(params)[0]
-    return next(iter(w.devices())).platform if isinstance(w, jax.Array) else jax.default_backend()
 
 
 def generate(
