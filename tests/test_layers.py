@@ -28,6 +28,7 @@ SESSION_SCRIPTS = (
     "sessions.s2_train",
     "sessions.s3_infer",
     "sessions.s4_kernels",
+    "sessions.s5_serve",
 )
 FOLDERS = ("roofline", "sessions", "scripts", "harness", "tests", "exercises", "solutions", "docs")
 LAYOUT = os.path.join("docs", "layout.md")

@@ -28,7 +28,7 @@ from sessions.run.serving import inference_config
 LEVERS = [("full", "full"), ("int8", "full"), ("full", "int8"), ("int8", "int8")]
 
 
-class Planned(NamedTuple):
+class LeversPlanned(NamedTuple):
     summary: dict  # --summary-out: `levers`, one object per lever and batch
     compiled: object  # the last program compiled, both levers at the largest batch (--hlo-out)
 
@@ -60,7 +60,7 @@ def float_copies_here(int8_weights, cfg, batch):
 
 def plan_levers(serving, batches, target, devices, say=print):
     """Compile each lever's decode for each of `batches` on one device of `target`,
-    print its bytes beside the roofline's and its memory, and return Planned."""
+    print its bytes beside the roofline's and its memory, and return LeversPlanned."""
     cfg, _ = inference_config(serving)
     mesh = sharding.make_mesh(sharding.parse_mesh(None, 1), devices=devices[:1])
     chip = target.chip
@@ -119,4 +119,4 @@ def plan_levers(serving, batches, target, devices, say=print):
         "hbm_bandwidth_per_device": bandwidth,
         "levers": rows,
     }
-    return Planned(summary, compiled)
+    return LeversPlanned(summary, compiled)
