@@ -97,7 +97,7 @@ def main(argv=None):
     corpus = data.open_corpus(serving.corpus, cfg.seq)
     tc = TrainConfig(batch=meta["batch"], seed=meta["seed"]) if meta else TrainConfig(batch=4)
     val = decode_quality.validation_batches(corpus.val, cfg, tc)
-    prompts = jnp.asarray(np.tile(prompt, (4, 1)), jnp.int32)
+    prompts = jnp.asarray(val[0]["inputs"][:16, : len(prompt)])  # 16 prompts of validation text
     quality = {}
     for w, c in LEVERS:
         int8 = {"int8_weights": w == "int8", "int8_cache": c == "int8"}

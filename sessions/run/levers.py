@@ -52,12 +52,13 @@ def quality_lines(quality, n_new, unit):
     full = quality["full", "full"][0]
     lines = [
         "quality, through the decode path: validation loss (teacher-forced, nats a "
-        f"{unit}) and greedy agreement with full precision over {n_new} new {unit}s",
-        f"  {'lever':<24}{'val loss':>10}{'vs full':>10}{'agreement':>11}",
+        f"{unit}) and greedy agreement with full precision over {n_new} new {unit}s after "
+        "each of 16 prompts of validation text",
+        f"  {'lever':<26}{'val loss':>10}{'vs full':>10}{'agreement':>11}",
     ]
     for (w, c), (loss, agree) in quality.items():
         change = f"{100 * (loss / full - 1):+.2f}%" if (w, c) != ("full", "full") else "-"
-        lines.append(f"  {lever_name(w, c):<24}{loss:>10.4f}{change:>10}{100 * agree:>10.1f}%")
+        lines.append(f"  {lever_name(w, c):<26}{loss:>10.4f}{change:>10}{100 * agree:>10.1f}%")
     return lines
 
 
@@ -66,12 +67,12 @@ def lever_table_lines(rows):
     DecodeStep, Achieved) per lever and batch."""
     lines = [
         "decode, each lever beside its roofline (MB = 1e6 bytes, read per step):",
-        f"  {'lever':<24}{'batch':>6}{'weights MB':>12}{'cache MB':>10}{'tokens/s':>10}"
+        f"  {'lever':<26}{'batch':>6}{'weights MB':>12}{'cache MB':>10}{'tokens/s':>10}"
         f"{'MBU':>8}{'bound ms':>10}{'roof':>8}",
     ]
     for w, c, s, g in rows:
         lines.append(
-            f"  {lever_name(w, c):<24}{s.batch:>6}{s.weight_bytes / 1e6:>12.2f}"
+            f"  {lever_name(w, c):<26}{s.batch:>6}{s.weight_bytes / 1e6:>12.2f}"
             f"{s.cache_bytes / 1e6:>10.2f}{g.tokens_per_s:>10,.0f}{100 * g.mbu:>7.1f}%"
             f"{s.step_s * 1e3:>10.3f}{s.bound:>8}"
         )
