@@ -18,12 +18,9 @@ from helpers import REPO, s3_in_process
 from harness.naive_step import uncached_generate
 from roofline.decode_cost import kv_cache_bytes
 from sessions import inference, sharding
-from sessions.config import PRESETS, TrainConfig
 from sessions.errors import UsageError
 from sessions.model import forward, init_params
-from sessions.run.checkpoint import Checkpoints
 from sessions.sample import sample_text as generate_text
-from sessions.train import init_state, make_optimizer
 
 B, P = 2, 5
 
@@ -243,17 +240,6 @@ def test_the_benchmark_s_baseline_does_the_same_work(cfg, params):
 def test_bad_lengths_are_usage_errors(cfg, params, shape, n_new, why):
     with pytest.raises(UsageError, match=why):
         inference.generate(params, cfg, jnp.zeros(shape, jnp.int32), n_new)
-
-
-@pytest.fixture(scope="module")
-def checkpoint_dir(tmp_path_factory):
-    """What `s2_train.py --preset tiny --checkpoint-every N` leaves: one orbax checkpoint."""
-    tiny, tc = PRESETS["tiny"].model, TrainConfig(batch=2, steps=1)
-    state = init_state(jax.random.key(0), cfg=tiny, optimizer=make_optimizer(tc, tc.steps))
-    directory = tmp_path_factory.mktemp("s2") / "checkpoints"
-    with Checkpoints(str(directory), 1, tiny, tc) as checkpoints:
-        checkpoints.maybe_save(1, state, force=True)
-    return str(directory)
 
 
 TINY = ["--random-params", "--preset", "tiny"]

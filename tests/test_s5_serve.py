@@ -5,13 +5,8 @@ decode for h100:1."""
 
 import json
 
-import jax
 import pytest
 from helpers import need, run_script
-
-from sessions.config import PRESETS, TrainConfig
-from sessions.run.checkpoint import Checkpoints
-from sessions.train import init_state, make_optimizer
 
 TINY = ["--random-params", "--preset", "tiny", "--new-tokens", "4"]
 
@@ -58,17 +53,6 @@ def test_s5_levers_bytes_quality_and_ladder(tmp_path, capsys):
     assert s["plan"]["batches"][0]["batch"] == 1 and "critical_batch" in s["plan"]
     assert "grouped-query attention, trained 3 steps each" in out
     assert "planned: llama3-8b" in out
-
-
-@pytest.fixture(scope="module")
-def checkpoint_dir(tmp_path_factory):
-    """What `s2_train.py --preset tiny --checkpoint-every N` leaves: one orbax checkpoint."""
-    tiny, tc = PRESETS["tiny"].model, TrainConfig(batch=2, steps=1)
-    state = init_state(jax.random.key(0), cfg=tiny, optimizer=make_optimizer(tc, tc.steps))
-    directory = tmp_path_factory.mktemp("s2") / "checkpoints"
-    with Checkpoints(str(directory), 1, tiny, tc) as checkpoints:
-        checkpoints.maybe_save(1, state, force=True)
-    return str(directory)
 
 
 @pytest.mark.parametrize(
