@@ -32,6 +32,7 @@ from roofline.plan.serving import plan_serving, serving_lines, serving_summary
 from roofline.timing import time_calls
 from sessions import data, decode_quality, inference, quantize, sharding, train
 from sessions.config import PUBLISHED, TrainConfig
+from sessions.errors import UsageError
 from sessions.plan import programs, serve_on_target
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import NEW_TOKENS, run_main
@@ -80,6 +81,8 @@ def main(argv=None):
     serving = serving_config(args)  # the model the flags ask for, and the prompt
     cfg, meta = inference_config(serving)  # a checkpoint's shapes, or the flags' (random)
     prompt, unit, _ = prompt_for(serving, cfg, meta)
+    if unit == "token":  # a checkpoint keeps no corpus: s5 validates on the platform's own
+        raise UsageError("s5_serve.py measures quality on bytes; this checkpoint is of token files")
     n = args.new_tokens or min(NEW_TOKENS, cfg.seq - len(prompt))
     inference.check_lengths(cfg, len(prompt), max(n, 1))
     one_device = sharding.make_mesh(sharding.parse_mesh(None, 1), jax.devices()[:1])
