@@ -76,6 +76,18 @@ def masked_softmax(scores, mask):
     return jax.nn.softmax(scores, axis=-1)
 
 
+def cached_probs(old, new, pos):
+    """A decoder's softmax, float32 [..., S, T + S]: scores old [..., S, T] over the
+    cache, whose slots before pos are filled, and new [..., S, S] over the S new
+    tokens themselves (causal), both already scaled, as one softmax over T + S keys."""
+    S, T = new.shape[-1], old.shape[-1]
+    filled = jnp.broadcast_to(jnp.arange(T) < pos, (S, T))
+    causal = jnp.arange(S)[None, :] <= jnp.arange(S)[:, None]
+    return masked_softmax(
+        jnp.concatenate([old, new], axis=-1), jnp.concatenate([filled, causal], -1)
+    )
+
+
 def fused_attention(q, k, v, segment_ids=None):
     """The library call, `jax.nn.dot_product_attention`, in XLA's implementation
     (JAX's default, on every backend): the same einsums as above, with XLA free

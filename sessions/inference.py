@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from sessions import quantize
-from sessions.attention import attention
+from sessions.attention import attention, cached_probs
 from sessions.attention_choice import choose_for_length, platform_of
 from sessions.decode_layout import decode_weights, dense_out_in
 from sessions.errors import UsageError
@@ -93,11 +93,7 @@ def cached_attention(q, k, v, cache, pos):
         q = q.reshape(B, S, K, H // K, D).transpose(0, 2, 3, 1, 4)
         old = jnp.einsum("BKGSD,BKDT->BKGST", q, cache["k"], preferred_element_type=jnp.float32)
         new = jnp.einsum("BKGSD,BTKD->BKGST", q, k, preferred_element_type=jnp.float32)
-    old, new = old * D**-0.5, new * D**-0.5
-    low = jnp.finfo(jnp.float32).min  # not -inf: a fully masked row would give NaN
-    old = jnp.where(jnp.arange(T) < pos, old, low)
-    new = jnp.where(jnp.arange(S)[None, :] <= jnp.arange(S)[:, None], new, low)
-    probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(v.dtype)
+    probs = cached_probs(old * D**-0.5, new * D**-0.5, pos).astype(v.dtype)
     if K == H:
         out = jnp.einsum("BHST,BHTD->BSHD", probs[..., :T], cache["v"])
         return out + jnp.einsum("BHST,BTHD->BSHD", probs[..., T:], v)

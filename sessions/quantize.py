@@ -29,6 +29,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from sessions.attention import cached_probs
 from sessions.sharding import constrain
 
 LEVELS = 127  # symmetric: -127..127, so 0 is exact and -128 is never used
@@ -181,11 +182,7 @@ def cached_attention_int8(q, k, v, cache, pos):
     )
     old = old * cache["k_scale"][:, :, None, None]  # [B, K, 1, 1, T]: each position's scale
     new = jnp.einsum("BSKGD,BTKD->BKGST", qg, k, preferred_element_type=f32)
-    old, new = old * D**-0.5, new * D**-0.5
-    low = jnp.finfo(f32).min  # not -inf: a fully masked row would give NaN
-    old = jnp.where(jnp.arange(T) < pos, old, low)
-    new = jnp.where(jnp.arange(S)[None, :] <= jnp.arange(S)[:, None], new, low)
-    probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1)  # [B, K, G, S, T + S]
+    probs = cached_probs(old * D**-0.5, new * D**-0.5, pos)  # [B, K, G, S, T + S]
     weighed = probs[..., :T] * cache["v_scale"][:, :, None, None]  # each position's v_scale
     out = jnp.einsum("BKGST,BKTD->BSKGD", weighed.astype(v.dtype), cache["v"].astype(v.dtype))
     out = out + jnp.einsum("BKGST,BTKD->BSKGD", probs[..., T:].astype(v.dtype), v)
