@@ -30,8 +30,9 @@ from roofline.units import ms
 from sessions import data
 from sessions.attention import IMPLEMENTATIONS
 from sessions.config import PRESETS
+from sessions.errors import run_main
 from sessions.meter import run_utilisation
-from sessions.run.cli import FAMILY, ArgumentParser, positive_int, resolve, run_main
+from sessions.run.cli import FAMILY, ArgumentParser, positive_int, resolve
 from sessions.train import init_state, make_optimizer, make_train_step
 
 

@@ -39,8 +39,9 @@ from roofline.timing import time_calls
 from sessions import inference, sharding
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
+from sessions.errors import run_main
 from sessions.model import init_params
-from sessions.run.cli import PROMPT, ArgumentParser, positive_int, resolve, run_main, train_flags
+from sessions.run.cli import PROMPT, ArgumentParser, positive_int, resolve, train_flags
 
 
 def parse_args(argv):

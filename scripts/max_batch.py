@@ -19,9 +19,9 @@ import dataclasses
 import sys
 
 from roofline.memory import largest_batch, planned_bytes, usable_fraction
-from sessions.errors import UsageError
+from sessions.errors import UsageError, run_main
 from sessions.plan import programs
-from sessions.run.cli import resolve, run_main, train_flags
+from sessions.run.cli import resolve, train_flags
 
 
 def plan_bytes(run, batch, target, devices, mesh_text):

@@ -18,7 +18,8 @@ import time
 import jax
 
 from sessions import data
-from sessions.run.cli import ArgumentParser, add_shape_flags, resolve, run_main
+from sessions.errors import run_main
+from sessions.run.cli import ArgumentParser, add_shape_flags, resolve
 from sessions.train import init_state, make_optimizer, make_train_step
 
 

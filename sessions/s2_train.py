@@ -31,13 +31,14 @@ from roofline.measured.compare import profile_table
 from roofline.measured.profile import TraceWindow
 from roofline.memory import allocator_peak, step_memory
 from sessions import data, sample, sharding
+from sessions.errors import run_main
 from sessions.manual_fsdp import check_collectives, collectives_line, make_manual_step
 from sessions.meter import Meter
 from sessions.plan import programs, train_on_target
 from sessions.prefetch import Prefetcher, Synchronous
 from sessions.run import checkpoint, multihost, preemption
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import PROMPT, make_folder, resolve, run_main, train_flags
+from sessions.run.cli import PROMPT, make_folder, resolve, train_flags
 from sessions.run.report import header_lines, plot_loss, summarize, summary_lines
 from sessions.shapes import abstract_batch, abstract_state
 from sessions.train import compile_ahead, make_evaluator, make_train_step

@@ -28,12 +28,12 @@ from roofline.flops import model_line
 from roofline.hardware import local_roofs
 from roofline.timing import time_calls
 from sessions import inference, sharding
-from sessions.errors import UsageError
+from sessions.errors import UsageError, run_main
 from sessions.plan import infer_on_target, programs
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import NEW_TOKENS, infer_flags, make_folder, run_main
+from sessions.run.cli import NEW_TOKENS, infer_flags, make_folder, serving_config
 from sessions.run.report import decode_table_lines, plot_decode
-from sessions.run.serving import inference_config, load_params, prompt_for, serving_config
+from sessions.run.serving import inference_config, load_params, prompt_for
 from sessions.sample import sample_tokens, show
 
 # Each timing below: one uncounted call first (it compiles), then the median of

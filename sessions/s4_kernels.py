@@ -40,13 +40,12 @@ from roofline.compiled.schedule import schedule_line, schedule_summary
 from roofline.plan.targets import missing_extras
 from sessions import collective_matmul, flash, manual_fsdp, precision, sharding
 from sessions.attention import einsum_attention
-from sessions.errors import UsageError
+from sessions.errors import UsageError, run_main
 from sessions.plan import programs
 from sessions.plan.attention_on_target import SEQUENCES, attention_on_target, attention_table_lines
 from sessions.plan.collective_matmul_on_target import programs_on
 from sessions.precision import biggest
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import run_main
 
 VENDOR = {"gpu": "cudnn", "tpu": "splash"}  # the chip maker's (or JAX's) flash kernel
 NAMES = ("forward == einsum attention", *(f"d{x} == einsum attention's" for x in "qkv"))

@@ -32,10 +32,10 @@ from roofline.plan.serving import plan_serving, serving_lines, serving_summary
 from roofline.timing import time_calls
 from sessions import data, decode_quality, inference, quantize, sharding, train
 from sessions.config import PUBLISHED, TrainConfig
-from sessions.errors import UsageError
+from sessions.errors import UsageError, run_main
 from sessions.plan import programs, serve_on_target
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import NEW_TOKENS, run_main
+from sessions.run.cli import NEW_TOKENS, serving_config
 from sessions.run.levers import (
     kv_heads_lines,
     lever_table_lines,
@@ -44,7 +44,7 @@ from sessions.run.levers import (
     serve_flags,
     widening_line,
 )
-from sessions.run.serving import inference_config, load_params, prompt_for, serving_config
+from sessions.run.serving import inference_config, load_params, prompt_for
 
 REPEATS = 3  # each timing: one uncounted call (it compiles), then the median of 3
 # The levers: (weights, cache), each "full" (the compute dtype) or "int8".

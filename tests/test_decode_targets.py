@@ -24,8 +24,7 @@ from sessions.config import PRESETS
 from sessions.data import text_to_tokens
 from sessions.plan import programs
 from sessions.plan.infer_on_target import plan_inference
-from sessions.run.cli import PROMPT, infer_flags
-from sessions.run.serving import serving_config
+from sessions.run.cli import PROMPT, infer_flags, serving_config
 
 
 def plan(target_text, mesh, batches, preset="course", *flags):

@@ -19,11 +19,10 @@ from roofline.hardware import (
     local_roofs,
 )
 from sessions.defaults import Defaults, capability_defaults, configs_for
-from sessions.errors import UsageError
+from sessions.errors import UsageError, run_main
 from sessions.meter import format_record, make_record
 from sessions.run import accelerator
 from sessions.run.accelerator import check_accelerator_visible
-from sessions.run.cli import run_main
 from sessions.run.report import summarize, summary_lines
 
 T, G, GiB, MiB = 1e12, 1e9, 2**30, 2**20

@@ -19,8 +19,8 @@ from sessions.errors import UsageError
 from sessions.model import forward, init_params
 from sessions.rotary import rotate
 from sessions.run.checkpoint import Checkpoints
-from sessions.run.cli import infer_flags
-from sessions.run.serving import inference_config, load_params, serving_config
+from sessions.run.cli import infer_flags, serving_config
+from sessions.run.serving import inference_config, load_params
 from sessions.train import init_state, loss_fn, make_optimizer, make_train_step
 
 model = jax.jit(forward, static_argnames="cfg")

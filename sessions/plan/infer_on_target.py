@@ -22,7 +22,7 @@ from sessions.run.serving import inference_config
 
 
 def plan_inference(serving, mesh_text, batches, target, devices, say=print):
-    """--target: plan prefill and decode of the model `serving` (sessions.run.serving.Serving,
+    """--target: plan prefill and decode of the model `serving` (sessions.run.cli.Serving,
     resolved for the target's chip) describes over `mesh_text`, for `batches` (None:
     the default), and return it as DecodePlanned (programs.write_plan writes it)."""
     cfg, _ = inference_config(serving)

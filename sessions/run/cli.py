@@ -3,8 +3,7 @@ configs once (library code never sees the flags), and bad input on one line.
 
     args = train_flags(argv)           # s2_train.py's flags (infer_flags: s3_infer.py's)
     run = resolve(args)                # Resolved(preset, model, train, attention_note, data)
-
-(s3 and s5 turn theirs into a served model with sessions/run/serving.py's serving_config.)
+    serving = serving_config(args)     # s3's and s5's: Serving(model, shapes, checkpoint_dir, ...)
 
 What a flag leaves open (the preset, dtype, corpus and attention of each platform)
 is decided in sessions/defaults.py; resolve reads the flags and hands it their values.
@@ -12,14 +11,14 @@ is decided in sessions/defaults.py; resolve reads the flags and hands it their v
 
 import argparse
 import os
-import sys
+from typing import NamedTuple
 
 import jax
 
 from sessions.attention import IMPLEMENTATIONS
-from sessions.config import PRESETS
-from sessions.defaults import configs_for
-from sessions.errors import Interrupted, TrainingDiverged, UsageError
+from sessions.config import PRESETS, ModelConfig
+from sessions.defaults import configs_for, serving_attention
+from sessions.errors import UsageError
 from sessions.run import multihost
 
 PROMPT = "The import statement "  # the sample's start, in both sessions' scripts
@@ -261,20 +260,30 @@ def resolve(args, platform=None, **model_overrides):
     )
 
 
-def run_main(main, argv=None):
-    """main(argv), with every way a run stops on purpose turned into one line
-    on stderr and its exit status (sessions/errors.py)."""
-    try:
-        return main(argv)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except TrainingDiverged as e:
-        print(f"error: {e}; try a lower --lr", file=sys.stderr)
-        return 1
-    except Interrupted as e:
-        print(f"stopped: {e}", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        print("stopped: interrupted (no checkpoints: pass --checkpoint-every N)", file=sys.stderr)
-        return 130
+SHAPES = (*MODEL_FLAGS, "attention", "positions")
+
+
+class Serving(NamedTuple):
+    """s3_infer.py's and s5_serve.py's flags as configs (serving_config): the model to
+    serve, and its prompt."""
+
+    model: ModelConfig  # preset + shape flags, the platform's dtype, XLA's attention
+    shapes: dict  # those the flags ask for (all, with --preset): a checkpoint's must match
+    checkpoint_dir: str | None  # None: random parameters (--random-params, --target)
+    prompt: str
+    tokenizer: str | None  # a tokenizer.json that writes token ids as text
+    preset: str  # the preset's name, as resolve chose it
+    corpus: str  # the platform's corpus, as session 2 trains on it: s5 validates on it
+
+
+def serving_config(args, platform=None):
+    """Serving for s3_infer.py's (and s5_serve.py's) flags on `platform` (None: this machine's)."""
+    attention = serving_attention(platform or jax.default_backend())
+    checkpoint_dir = None if args.random_params or args.target else args.checkpoint_dir
+    held = {"kv_heads": None} if checkpoint_dir else {}  # K must divide the checkpoint's H
+    run = resolve(args, platform, attention_impl=attention, **held)
+    asked = [f for f in SHAPES if args.preset or f in given(args, MODEL_FLAGS)]
+    shapes = {f: getattr(run.model, f) for f in asked} | given(args, ("kv_heads",))
+    return Serving(
+        run.model, shapes, checkpoint_dir, args.prompt, args.tokenizer, run.preset, run.data
+    )

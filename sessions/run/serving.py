@@ -5,51 +5,21 @@ reads its model this way, then shows prefill and decode on it; s5_serve.py too.
 
 import dataclasses
 import functools
-from typing import NamedTuple
 
 import jax
 
 from sessions import sharding
 from sessions.config import ModelConfig, TrainConfig
-from sessions.defaults import serving_attention
 from sessions.errors import UsageError
 from sessions.model import init_params
 from sessions.run.checkpoint import Checkpoints, newest_meta
-from sessions.run.cli import MODEL_FLAGS, PROMPT, given, resolve
+from sessions.run.cli import PROMPT
 from sessions.sample import check_prompt, load_tokenizer, prompt_tokens
 from sessions.shapes import abstract_state
 
-SHAPES = (*MODEL_FLAGS, "attention", "positions")
-
-
-class Serving(NamedTuple):
-    """s3_infer.py's and s5_serve.py's flags as configs (serving_config): the model to
-    serve, and its prompt."""
-
-    model: ModelConfig  # preset + shape flags, the platform's dtype, XLA's attention
-    shapes: dict  # those the flags ask for (all, with --preset): a checkpoint's must match
-    checkpoint_dir: str | None  # None: random parameters (--random-params, --target)
-    prompt: str
-    tokenizer: str | None  # a tokenizer.json that writes token ids as text
-    preset: str  # the preset's name, as resolve chose it
-    corpus: str  # the platform's corpus, as session 2 trains on it: s5 validates on it
-
-
-def serving_config(args, platform=None):
-    """Serving for s3_infer.py's (and s5_serve.py's) flags on `platform` (None: this machine's)."""
-    attention = serving_attention(platform or jax.default_backend())
-    checkpoint_dir = None if args.random_params or args.target else args.checkpoint_dir
-    held = {"kv_heads": None} if checkpoint_dir else {}  # K must divide the checkpoint's H
-    run = resolve(args, platform, attention_impl=attention, **held)
-    asked = [f for f in SHAPES if args.preset or f in given(args, MODEL_FLAGS)]
-    shapes = {f: getattr(run.model, f) for f in asked} | given(args, ("kv_heads",))
-    return Serving(
-        run.model, shapes, checkpoint_dir, args.prompt, args.tokenizer, run.preset, run.data
-    )
-
 
 def inference_config(serving):
-    """(cfg, the checkpoint's metadata or None) for `serving` (Serving):
+    """(cfg, the checkpoint's metadata or None) for `serving` (sessions.run.cli.Serving):
     the shapes of the newest checkpoint in serving.checkpoint_dir, which the shape
     flags may only confirm, with the flags' dtype and attention; or with no
     checkpoint (--random-params, --target) the model the flags describe."""
@@ -79,7 +49,7 @@ def inference_config(serving):
 
 
 def shape_of(cfg, name):
-    """cfg's value for `name` of SHAPES, as a checkpoint's is compared
+    """cfg's value for `name` of sessions.run.cli.SHAPES, as a checkpoint's is compared
     with the flags': K as a number (kv_heads None means H, whether given or not)."""
     return cfg.n_kv_heads if name == "kv_heads" else getattr(cfg, name)
 
