@@ -29,35 +29,21 @@ jax.experimental (docs/api_compatibility.md); JAX's own Triton kernels in
 pallas/ops/gpu are deprecated too, for tokamax (the changelog after 0.11). The
 backward is plain JAX and does not depend on it.
 
-Mosaic GPU is JAX's own compiler for Hopper and Blackwell kernels
-(`jax.experimental.pallas.mosaic_gpu`, plgpu): no Triton in between, the tensor
-cores' own instructions, and the machine spelled out where Triton hides it
-behind num_warps and num_stages (docs/pallas/gpu/reference.md). One thread of a
-kernel is a warpgroup, 128 CUDA threads that issue each operation together.
-Memory spaces are explicit: inputs in global memory (plgpu.GMEM), tiles copied
-into an SM's shared memory (plgpu.SMEM) by TMA, the Hopper copy engine, which
-signals a barrier when the copy lands (copy_gmem_to_smem, then barrier_wait). On
-Hopper a matmul is `plgpu.wgmma` (wgmma.mma_async): B in shared memory in a
-swizzled tiled layout, A there or in registers, the float32 accumulator in
-registers (plgpu.ACC), asynchronous until waited on. Overlapping the next key
-block's copy with this block's math is a pipeline you write (plgpu.emit_pipeline,
-or warp specialized: some warpgroups copy while others multiply). Kernels are
-`plgpu.kernel`: pallas_call for Mosaic GPU is deprecated since JAX 0.10.2.
-
-A port of our forward would keep this file's algorithm and change its
-machinery: a 64-row query tile per warpgroup in SMEM, key and value blocks
-double-buffered through SMEM with a barrier each, s = wgmma(q, k^T) into an
-accumulator, the running max and sum reduced across the accumulator's register
-layout, p cast to bf16 for the second wgmma, the causal skip as the loop's
-bound. JAX's FlashAttention-3 forward for Hopper is that, at full speed, in 916
-lines (jax/experimental/pallas/ops/gpu/attention_mgpu.py, JAX 0.12.0.1). JAX
-0.12 has an interpreter for such kernels (plgpu.kernel's interpret=, in
-jax/_src/pallas/mosaic_gpu/interpret/), which could let CI check its numbers on
-a CPU; compiling it for h100:1 needs a JAX 0.12 with the CUDA plugin. The port
-is not written: a GPU-only second kernel of a few hundred lines is not a small
-change to a course module, no GPU here could check it beyond a compile, and
-Mosaic GPU's API changes every release (the changelog's Mosaic GPU sections,
-0.10.1 to 0.11.0).
+Mosaic GPU, the backend JAX keeps (`jax.experimental.pallas.mosaic_gpu`), is
+for Hopper (sm_90) and later only. Compiled without a GPU by JAX 0.10.2's CUDA
+plugin for XLA's A100 target and for it with compute capability 8.9 (an L4) or
+7.5 (a T4): a Mosaic GPU kernel with one TMA copy fails ("error:
+'nvvm.cp.async.bulk.wait_group' op is not supported on sm_80", then "INTERNAL:
+Pass pipeline failed"), one that only loads and stores registers aborts the
+process ("LLVM ERROR: Cannot select: intrinsic %llvm.nvvm.elect.sync"); both
+compile for h100:1. This file's Triton path compiles for sm_80 and sm_89; for
+sm_75 Triton refuses ("Triton support is only enabled for Ampere GPUs (compute
+capability 8.0) and up"). So a port cannot replace the Triton path: an A100 or
+an L4 (Colab's) would lose the kernel; a T4 has neither. Triton stays the
+default on NVIDIA while JAX lowers it. impl="mosaic" runs the forward of
+sessions/flash_mosaic.py instead, on sm_90 and later ("mosaic-interpreted": in
+Mosaic GPU's interpreter on a CPU): the same algorithm, the same backward. When
+JAX removes Triton, Ampere and Ada GPUs need another path (XLA's attention).
 """
 
 import functools
@@ -68,11 +54,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from sessions import flash_mosaic
 from sessions.errors import UsageError
 
 HEAD_DIMS = (64, 128)  # what the kernel takes: one TPU lane row (128) or half of one
 MAX_TILE = 128  # queries x keys per tile: 128 fills a TPU's MXU and suits an H100's SM
 MIN_TILE = 16  # Triton's smallest matmul side
+IMPLS = ("pallas", "mosaic", "mosaic-interpreted")
 MASKED = -1e30  # a large negative score, not -inf: exp() of it is 0, never NaN
 
 
@@ -174,11 +162,17 @@ def flash_forward(q, k, v, block_q, block_k, interpret=False, compiler_params=No
     )(q, k, v)
 
 
-def on_any_platform(q, k, v, block_q, block_k):
+def on_any_platform(q, k, v, block_q, block_k, impl="pallas"):
     """The kernel lowered for the platform the step is compiled for, which need not
     be this machine's: Mosaic on a TPU; Triton on an NVIDIA GPU (asked for by name:
     JAX's default there is Mosaic GPU, which wants layouts spelled out for the
-    warpgroup's registers); on a CPU, which has no Pallas compiler, interpreted."""
+    warpgroup's registers); on a CPU, which has no Pallas compiler, interpreted.
+    impl "mosaic" and "mosaic-interpreted": flash_mosaic's kernel, chosen by name
+    (not by platform_dependent, as the interpreter's callbacks would then reach
+    the GPU's program too)."""
+    if impl != "pallas":
+        interpret = flash_mosaic.interpreter() if impl == "mosaic-interpreted" else None
+        return flash_mosaic.mosaic_forward(q, k, v, block_k, interpret)
     kernel = functools.partial(flash_forward, block_q=block_q, block_k=block_k)
     triton = pltriton.CompilerParams(num_warps=4, num_stages=2)  # JAX's GPU kernels' defaults
     return jax.lax.platform_dependent(
@@ -247,38 +241,47 @@ def flash_backward(q, k, v, o, lse, do, block_q, block_k):
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def flash_heads_first(q, k, v, block_q, block_k):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def flash_heads_first(q, k, v, block_q, block_k, impl):
     """Causal attention of q, k, v [B, H, S, D] (S a multiple of both tiles)."""
-    return on_any_platform(q, k, v, block_q, block_k)[0]
+    return on_any_platform(q, k, v, block_q, block_k, impl)[0]
 
 
-def flash_heads_first_fwd(q, k, v, block_q, block_k):
-    o, lse = on_any_platform(q, k, v, block_q, block_k)
+def flash_heads_first_fwd(q, k, v, block_q, block_k, impl):
+    o, lse = on_any_platform(q, k, v, block_q, block_k, impl)
     return o, (q, k, v, o, lse)  # O(S·D) per head kept for the backward, not O(S·T)
 
 
-def flash_heads_first_bwd(block_q, block_k, saved, do):
+def flash_heads_first_bwd(block_q, block_k, impl, saved, do):
     return flash_backward(*saved, do, block_q, block_k)
 
 
 flash_heads_first.defvjp(flash_heads_first_fwd, flash_heads_first_bwd)
 
 
-def flash_attention(q, k, v, *, block_q=None, block_k=None):
+def flash_attention(q, k, v, *, block_q=None, block_k=None, impl="pallas"):
     """Causal attention, q, k, v [B, S, H, D] -> [B, S, H, D], in our Pallas kernel.
 
-    Tiles default to `default_tiles(S)`. Any S: the sequence is padded with zeros
-    up to a multiple of both tiles. The causal mask alone keeps the padding out
-    of every real row, as padded keys come after every real query."""
+    impl: "pallas", this file's kernel on every platform; "mosaic", the Mosaic
+    GPU forward for sm_90 and later; "mosaic-interpreted", that in Mosaic GPU's
+    interpreter on a CPU. Tiles default to `default_tiles(S)` (Mosaic GPU: 64 x
+    128, or 64 x 64 for S up to 64). Any S: the sequence is padded with zeros up
+    to a multiple of both tiles. The causal mask alone keeps the padding out of every real
+    row, as padded keys come after every real query."""
     S, D = q.shape[1], q.shape[3]
-    default_q, default_k = default_tiles(S)
-    block_q, block_k = block_q or default_q, block_k or default_k
-    check_flash_shapes(D, block_q, block_k)
+    if impl not in IMPLS:
+        raise UsageError(f"flash attention's impl is one of {', '.join(IMPLS)}, not {impl}")
+    if impl != "pallas":
+        block_q, block_k = block_q or flash_mosaic.BLOCK_Q, block_k or (64 if S <= 64 else 128)
+        flash_mosaic.check_shapes(D, q.dtype, block_q, block_k)
+    else:
+        default_q, default_k = default_tiles(S)
+        block_q, block_k = block_q or default_q, block_k or default_k
+        check_flash_shapes(D, block_q, block_k)
     padded = -(-S // math.lcm(block_q, block_k)) * math.lcm(block_q, block_k)
 
     def heads_first(x):  # [B, S, H, D] -> [B, H, padded S, D]: the kernel's tiles are [S, D]
         return jnp.pad(jnp.swapaxes(x, 1, 2), ((0, 0), (0, 0), (0, padded - S), (0, 0)))
 
-    out = flash_heads_first(heads_first(q), heads_first(k), heads_first(v), block_q, block_k)
+    out = flash_heads_first(*map(heads_first, (q, k, v)), block_q, block_k, impl)
     return jnp.swapaxes(out[:, :, :S], 1, 2)

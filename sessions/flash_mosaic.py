@@ -1,27 +1,28 @@
 """Flash attention's forward as a Mosaic GPU kernel: the same algorithm, Hopper's machinery.
 
 sessions/flash.py's kernel is written once for every chip and lowered through
-Triton on an NVIDIA GPU. This is its forward written for the backend JAX keeps,
-Mosaic GPU (`jax.experimental.pallas.mosaic_gpu`, plgpu), which compiles for
-Hopper (sm_90a) and later only. The algorithm is flash.online_softmax's; what
-changes is that the machine is spelled out:
+Triton on an NVIDIA GPU. This is its forward for the backend JAX keeps, Mosaic
+GPU (`jax.experimental.pallas.mosaic_gpu`, plgpu), which compiles for Hopper
+(sm_90a) and later only (flash.py's note says what fails before). The algorithm
+is flash.online_softmax's; the machine is spelled out:
 
     one program   a (batch, head, 64-query tile), run by one warpgroup (128
-                  threads issuing each operation together)
+                  threads that issue each operation together)
     q             copied once by TMA (Hopper's copy engine) into shared memory
-    k, v blocks   copied by TMA into two shared-memory slots each: block j+1
-                  lands while block j is multiplied (double buffering); each
-                  copy signals a barrier the warpgroup waits on before reading
-    s = q k^T     plgpu.wgmma, the tensor cores' asynchronous matmul, B (k^T)
-                  read straight from shared memory, the float32 result in
-                  registers (plgpu.ACC)
-    p v           p cast to bf16 in registers for the second wgmma
-    causal skip   the loop's bound: key blocks past the tile's last query are
-                  never copied
+    k^T, v        block j+1's copies land in one shared-memory slot while block
+                  j is multiplied from the other (double buffering); each copy
+                  signals a barrier the warpgroup waits on before reading
+    s = q k^T     plgpu.wgmma, the tensor cores' asynchronous matmul, from
+                  shared memory into float32 registers (plgpu.ACC)
+    p v           p cast to bf16 for the second wgmma
+    causal skip   the loop's bound: blocks past the tile's last query are never
+                  copied
 
 bf16 only, forward only: the backward stays flash.flash_backward, plain JAX,
-from the lse this kernel writes. Shapes as flash.flash_forward: q, k, v
-[B, H, S, D] -> (out [B, H, S, D], lse float32 [B, H, S, 1]).
+from the lse this kernel writes. On a CPU it runs in Mosaic GPU's interpreter,
+which simulates shared memory, TMA, barriers and wgmma (JAX 0.10.2 and 0.12).
+JAX's FlashAttention-3 (jax/experimental/pallas/ops/gpu/attention_mgpu.py) is
+this at full speed: two compute warpgroups and one that only copies.
 """
 
 import functools
@@ -39,40 +40,38 @@ BLOCK_KS = (64, 128)
 SLOTS = 2  # key/value buffers in shared memory: one in use, one landing
 
 
-def check_shapes(S, D, dtype, block_k):
+def check_shapes(D, dtype, block_q, block_k):
     """UsageError, one line, for what the kernel does not take."""
+    name = "the Mosaic GPU flash kernel"
     if jnp.dtype(dtype) != jnp.bfloat16:
-        raise UsageError(f"the Mosaic GPU flash kernel takes bfloat16 only, not {dtype}")
+        raise UsageError(f"{name} takes bfloat16 only, not {jnp.dtype(dtype).name}")
     if D not in HEAD_DIMS:
-        raise UsageError(f"the Mosaic GPU flash kernel takes head dims 64 and 128, not {D}")
+        raise UsageError(f"{name} takes head dims 64 and 128, not {D}")
+    if block_q != BLOCK_Q:
+        raise UsageError(f"{name} takes query blocks of {BLOCK_Q} (one warpgroup), not {block_q}")
     if block_k not in BLOCK_KS:
-        raise UsageError(f"the Mosaic GPU flash kernel takes key blocks 64 and 128, not {block_k}")
-    if S % block_k:
-        raise UsageError(f"the Mosaic GPU flash kernel needs S a multiple of {block_k}, not {S}")
+        raise UsageError(f"{name} takes key blocks of 64 and 128, not {block_k}")
 
 
-def transposed(ref):
-    """ref's two axes swapped, without a copy: wgmma reads it as k^T. (JAX 0.12
-    spells it ref.transpose; 0.10 had only plgpu.transpose_ref, deprecated in 0.12.)"""
-    if hasattr(ref, "transpose"):
-        return ref.transpose((1, 0))
-    return plgpu.transpose_ref(ref, (1, 0))
-
-
-def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, block_k):
+def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, block_k, interpreted):
     """One (batch, head, query tile). The refs are the whole arrays in global
     memory; scratch is shared memory and the barriers its copies signal."""
-    q_smem, k_smem, v_smem, lse_smem, q_landed, k_landed, v_landed = scratch
+    q_smem, k_smem, v_smem, p_smem, lse_smem, q_landed, k_landed, v_landed = scratch
     D = q_ref.shape[-1]
+    WGMMA = plgpu.Layout.WGMMA  # how wgmma's accumulator spreads over the 128 threads
+
+    def laid_out(x, layout):  # JAX 0.10's interpreter cannot evaluate layout_cast
+        return x if interpreted else plgpu.layout_cast(x, layout)
+
     b, h, i = (jax.lax.axis_index(n) for n in ("b", "h", "i"))
     rows = pl.ds(i * BLOCK_Q, BLOCK_Q)
     # The causal skip: blocks from n_blocks on lie above the diagonal.
     n_blocks = jax.lax.div((i + 1) * BLOCK_Q - 1, block_k) + 1
 
     def fetch(j, slot):  # start block j's copies into `slot`; they signal its barriers
-        keys = (b, h, pl.ds(j * block_k, block_k))
-        plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_landed.at[slot])
-        plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_landed.at[slot])
+        keys = pl.ds(j * block_k, block_k)
+        plgpu.copy_gmem_to_smem(k_ref.at[b, h, :, keys], k_smem.at[slot], k_landed.at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[b, h, keys], v_smem.at[slot], v_landed.at[slot])
 
     plgpu.copy_gmem_to_smem(q_ref.at[b, h, rows], q_smem, q_landed)
     fetch(0, 0)
@@ -90,31 +89,38 @@ def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, block_k):
         plgpu.barrier_wait(k_landed.at[slot])
 
         def scores(s_acc):
-            plgpu.wgmma(s_acc, q_smem, transposed(k_smem.at[slot]))
+            plgpu.wgmma(s_acc, q_smem, k_smem.at[slot])
             return s_acc[...]  # reading the accumulator waits for the wgmma
 
         s = pl.run_scoped(scores, plgpu.ACC((BLOCK_Q, block_k), jnp.float32))
-        q_pos = plgpu.broadcasted_iota(jnp.int32, s.shape, 0, layout=plgpu.Layout.WGMMA)
-        k_pos = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
+        q_pos = laid_out(jax.lax.broadcasted_iota(jnp.int32, s.shape, 0), WGMMA)
+        k_pos = laid_out(jax.lax.broadcasted_iota(jnp.int32, s.shape, 1), WGMMA)
         s = jnp.where(k_pos + j * block_k <= q_pos + i * BLOCK_Q, s * D**-0.5, -jnp.inf)
         # Row sums of the accumulator's layout: each row spread over 4 threads.
         m_new = jnp.maximum(m, s.max(axis=1))
         p = jnp.exp(s - jax.lax.broadcast_in_dim(m_new, s.shape, [0]))
         rescale = jnp.exp(m - m_new)  # 0 on the first block (m = -inf); key 0 is in every row
         total = total * rescale + p.sum(axis=1)
-        acc = acc * jax.lax.broadcast_in_dim(rescale, acc.shape, [0])
-
+        # p in bf16 through shared memory: JAX 0.12's interpreter takes wgmma's A only
+        # from there ("Expected shape (6,) but got (64, 64)" from registers), though
+        # the chip can multiply it from registers, as JAX's FlashAttention-3 does.
+        p_smem[...] = p.astype(jnp.bfloat16)
+        plgpu.commit_smem()  # make the threads' stores visible to the tensor cores
         plgpu.barrier_wait(v_landed.at[slot])
 
-        def add_pv(acc_ref):
-            plgpu.wgmma(acc_ref, p.astype(jnp.bfloat16), v_smem.at[slot])
+        def values(pv_acc):
+            plgpu.wgmma(pv_acc, p_smem, v_smem.at[slot])
+            return pv_acc[...]
 
-        acc = pl.run_state(add_pv)(plgpu.ACC.init(acc))
+        pv = pl.run_scoped(values, plgpu.ACC((BLOCK_Q, D), jnp.float32))
+        acc = acc * jax.lax.broadcast_in_dim(rescale, acc.shape, [0]) + pv
         return m_new, total, acc
 
-    m = plgpu.layout_cast(jnp.full((BLOCK_Q,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-    total = plgpu.layout_cast(jnp.zeros((BLOCK_Q,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-    acc = plgpu.layout_cast(jnp.zeros((BLOCK_Q, D), jnp.float32), plgpu.Layout.WGMMA)
+    # The loop's carries in the accumulator's register layout: a row's numbers
+    # stay in the threads that hold its scores.
+    m = laid_out(jnp.full((BLOCK_Q,), -jnp.inf, jnp.float32), WGMMA.reduce(1))
+    total = laid_out(jnp.zeros((BLOCK_Q,), jnp.float32), WGMMA.reduce(1))
+    acc = laid_out(jnp.zeros((BLOCK_Q, D), jnp.float32), WGMMA)
     m, total, acc = jax.lax.fori_loop(0, n_blocks, visit, (m, total, acc))
 
     # out and lse leave through shared memory (q's tile, no longer needed) by TMA.
@@ -126,12 +132,29 @@ def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, block_k):
     plgpu.wait_smem_to_gmem(0)
 
 
+def interpreter():
+    """Mosaic GPU's interpreter: runs a kernel on a CPU, simulating shared memory,
+    TMA, barriers and wgmma. Public in JAX 0.12, private in 0.10."""
+    try:
+        return plgpu.InterpretGPUParams()
+    except AttributeError:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+        return InterpretGPUParams()
+
+
 def mosaic_forward(q, k, v, block_k=128, interpret=None):
     """The kernel over a grid of (B, H, S / 64). q, k, v bf16 [B, H, S, D], S a
     multiple of block_k -> (out [B, H, S, D], lse float32 [B, H, S, 1]).
     interpret: None to compile for the GPU, or the interpreter's params."""
     B, H, S, D = q.shape
-    check_shapes(S, D, q.dtype, block_k)
+    check_shapes(D, q.dtype, BLOCK_Q, block_k)
+    assert S % block_k == 0, (S, block_k)  # flash.flash_attention pads S
+    # k stored [B, H, D, S] (as the decode cache keeps it): each block's k^T is then
+    # a plain TMA box that wgmma reads as is. (A transposed view of a [block_k, D]
+    # tile, as JAX's kernels use, compiles too, but JAX 0.10's interpreter fails on
+    # it: "'TransposeTransform' object has no attribute 'indices'".)
+    k_t = jnp.swapaxes(k, 2, 3)
     # wgmma reads shared memory in 8 x 64 tiles, each 128-byte row swizzled
     # so that the 8 rows of a tile sit in different banks.
     layout = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -140,15 +163,16 @@ def mosaic_forward(q, k, v, block_k=128, interpret=None):
         return plgpu.SMEM(shape, jnp.bfloat16, transforms=layout)
 
     out, lse = plgpu.kernel(
-        functools.partial(forward_kernel, block_k=block_k),
+        functools.partial(forward_kernel, block_k=block_k, interpreted=interpret is not None),
         out_type=(
             jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct((B, H, S), jnp.float32),
         ),
         scratch_types=(
             smem(BLOCK_Q, D),
+            smem(SLOTS, D, block_k),
             smem(SLOTS, block_k, D),
-            smem(SLOTS, block_k, D),
+            smem(BLOCK_Q, block_k),
             plgpu.SMEM((BLOCK_Q,), jnp.float32),
             plgpu.Barrier(),
             plgpu.Barrier(num_barriers=SLOTS),
@@ -157,5 +181,5 @@ def mosaic_forward(q, k, v, block_k=128, interpret=None):
         grid=(B, H, S // BLOCK_Q),
         grid_names=("b", "h", "i"),
         interpret=interpret,
-    )(q, k, v)
+    )(q, k_t, v)
     return out, lse[..., None]
