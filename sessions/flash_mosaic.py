@@ -53,7 +53,7 @@ def check_shapes(D, dtype, block_q, block_k):
         raise UsageError(f"{name} takes key blocks of 64 and 128, not {block_k}")
 
 
-def forward_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, block_k, interpreted):
+def mosaic_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *scratch, block_k, interpreted):
     """One (batch, head, query tile). The refs are the whole arrays in global
     memory; scratch is shared memory and the barriers its copies signal."""
     q_smem, k_smem, v_smem, p_smem, lse_smem, q_landed, k_landed, v_landed = scratch
@@ -163,7 +163,7 @@ def mosaic_forward(q, k, v, block_k=128, interpret=None):
         return plgpu.SMEM(shape, jnp.bfloat16, transforms=layout)
 
     out, lse = plgpu.kernel(
-        functools.partial(forward_kernel, block_k=block_k, interpreted=interpret is not None),
+        functools.partial(mosaic_kernel, block_k=block_k, interpreted=interpret is not None),
         out_type=(
             jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct((B, H, S), jnp.float32),

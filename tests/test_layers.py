@@ -60,6 +60,7 @@ CONCEPTS = {
     ),
     "sampling text": "sample.py",
     "our flash-attention kernel in Pallas": "flash.py",
+    "its forward in Mosaic GPU, for Hopper and later": "flash_mosaic.py",
     "FSDP's collectives by hand": "manual_fsdp.py",
     "a collective matmul": "collective_matmul.py",
     "checking against a float32 reference on any chip": "precision.py",
