@@ -112,6 +112,13 @@ def test_what_it_does_not_take_is_refused_in_one_line(D, dtype, kwargs, message)
         flash_attention(q, q, q, impl="mosaic", **kwargs)
 
 
+def test_an_impl_flash_does_not_have_is_refused_in_one_line():
+    q = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
+    message = "^flash attention's impl is one of pallas, mosaic, mosaic-interpreted, not triton$"
+    with pytest.raises(UsageError, match=message):
+        flash_attention(q, q, q, impl="triton")
+
+
 def compiled(target, B=1, S=256, H=2, D=128):
     from sessions.plan.programs import devices_for
 
