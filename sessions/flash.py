@@ -60,7 +60,7 @@ from sessions.errors import UsageError
 HEAD_DIMS = (64, 128)  # what the kernel takes: one TPU lane row (128) or half of one
 MAX_TILE = 128  # queries x keys per tile: 128 fills a TPU's MXU and suits an H100's SM
 MIN_TILE = 16  # Triton's smallest matmul side
-IMPLS = ("pallas", "mosaic", "mosaic-interpreted")
+IMPLS = ("pallas", "mosaic", "mosaic-interpreted")  # ours on every chip; the Hopper forward
 MASKED = -1e30  # a large negative score, not -inf: exp() of it is 0, never NaN
 
 
@@ -266,8 +266,8 @@ def flash_attention(q, k, v, *, block_q=None, block_k=None, impl="pallas"):
     GPU forward for sm_90 and later; "mosaic-interpreted", that in Mosaic GPU's
     interpreter on a CPU. Tiles default to `default_tiles(S)` (Mosaic GPU: 64 x
     128, or 64 x 64 for S up to 64). Any S: the sequence is padded with zeros up
-    to a multiple of both tiles. The causal mask alone keeps the padding out of every real
-    row, as padded keys come after every real query."""
+    to a multiple of both tiles. The causal mask alone keeps the padding out of
+    every real row, as padded keys come after every real query."""
     S, D = q.shape[1], q.shape[3]
     if impl not in IMPLS:
         raise UsageError(f"flash attention's impl is one of {', '.join(IMPLS)}, not {impl}")
