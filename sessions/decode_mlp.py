@@ -1,0 +1,233 @@
+"""The MLP half of a decode layer as one Mosaic GPU kernel: residual, norm, MLP.
+
+Decode is a chain of matrix-vector products. Each new token is one row x [E]
+(B rows at batch B), and every weight of the model is read once per token to
+multiply it: w_in [F, E] @ x^T, then w_out [E, F] @ h^T. A matrix of F·E numbers
+read for 2·B·F·E FLOPs: at B ≤ 8 that is at most 8 FLOPs a bf16 weight, where an
+H100 needs about 300 (989 TFLOP/s over 3.35 TB/s, its datasheet) to be busy. So
+the time is the bytes of the weights over the memory's bandwidth, or, where the
+weights are small, the launches: XLA runs a decode layer as a dozen kernels
+(norms, converts, multiply-and-reduce fusions; 163 a GPT-2 token, measured on an
+H100), at about 2.4 us each, against about 6 us for the layer's 9.4 MB of bf16
+weights at the roof. This kernel is the layer's MLP half in one launch:
+
+    x_now   = x + the pending partial sums           (float32, rounded to bf16)
+    h       = relu(w_in @ rms_norm(x_now)^T)          (or silu(w_gate @ n^T) * (w_in @ n^T))
+    partial = w_out @ h^T                             (float32, one per CTA)
+
+The tokens sit in wgmma's N. Hopper's tensor-core instruction, wgmma, multiplies
+an [M, K] matrix from shared memory (SMEM) by a [K, N] one, M = 64 rows a
+warpgroup, N any multiple of 8. A decode weight is stored [out, in]
+(sessions/decode_layout.py): a 64-row slice of it is the A operand as it stands.
+The tokens, padded to 8 rows, are [8, E] in SMEM, K-major: their transpose is B,
+with N = 8. So y^T [64 outputs, 8 tokens] = W[64, E] @ x^T, and the batch costs
+nothing up to 8 tokens (it would waste 56 of 64 rows in M).
+
+The weights stream through SMEM by TMA. Each CTA owns one block of 64 rows of
+w_in (and w_gate) and the matching 64 columns of w_out, read as 64 x 64 tiles
+(8 KB of bf16) in one sequence: E/64 tiles of w_in (interleaved with w_gate's),
+then E/64 of w_out. A ring of SLOTS buffers, each with its barrier, keeps SLOTS
+tiles in flight: the copy engine (TMA) fills slot t+SLOTS while the tensor cores
+use slot t; the first copies are issued before the norm, which then costs no
+time of its own. The first product accumulates over the E/64 tiles into h^T [64,
+8] (float32, in registers); relu, rounded to bf16 as XLA rounds it, it becomes
+the second product's B; each w_out tile gives 64 of the E outputs.
+
+Pending partials. F/64 CTAs each sum their slice of w_out's contraction, so the
+layer's output is a sum of F/64 partials [B, E] (float32). Summing them would
+take a grid-wide barrier or another launch; instead each CTA writes its own, and
+the next kernel adds them to x as it starts (x_now above). Every CTA computes
+x_now itself (B·E numbers, from L2) and CTA 0 writes it out. The residual is
+rounded to bf16 once, after the whole sum: XLA rounds the MLP's output to bf16
+and then the sum, so the two differ by at most one bf16 step of x.
+
+Limits: E and F multiples of 64 (the wgmma tile), E ≤ 2048 (the tokens, normed
+tokens and one [8, E] float32 buffer all sit in SMEM), batch ≤ 8, bfloat16. The
+interpreter reads a transposed wgmma operand from JAX 0.12 on; JAX 0.10's
+interpreter does not (the compiled kernel works on both).
+"""
+
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from sessions import mosaic
+
+TILE = 64  # wgmma's M, the rows of a weight a warpgroup multiplies; also each tile's K
+ROWS = 8  # the tokens padded to wgmma's smallest N
+SLOTS = 4  # weight tiles in flight per CTA (8 KB each)
+EPS = 1e-6  # model.rms_norm's
+MAX_EMBED = 2048
+
+WT = plgpu.Layout.WGMMA_TRANSPOSED  # [E, 8] in registers, read from an [8, E] buffer's transpose
+
+
+def swizzled(dtype):
+    """The SMEM layout wgmma reads: 8-row tiles of 128 bytes, swizzled (no bank conflicts)."""
+    elems = 128 // jnp.dtype(dtype).itemsize
+    return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))
+
+
+def load_t(ref, layout=WT):
+    """ref's contents in registers, in `layout` (JAX 0.10's plgpu.load takes an index)."""
+    if "idx" in inspect.signature(plgpu.load).parameters:
+        return plgpu.load(ref, (), layout=layout, optimized=False)
+    return plgpu.load(ref, layout=layout, optimized=False)
+
+
+def chunk(E):
+    """How many of E one TMA copy moves: at most 256 along a dimension."""
+    return next(c for c in (256, 128, TILE) if E % c == 0)
+
+
+def copy_rows_in(src, dst, barrier):
+    """src [B, E] in GMEM -> the first B rows of dst [E/C, 8, C] in SMEM, one copy
+    per C columns (each C x 8 block contiguous, as TMA needs); barrier counts E/C."""
+    n, C = dst.shape[0], dst.shape[-1]
+    for i in range(n):
+        rows = (pl.ds(0, src.shape[0]),) if src.ndim == 2 else ()
+        plgpu.copy_gmem_to_smem(src.at[..., pl.ds(i * C, C)], dst.at[(i, *rows)], barrier)
+
+
+def copy_rows_out(src, dst):
+    """The first B rows of src [E/C, 8, C] in SMEM -> dst [B, E] in GMEM."""
+    n, C = src.shape[0], src.shape[-1]
+    for i in range(n):
+        plgpu.copy_smem_to_gmem(src.at[i, pl.ds(0, dst.shape[0])], dst.at[:, pl.ds(i * C, C)])
+
+
+def tile_sources(w_in, w_gate, w_out, f):
+    """The weight tiles CTA f reads, in order: for each 64 columns of E, w_in's
+    [64 rows of f's block, 64] (then w_gate's); then w_out's [64 rows, f's 64 columns]."""
+    rows, n_e = pl.ds(f * TILE, TILE), w_in.shape[1] // TILE
+    inputs = [w_in] if w_gate is None else [w_in, w_gate]
+    first = [w.at[rows, pl.ds(k * TILE, TILE)] for k in range(n_e) for w in inputs]
+    return first + [w_out.at[pl.ds(j * TILE, TILE), rows] for j in range(n_e)]
+
+
+def mlp_body(*refs, gated):
+    """One CTA: the residual sum, the norm, and its F-block's share of the MLP."""
+    x_in, pending_in, scale_in, w_in, *refs = refs
+    w_gate = refs.pop(0) if gated else None
+    w_out, x_out, pending_out, x_s, p_s, scale_s, n_s, h_s, ring, ring_bars, bars = refs
+    E, P = x_in.shape[1], pending_in.shape[0]
+    f = jax.lax.axis_index("f")
+    tiles = tile_sources(w_in, w_gate, w_out, f)
+
+    def fetch(t):  # tile t into its slot; its barrier says when it has landed
+        plgpu.copy_gmem_to_smem(tiles[t], ring.at[t % SLOTS], ring_bars.at[t % SLOTS])
+
+    for t in range(min(SLOTS, len(tiles))):
+        fetch(t)
+    copy_rows_in(x_in, x_s, bars.at[0])
+    copy_rows_in(scale_in, scale_s, bars.at[1])
+    plgpu.barrier_wait(bars.at[0])
+    # Rows B..7 of the buffers hold whatever SMEM held: each column of a wgmma's
+    # result reads one token alone, so they never reach the B real ones.
+    n_c = x_s.shape[0]
+    x_t = [load_t(x_s.at[i].T).astype(jnp.float32) for i in range(n_c)]  # [C, 8] each
+    for p in range(P):  # the pending partials, in order, in float32
+        copy_rows_in(pending_in.at[p], p_s, bars.at[2])
+        plgpu.barrier_wait(bars.at[2])
+        x_t = [x_t[i] + load_t(p_s.at[i].T) for i in range(n_c)]
+    x_now = [x.astype(x_in.dtype) for x in x_t]
+    for i in range(n_c):
+        x_s.at[i].T[...] = x_now[i]
+    plgpu.commit_smem()
+
+    @pl.when(f == 0)
+    def _():
+        copy_rows_out(x_s, x_out)
+
+    # rms_norm as model.rms_norm computes it: float32, x * rsqrt(mean(x²) + eps) * scale.
+    x32 = [x.astype(jnp.float32) for x in x_now]
+    ms = sum(jnp.sum(x * x, axis=0) for x in x32) / E  # [8], one per token
+    C = x_s.shape[-1]
+    plgpu.barrier_wait(bars.at[1])
+
+    def across(v, dim):  # v broadcast to [C, 8] along the other dim
+        return plgpu.layout_cast(jax.lax.broadcast_in_dim(v, (C, ROWS), (dim,)), WT)
+
+    r = across(jax.lax.rsqrt(ms + EPS), 1)
+    for i in range(n_c):
+        scale = across(load_t(scale_s.at[i], WT.reduce(1)).astype(jnp.float32), 0)
+        n_s.at[:, pl.ds(i * C, C)].T[...] = (x32[i] * r * scale).astype(n_s.dtype)
+    plgpu.commit_smem()
+
+    def step(t, acc, b_operand):  # wait for tile t, multiply it in, refill its slot
+        plgpu.barrier_wait(ring_bars.at[t % SLOTS])
+        plgpu.wgmma(acc, ring.at[t % SLOTS], b_operand)
+        plgpu.wgmma_wait(0)  # the slot is read: it may be refilled
+        if t + SLOTS < len(tiles):
+            fetch(t + SLOTS)
+
+    per_k = 2 if gated else 1
+    n_e = E // TILE
+
+    def first_product(h_acc, g_acc):  # h^T [64, 8] = w_in[f's block] @ normed^T
+        for k in range(n_e):
+            b = n_s.at[:, pl.ds(k * TILE, TILE)].T
+            step(per_k * k, h_acc, b)
+            if gated:
+                step(per_k * k + 1, g_acc, b)
+        h = h_acc[...].astype(x_in.dtype).astype(jnp.float32)  # rounded as XLA's dense
+        if gated:
+            g = g_acc[...].astype(x_in.dtype).astype(jnp.float32)
+            return (g * jax.nn.sigmoid(g) * h).astype(x_in.dtype)
+        return jnp.maximum(h, 0.0).astype(x_in.dtype)
+
+    acc = plgpu.ACC((TILE, ROWS), jnp.float32)
+    h = pl.run_scoped(first_product, acc, acc if gated else None)
+    h_s.T[...] = plgpu.layout_cast(h, WT)
+    plgpu.commit_smem()
+
+    for j in range(n_e):  # out^T [64, 8] for each 64 of E = w_out tile @ h^T
+
+        def second_product(acc, j=j):
+            step(per_k * n_e + j, acc, h_s.T)
+            return acc[...]
+
+        out = pl.run_scoped(second_product, plgpu.ACC((TILE, ROWS), jnp.float32))
+        block = p_s.at[j * TILE // C, :, pl.ds(j * TILE % C, TILE)]
+        block.T[...] = plgpu.layout_cast(out, WT)
+    plgpu.commit_smem()
+    copy_rows_out(p_s, pending_out.at[f])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def mlp_layer(layer, x, pending, cfg, *, interpret):
+    """x [B, E] (cfg.dtype) and pending [P, B, E] float32 -> (x_now [B, E], the
+    layer's output as F/64 partials [F/64, B, E] float32), for a layer in the
+    decode layout (w_in, w_gate [F, E], w_out [E, F], mlp_norm [E])."""
+    B, E = x.shape
+    F = layer["w_in"].shape[0]
+    gated, C = cfg.gated, chunk(E)
+    n_tiles = (3 if gated else 2) * (E // TILE)
+    dt = x.dtype
+    scratch = [
+        plgpu.SMEM((E // C, ROWS, C), dt),  # the tokens, then x_now
+        plgpu.SMEM((E // C, ROWS, C), jnp.float32),  # one pending partial, then this CTA's
+        plgpu.SMEM((E // C, C), dt),  # the norm's scale
+        plgpu.SMEM((ROWS, E), dt, transforms=swizzled(dt)),  # normed tokens: wgmma's B
+        plgpu.SMEM((ROWS, TILE), dt, transforms=swizzled(dt)),  # h: the second B
+        plgpu.SMEM((min(SLOTS, n_tiles), TILE, TILE), dt, transforms=swizzled(dt)),
+        plgpu.Barrier(num_arrivals=1, num_barriers=min(SLOTS, n_tiles)),
+        plgpu.Barrier(num_arrivals=E // C, num_barriers=3),
+    ]
+    run = mosaic.kernel(
+        functools.partial(mlp_body, gated=gated),
+        interpret=interpret,
+        out_type=(
+            jax.ShapeDtypeStruct((B, E), dt),
+            jax.ShapeDtypeStruct((F // TILE, B, E), jnp.float32),
+        ),
+        scratch_types=scratch,
+        grid=(F // TILE,),
+        grid_names=("f",),
+    )
+    w_gate = [layer["w_gate"]] if gated else []  # plgpu.kernel takes arrays only
+    return run(x, pending, layer["mlp_norm"].astype(dt), layer["w_in"], *w_gate, layer["w_out"])
