@@ -199,6 +199,20 @@ def mlp_body(*refs, gated):
     plgpu.wait_smem_to_gmem(0)
 
 
+def unsupported(cfg, batch):
+    """Why this kernel cannot run cfg at `batch`, in one line; None if it can."""
+    E, F = cfg.embed, cfg.ff
+    if cfg.dtype != "bfloat16":
+        return "--decode-impl pallas runs bfloat16: add --dtype bfloat16"
+    if batch > ROWS:
+        return f"--decode-impl pallas runs batches up to {ROWS}, not {batch}"
+    if E % TILE or F % TILE:
+        return f"--decode-impl pallas needs embed and ff multiples of {TILE}, not {E} and {F}"
+    if E > MAX_EMBED:
+        return f"--decode-impl pallas holds the tokens in SMEM: embed up to {MAX_EMBED}, not {E}"
+    return None
+
+
 def mlp_layer(layer, x, pending, cfg, *, interpret):
     """x [B, E] (cfg.dtype) and pending [P, B, E] float32 -> (x_now [B, E], the
     layer's output as F/64 partials [F/64, B, E] float32), for a layer in the
