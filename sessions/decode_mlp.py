@@ -62,6 +62,7 @@ ROWS = 8  # the tokens padded to wgmma's smallest N
 SLOTS = 4  # weight tiles in flight per CTA (8 KB each)
 EPS = 1e-6  # model.rms_norm's
 MAX_EMBED = 2048
+SMEM_BUDGET = 200 * 1024  # bytes of SMEM we plan on; an H100 gives a CTA up to 227 KB
 
 WT = plgpu.Layout.WGMMA_TRANSPOSED  # [E, 8] in registers, read from an [8, E] buffer's transpose
 
@@ -113,7 +114,7 @@ def mlp_body(*refs, gated):
     """One CTA: the residual sum, the norm, and its F-block's share of the MLP."""
     x_in, pending_in, scale_in, w_in, *refs = refs
     w_gate = refs.pop(0) if gated else None
-    w_out, x_out, pending_out, x_s, p_s, scale_s, n_s, h_s, ring, ring_bars, bars = refs
+    w_out, x_out, pending_out, x_s, p_s, scale_s, n_s, h_s, ring, ring_bars, bars, p_bars = refs
     E, P = x_in.shape[1], pending_in.shape[0]
     f = jax.lax.axis_index("f")
     tiles = tile_sources(w_in, w_gate, w_out, f)
@@ -125,15 +126,23 @@ def mlp_body(*refs, gated):
         fetch(t)
     copy_rows_in(x_in, x_s, bars.at[0])
     copy_rows_in(scale_in, scale_s, bars.at[1])
+    depth = p_s.shape[0]  # pending partials in flight
+
+    def fetch_pending(p):
+        copy_rows_in(pending_in.at[p], p_s.at[p % depth], p_bars.at[p % depth])
+
+    for p in range(min(depth, P)):
+        fetch_pending(p)
     plgpu.barrier_wait(bars.at[0])
     # Rows B..7 of the buffers hold whatever SMEM held: each column of a wgmma's
     # result reads one token alone, so they never reach the B real ones.
     n_c = x_s.shape[0]
     x_t = [load_t(x_s.at[i].T).astype(jnp.float32) for i in range(n_c)]  # [C, 8] each
     for p in range(P):  # the pending partials, in order, in float32
-        copy_rows_in(pending_in.at[p], p_s, bars.at[2])
-        plgpu.barrier_wait(bars.at[2])
-        x_t = [x_t[i] + load_t(p_s.at[i].T) for i in range(n_c)]
+        plgpu.barrier_wait(p_bars.at[p % depth])
+        x_t = [x_t[i] + load_t(p_s.at[p % depth, i].T) for i in range(n_c)]
+        if p + depth < P:  # the slot is in registers: refill it
+            fetch_pending(p + depth)
     x_now = [x.astype(x_in.dtype) for x in x_t]
     for i in range(n_c):
         x_s.at[i].T[...] = x_now[i]
@@ -192,10 +201,10 @@ def mlp_body(*refs, gated):
             return acc[...]
 
         out = pl.run_scoped(second_product, plgpu.ACC((TILE, ROWS), jnp.float32))
-        block = p_s.at[j * TILE // C, :, pl.ds(j * TILE % C, TILE)]
+        block = p_s.at[0, j * TILE // C, :, pl.ds(j * TILE % C, TILE)]
         block.T[...] = plgpu.layout_cast(out, WT)
     plgpu.commit_smem()
-    copy_rows_out(p_s, pending_out.at[f])
+    copy_rows_out(p_s.at[0], pending_out.at[f])
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -220,17 +229,21 @@ def mlp_layer(layer, x, pending, cfg, *, interpret):
     B, E = x.shape
     F = layer["w_in"].shape[0]
     gated, C = cfg.gated, chunk(E)
+    # Up to SLOTS pending partials in flight, as SMEM holds beside the rest (8 rows of
+    # float32 each; the rest is 34·E bytes of tokens and scale, 33 KB of tiles and h).
+    depth = max(1, min(pending.shape[0], SLOTS, (SMEM_BUDGET - 34 * E - 33 * 1024) // (32 * E)))
     n_tiles = (3 if gated else 2) * (E // TILE)
     dt = x.dtype
     scratch = [
         plgpu.SMEM((E // C, ROWS, C), dt),  # the tokens, then x_now
-        plgpu.SMEM((E // C, ROWS, C), jnp.float32),  # one pending partial, then this CTA's
+        plgpu.SMEM((depth, E // C, ROWS, C), jnp.float32),  # pending partials, then ours
         plgpu.SMEM((E // C, C), dt),  # the norm's scale
         plgpu.SMEM((ROWS, E), dt, transforms=swizzled(dt)),  # normed tokens: wgmma's B
         plgpu.SMEM((ROWS, TILE), dt, transforms=swizzled(dt)),  # h: the second B
         plgpu.SMEM((min(SLOTS, n_tiles), TILE, TILE), dt, transforms=swizzled(dt)),
         plgpu.Barrier(num_arrivals=1, num_barriers=min(SLOTS, n_tiles)),
-        plgpu.Barrier(num_arrivals=E // C, num_barriers=3),
+        plgpu.Barrier(num_arrivals=E // C, num_barriers=2),
+        plgpu.Barrier(num_arrivals=E // C, num_barriers=depth),
     ]
     run = mosaic.kernel(
         functools.partial(mlp_body, gated=gated),
