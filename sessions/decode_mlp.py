@@ -141,7 +141,8 @@ def mlp_body(*refs, gated):
     for p in range(P):  # the pending partials, in order, in float32
         plgpu.barrier_wait(p_bars.at[p % depth])
         x_t = [x_t[i] + load_t(p_s.at[p % depth, i].T) for i in range(n_c)]
-        if p + depth < P:  # the slot is in registers: refill it
+        if p + depth < P:  # refill the slot once every thread has read it
+            plgpu.commit_smem()  # a warpgroup barrier (and a fence) before the TMA
             fetch_pending(p + depth)
     x_now = [x.astype(x_in.dtype) for x in x_t]
     for i in range(n_c):

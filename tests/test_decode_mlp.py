@@ -3,6 +3,7 @@ interpreter against XLA's decode path and a float64 reference, and compiled for
 an H100 this machine lacks."""
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from sessions import mosaic
 from sessions.config import ModelConfig
 from sessions.decode_layout import dense_out_in
 from sessions.decode_mlp import mlp_layer, unsupported
@@ -76,7 +78,11 @@ SHAPES = [
 
 @interpreted
 @pytest.mark.parametrize("B, E, F, gated, P", SHAPES)
-def test_the_kernel_equals_xla_and_a_float64_reference(B, E, F, gated, P):
+def test_the_kernel_equals_xla_and_a_float64_reference(B, E, F, gated, P, monkeypatch):
+    # The interpreter also watches every SMEM access, TMA's included, for a race: a
+    # slot refilled before every thread has read it raises (and fails the test).
+    races = functools.partial(plgpu.InterpretGPUParams, detect_races=True)
+    monkeypatch.setattr(mosaic, "interpret_params", races)
     cfg = config(E, F, gated)
     layer, x, pending = layer_and_inputs(cfg, B, P)
     x_now, partials = mlp_layer(layer, x, pending, cfg, interpret=True)
