@@ -1,50 +1,54 @@
 """The MLP half of a decode layer as one Mosaic GPU kernel: residual, norm, MLP.
 
 Decode is a chain of matrix-vector products. Each new token is one row x [E]
-(B rows at batch B), and every weight of the model is read once per token to
-multiply it: w_in [F, E] @ x^T, then w_out [E, F] @ h^T. A matrix of F·E numbers
-read for 2·B·F·E FLOPs: at B ≤ 8 that is at most 8 FLOPs a bf16 weight, where an
-H100 needs about 300 (989 TFLOP/s over 3.35 TB/s, its datasheet) to be busy. So
-the time is the bytes of the weights over the memory's bandwidth, or, where the
-weights are small, the launches: XLA runs a decode layer as a dozen kernels
-(norms, converts, multiply-and-reduce fusions; 163 a GPT-2 token, measured on an
-H100), at about 2.4 us each, against about 6 us for the layer's 9.4 MB of bf16
-weights at the roof. This kernel is the layer's MLP half in one launch:
+(B rows at batch B), and every weight is read once a token to multiply it:
+w_in [F, E] @ x^T, then w_out [E, F] @ h^T. That is 2·B FLOPs for each bf16
+weight of 2 bytes, B FLOPs a byte, at most 8 here, where an H100 does about 295
+FLOPs in the time it reads a byte (989 TFLOP/s of bf16 over 3.35 TB/s, its
+datasheet). So the time is the weights' bytes over the bandwidth, or, where they
+are small, the launches: XLA runs a decode layer as about 13 kernels (norms,
+converts, multiply-and-reduce fusions; 163 a GPT-2 token, measured on an H100)
+of about 2.4 us each, against 2.8 us for GPT-2's 9.4 MB of MLP weights at the
+roof. This kernel is the layer's MLP half in one launch:
 
     x_now   = x + the pending partial sums           (float32, rounded to bf16)
-    h       = relu(w_in @ rms_norm(x_now)^T)          (or silu(w_gate @ n^T) * (w_in @ n^T))
-    partial = w_out @ h^T                             (float32, one per CTA)
+    n       = rms_norm(x_now) * mlp_norm              (float32, rounded to bf16)
+    h       = relu(w_in @ n^T)                        (or silu(w_gate @ n^T) * (w_in @ n^T))
+    partial = w_out[:, f's 64 columns] @ h^T          (float32, one per CTA f)
 
 The tokens sit in wgmma's N. Hopper's tensor-core instruction, wgmma, multiplies
-an [M, K] matrix from shared memory (SMEM) by a [K, N] one, M = 64 rows a
+an [M, K] matrix in shared memory (SMEM) by a [K, N] one: M = 64 rows a
 warpgroup, N any multiple of 8. A decode weight is stored [out, in]
-(sessions/decode_layout.py): a 64-row slice of it is the A operand as it stands.
+(sessions/decode_layout.py), so 64 of its rows are the A operand as they stand.
 The tokens, padded to 8 rows, are [8, E] in SMEM, K-major: their transpose is B,
-with N = 8. So y^T [64 outputs, 8 tokens] = W[64, E] @ x^T, and the batch costs
-nothing up to 8 tokens (it would waste 56 of 64 rows in M).
+with N = 8. So y^T [64 outputs, 8 tokens] = W[64, E] @ x^T, and up to 8 tokens
+cost no more than one (in M they would fill 8 of 64 rows). The decode layout
+needs no copy of its own: CTA f's tiles of w_out are 64 rows of 128 contiguous
+bytes, a box TMA reads as readily as a contiguous one.
 
-The weights stream through SMEM by TMA. Each CTA owns one block of 64 rows of
-w_in (and w_gate) and the matching 64 columns of w_out, read as 64 x 64 tiles
-(8 KB of bf16) in one sequence: E/64 tiles of w_in (interleaved with w_gate's),
+The weights stream through SMEM by TMA, the copy engine. CTA f owns rows
+64f..64f+63 of w_in (and w_gate) and the same 64 columns of w_out, read as 64 x
+64 tiles (8 KB of bf16) in one sequence: E/64 tiles of w_in (each with w_gate's),
 then E/64 of w_out. A ring of SLOTS buffers, each with its barrier, keeps SLOTS
-tiles in flight: the copy engine (TMA) fills slot t+SLOTS while the tensor cores
-use slot t; the first copies are issued before the norm, which then costs no
-time of its own. The first product accumulates over the E/64 tiles into h^T [64,
-8] (float32, in registers); relu, rounded to bf16 as XLA rounds it, it becomes
-the second product's B; each w_out tile gives 64 of the E outputs.
+tiles in flight: TMA fills slot t+SLOTS while the tensor cores read slot t. The
+first SLOTS copies start before the residual sum and the norm, which overlap
+them. The first product accumulates h^T [64, 8] in registers over E/64 tiles;
+rounded to bf16 as XLA rounds it, through relu, h is the second product's B
+operand; each w_out tile then gives 64 of the E outputs.
 
-Pending partials. F/64 CTAs each sum their slice of w_out's contraction, so the
-layer's output is a sum of F/64 partials [B, E] (float32). Summing them would
-take a grid-wide barrier or another launch; instead each CTA writes its own, and
-the next kernel adds them to x as it starts (x_now above). Every CTA computes
-x_now itself (B·E numbers, from L2) and CTA 0 writes it out. The residual is
-rounded to bf16 once, after the whole sum: XLA rounds the MLP's output to bf16
-and then the sum, so the two differ by at most one bf16 step of x.
+Pending partials. F/64 CTAs each sum their own slice of w_out's contraction, so
+the output is a sum of F/64 partials [B, E] float32. Adding them up would take a
+grid-wide barrier or one more launch; instead each CTA writes its own, and the
+next kernel adds them to x as it starts (x_now above), a few at a time in a ring
+of their own. Every CTA computes x_now itself (B·E numbers, from L2) and CTA 0
+writes it out. x_now is rounded to bf16 once, after the whole sum, where XLA
+rounds the MLP's output to bf16 first: the two differ by about one bf16 step.
 
-Limits: E and F multiples of 64 (the wgmma tile), E ≤ 2048 (the tokens, normed
-tokens and one [8, E] float32 buffer all sit in SMEM), batch ≤ 8, bfloat16. The
-interpreter reads a transposed wgmma operand from JAX 0.12 on; JAX 0.10's
-interpreter does not (the compiled kernel works on both).
+Limits: E and F multiples of 64 (the tile), E ≤ 2048 (the tokens, the normed
+tokens and [8, E] float32 partials sit in SMEM), batch ≤ 8, bfloat16 (see
+unsupported). Mosaic GPU's interpreter runs it from JAX 0.12 on; JAX 0.10's
+lacks plgpu.load and transposed wgmma operands (the compiled kernel needs neither
+fix: it builds on both).
 """
 
 import functools
@@ -154,8 +158,8 @@ def mlp_body(*refs, gated):
         copy_rows_out(x_s, x_out)
 
     # rms_norm as model.rms_norm computes it: float32, x * rsqrt(mean(x²) + eps) * scale.
-    x32 = [x.astype(jnp.float32) for x in x_now]
-    ms = sum(jnp.sum(x * x, axis=0) for x in x32) / E  # [8], one per token
+    ms = sum(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=0) for x in x_now) / E  # [8]
+    del x_t, x_now  # read again from SMEM below, a chunk at a time: fewer registers
     C = x_s.shape[-1]
     plgpu.barrier_wait(bars.at[1])
 
@@ -165,7 +169,8 @@ def mlp_body(*refs, gated):
     r = across(jax.lax.rsqrt(ms + EPS), 1)
     for i in range(n_c):
         scale = across(load_t(scale_s.at[i], WT.reduce(1)).astype(jnp.float32), 0)
-        n_s.at[:, pl.ds(i * C, C)].T[...] = (x32[i] * r * scale).astype(n_s.dtype)
+        x32 = load_t(x_s.at[i].T).astype(jnp.float32)
+        n_s.at[:, pl.ds(i * C, C)].T[...] = (x32 * r * scale).astype(n_s.dtype)
     plgpu.commit_smem()
 
     def step(t, acc, b_operand):  # wait for tile t, multiply it in, refill its slot

@@ -67,10 +67,11 @@ def bf16_step(a):
 
 
 # Pairwise different sizes, small for the interpreter. E=384 is copied in 3 chunks
-# of 128 (TMA moves at most 256 along a dim); B=8 fills wgmma's N; F=192 is 3 CTAs;
-# P=6 pending partials pass through 4 slots, two of them twice.
+# of 128 (TMA moves at most 256 along a dim); E=64 streams 2 tiles, fewer than the
+# ring's slots; B=8 fills wgmma's N; F=192 is 3 CTAs; P=6 pending partials pass
+# through 4 slots, two of them twice.
 SHAPES = [
-    pytest.param(1, 128, 192, False, 2, id="B1-E128-F192-relu"),
+    pytest.param(1, 64, 192, False, 2, id="B1-E64-F192-relu"),
     pytest.param(3, 256, 128, True, 6, id="B3-E256-F128-gated-P6"),
     pytest.param(8, 384, 128, False, 1, id="B8-E384-F128-relu"),
 ]
