@@ -115,8 +115,9 @@ def test_the_kernel_equals_xla_and_a_float64_reference(B, E, F, gated, P, monkey
     # order, so an h may land one bf16 step (2^-7 of it at most) apart; those
     # differences are independent in sign, so over a contraction of K of them they
     # add up to about sqrt(K) steps of the largest h times the largest |w_out|.
-    # (Their normed tokens may likewise differ by a step; that moves h within the
-    # same bound.) XLA also rounds its output to bf16: half a step of it.
+    # (The normed tokens, from a mean of squares summed in another order, may land
+    # a step apart too, and move h by less than its own step.) XLA also rounds its
+    # output to bf16: half a step of it.
     flip = 2.0**-7 * np.abs(h).max() * np.abs(w_out).max()
     np.testing.assert_allclose(np.asarray(partials), share, rtol=0, atol=math.sqrt(64) * flip)
     sum_atol = bf16_step(np.abs(out).max()) / 2 + math.sqrt(F) * flip
