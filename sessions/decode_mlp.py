@@ -29,9 +29,9 @@ bytes, a box TMA reads as readily as a contiguous one.
 The weights stream through SMEM by TMA, the copy engine. CTA f owns rows
 64f..64f+63 of w_in (and w_gate) and the same 64 columns of w_out, read as 64 x
 64 tiles (8 KB of bf16) in one sequence: E/64 tiles of w_in (each with w_gate's),
-then E/64 of w_out. A ring of SLOTS buffers, each with its barrier, keeps SLOTS
-tiles in flight: TMA fills slot t+SLOTS while the tensor cores read slot t. The
-first SLOTS copies start before the residual sum and the norm, which overlap
+then E/64 of w_out. A ring of S buffers, each with its barrier, keeps S tiles
+in flight: TMA fills slot t+S while the tensor cores read slot t. The first S
+copies start before the residual sum and the norm, which overlap
 them. The first product accumulates h^T [64, 8] in registers over E/64 tiles;
 rounded to bf16 as XLA rounds it, through relu, h is the second product's B
 operand; each w_out tile then gives 64 of the E outputs.
@@ -63,7 +63,11 @@ from sessions import mosaic
 
 TILE = 64  # wgmma's M, the rows of a weight a warpgroup multiplies; also each tile's K
 ROWS = 8  # the tokens padded to wgmma's smallest N
-SLOTS = 4  # weight tiles in flight per CTA (8 KB each)
+# Weight tiles in flight per CTA, 8 KB each. By Little's law a CTA pulls its bytes in
+# flight per round trip to HBM (about a microsecond): GPT-2's 48 CTAs need about 70
+# GB/s each for 3.35 TB/s, some 64 KB in flight. 8 where SMEM holds them; untuned.
+SLOTS = 8
+PENDING_SLOTS = 4  # pending partials in flight
 EPS = 1e-6  # model.rms_norm's
 MAX_EMBED = 2048
 SMEM_BUDGET = 200 * 1024  # bytes of SMEM we plan on; an H100 gives a CTA up to 227 KB
@@ -122,11 +126,12 @@ def mlp_body(*refs, gated):
     E, P = x_in.shape[1], pending_in.shape[0]
     f = jax.lax.axis_index("f")
     tiles = tile_sources(w_in, w_gate, w_out, f)
+    S = ring.shape[0]  # weight tiles in flight
 
     def fetch(t):  # tile t into its slot; its barrier says when it has landed
-        plgpu.copy_gmem_to_smem(tiles[t], ring.at[t % SLOTS], ring_bars.at[t % SLOTS])
+        plgpu.copy_gmem_to_smem(tiles[t], ring.at[t % S], ring_bars.at[t % S])
 
-    for t in range(min(SLOTS, len(tiles))):
+    for t in range(S):
         fetch(t)
     copy_rows_in(x_in, x_s, bars.at[0])
     copy_rows_in(scale_in, scale_s, bars.at[1])
@@ -174,11 +179,11 @@ def mlp_body(*refs, gated):
     plgpu.commit_smem()
 
     def step(t, acc, b_operand):  # wait for tile t, multiply it in, refill its slot
-        plgpu.barrier_wait(ring_bars.at[t % SLOTS])
-        plgpu.wgmma(acc, ring.at[t % SLOTS], b_operand)
+        plgpu.barrier_wait(ring_bars.at[t % S])
+        plgpu.wgmma(acc, ring.at[t % S], b_operand)
         plgpu.wgmma_wait(0)  # the slot is read: it may be refilled
-        if t + SLOTS < len(tiles):
-            fetch(t + SLOTS)
+        if t + S < len(tiles):
+            fetch(t + S)
 
     per_k = 2 if gated else 1
     n_e = E // TILE
@@ -235,10 +240,13 @@ def mlp_layer(layer, x, pending, cfg, *, interpret):
     B, E = x.shape
     F = layer["w_in"].shape[0]
     gated, C = cfg.gated, chunk(E)
-    # Up to SLOTS pending partials in flight, as SMEM holds beside the rest (8 rows of
-    # float32 each; the rest is 34·E bytes of tokens and scale, 33 KB of tiles and h).
-    depth = max(1, min(pending.shape[0], SLOTS, (SMEM_BUDGET - 34 * E - 33 * 1024) // (32 * E)))
-    n_tiles = (3 if gated else 2) * (E // TILE)
+    # SMEM: 34·E bytes of tokens, normed tokens and scale, 1 KB of h, 32·E bytes a
+    # pending partial (8 rows of float32), 8 KB a weight tile. Pending partials first,
+    # leaving room for 4 tiles; then as many tiles as fit, up to SLOTS.
+    room = SMEM_BUDGET - 34 * E - 1024
+    depth = max(1, min(pending.shape[0], PENDING_SLOTS, (room - 4 * TILE**2 * 2) // (32 * E)))
+    tile_slots = min(SLOTS, (room - depth * 32 * E) // (TILE**2 * 2))
+    S = min(tile_slots, (3 if gated else 2) * (E // TILE))  # no more slots than tiles
     dt = x.dtype
     scratch = [
         plgpu.SMEM((E // C, ROWS, C), dt),  # the tokens, then x_now
@@ -246,8 +254,8 @@ def mlp_layer(layer, x, pending, cfg, *, interpret):
         plgpu.SMEM((E // C, C), dt),  # the norm's scale
         plgpu.SMEM((ROWS, E), dt, transforms=swizzled(dt)),  # normed tokens: wgmma's B
         plgpu.SMEM((ROWS, TILE), dt, transforms=swizzled(dt)),  # h: the second B
-        plgpu.SMEM((min(SLOTS, n_tiles), TILE, TILE), dt, transforms=swizzled(dt)),
-        plgpu.Barrier(num_arrivals=1, num_barriers=min(SLOTS, n_tiles)),
+        plgpu.SMEM((S, TILE, TILE), dt, transforms=swizzled(dt)),  # the weights' ring
+        plgpu.Barrier(num_arrivals=1, num_barriers=S),
         plgpu.Barrier(num_arrivals=E // C, num_barriers=2),
         plgpu.Barrier(num_arrivals=E // C, num_barriers=depth),
     ]
