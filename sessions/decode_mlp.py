@@ -31,8 +31,8 @@ The weights stream through SMEM by TMA, the copy engine. CTA f owns rows
 64 tiles (8 KB of bf16) in one sequence: E/64 tiles of w_in (each with w_gate's),
 then E/64 of w_out. A ring of S buffers, each with its barrier, keeps S tiles
 in flight: TMA fills slot t+S while the tensor cores read slot t. The first S
-copies start before the residual sum and the norm, which overlap
-them. The first product accumulates h^T [64, 8] in registers over E/64 tiles;
+copies start before the residual sum and the norm, which overlap them. The
+first product accumulates h^T [64, 8] in registers over E/64 tiles;
 rounded to bf16 as XLA rounds it, through relu, h is the second product's B
 operand; each w_out tile then gives 64 of the E outputs.
 
@@ -47,8 +47,8 @@ rounds the MLP's output to bf16 first: the two differ by about one bf16 step.
 Limits: E and F multiples of 64 (the tile), E ≤ 2048 (the tokens, the normed
 tokens and [8, E] float32 partials sit in SMEM), batch ≤ 8, bfloat16 (see
 unsupported). Mosaic GPU's interpreter runs it from JAX 0.12 on; JAX 0.10's
-lacks plgpu.load and transposed wgmma operands (the compiled kernel needs neither
-fix: it builds on both).
+lacks plgpu.load and transposed wgmma operands. Compiled for an H100, it builds
+on JAX 0.10 (the chip compilers this course's 3.11 environment has).
 """
 
 import functools
