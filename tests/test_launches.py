@@ -111,9 +111,7 @@ def test_a_token_counts_the_body_the_condition_and_the_command_buffer_inside():
 
 def test_a_program_without_a_loop_is_one_token():
     # The body alone as ENTRY: its five kernels, the command buffer's two among them.
-    one_step = DECODE_HLO.replace("%body (arg", "ENTRY %body (arg").replace(
-        "ENTRY %main", "%main"
-    )
+    one_step = DECODE_HLO.replace("%body (arg", "ENTRY %body (arg").replace("ENTRY %main", "%main")
     found = kernel_launches(one_step)
     assert not found.loop and found.per_token == 5 and found.command_buffers == 1
 
