@@ -26,7 +26,7 @@ The per-launch cost, by chip family (launch_cost), each with its source:
   CPUs         none: XLA's CPU fusions are calls inside one compiled function.
 
 Where no compiled program is at hand (the planner, python -m roofline decode),
-the kernel count is an estimate (kernels_per_token): L x a layer's kernels + the
+the kernel count is an estimate (estimated_kernels): L x a layer's kernels + the
 kernels outside the layers, as read off GPT-2's decode compiled for h100:1 (XLA).
 """
 
@@ -61,7 +61,7 @@ def launch_cost(chip):
     return LaunchCost(None, TPU_WHY if chip.platform == "tpu" else CPU_WHY)
 
 
-def kernels_per_token(layers, per_layer=None, outside=XLA_KERNELS_OUTSIDE):
+def estimated_kernels(layers, per_layer=None, outside=XLA_KERNELS_OUTSIDE):
     """Kernels one decode token launches, by estimate: L x per_layer (None: XLA's,
     as compiled for GPT-2) + the kernels outside the layers."""
     return layers * (XLA_KERNELS_PER_LAYER if per_layer is None else per_layer) + outside

@@ -6,7 +6,7 @@ import pytest
 
 from roofline.chips import CHIPS
 from roofline.decode_cost import DecodeStep, decode_step_cost
-from roofline.launch_bound import kernels_per_token, launch_bound, launch_cost
+from roofline.launch_bound import estimated_kernels, launch_bound, launch_cost
 from roofline.plan.serving import plan_serving, serving_lines
 from sessions.config import PRESETS, PUBLISHED
 
@@ -49,7 +49,7 @@ def test_gpt2_at_batch_1_on_an_h100_is_launch_bound():
     peak = H100.peak("bfloat16")
     s = decode_step_cost(cfg, 1, peak_flops=peak, bandwidth=H100.hbm_bandwidth, dtype="bfloat16")
     assert s.bytes == 208_051_200
-    b = launch_bound(s, kernels_per_token(cfg.layers), launch_cost(H100).seconds)
+    b = launch_bound(s, estimated_kernels(cfg.layers), launch_cost(H100).seconds)
     assert b.kernels == 164 and b.bound == "launches"
     assert b.step_s == pytest.approx(0.39e-3, rel=1e-12)
 
@@ -67,9 +67,9 @@ def test_the_launch_cost_is_sourced_per_chip_family():
 def test_kernels_a_token_by_estimate():
     # XLA's GPT-2 on h100:1: 12 layers x 13 + 8 = 164; two fused kernels a layer: 32;
     # Llama 3 8B's 32 layers: 424.
-    assert kernels_per_token(12) == 164
-    assert kernels_per_token(12, 2) == 32
-    assert kernels_per_token(32) == 424
+    assert estimated_kernels(12) == 164
+    assert estimated_kernels(12, 2) == 32
+    assert estimated_kernels(32) == 424
 
 
 def test_the_planner_names_the_bound_of_each_batch():

@@ -166,7 +166,7 @@ def _trips(module, loop, holder):
     return max(1, runs.get(loop.calls["body"][0], 1) // runs.get(holder.name, 1))
 
 
-def decode_loop(module):
+def token_loop(module):
     """The decode loop: the `while` in ENTRY with the most instructions in its body, or None."""
     loops = [op for op in module.entry.instructions if op.opcode == "while"]
     size = lambda op: len(module.computations[op.calls["body"][0]].instructions)  # noqa: E731
@@ -179,7 +179,7 @@ def kernel_launches(hlo_text_or_module):
     module = hlo_text_or_module
     if isinstance(module, str):
         module = parse(module)
-    loop = decode_loop(module)
+    loop = token_loop(module)
     found, buffers = collections.Counter(), [0]
     if loop is None:
         _count(module, module.entry.name, found, buffers)

@@ -12,7 +12,7 @@ import dataclasses
 
 from roofline.compiled.launches import launch_text
 from roofline.compiled.program import collectives_summary, matmul_dtypes_summary
-from roofline.launch_bound import FUSED_KERNELS_PER_LAYER, kernels_per_token
+from roofline.launch_bound import FUSED_KERNELS_PER_LAYER, estimated_kernels
 from roofline.units import flop, gb, ms
 
 
@@ -118,7 +118,7 @@ def launch_lines(plans, layers, per_launch_s):
     bound = [p for p in plans if p.bound == "launches"]
     if not bound:
         return []
-    p, fused = bound[0], kernels_per_token(layers, FUSED_KERNELS_PER_LAYER)
+    p, fused = bound[0], estimated_kernels(layers, FUSED_KERNELS_PER_LAYER)
     fused_s = fused * per_launch_s
     then = "the bytes would bind" if fused_s <= p.step.memory_s else "still launch-bound"
     return [
@@ -158,7 +158,7 @@ def decode_summary(p):
     fields["collectives"] = collectives_summary(p.collectives)
     fields["per_call"] = collectives_summary(p.per_call)
     fields["kernels"] = sorted(p.kernels)
-    fields["kernels_per_token"] = p.launches.per_token
+    fields["estimated_kernels"] = p.launches.per_token
     fields["kernel_kinds"] = p.launches.kinds  # roofline.compiled.launches.KINDS says each
     fields["command_buffers_per_token"] = p.launches.command_buffers
     fields["kernels_outside_loop"] = p.launches.outside

@@ -38,7 +38,7 @@ from roofline.flops import model_line, param_count
 from roofline.launch_bound import (
     XLA_KERNELS_OUTSIDE,
     XLA_KERNELS_PER_LAYER,
-    kernels_per_token,
+    estimated_kernels,
     launch_bound,
     launch_cost,
 )
@@ -76,7 +76,7 @@ class ServingPlan(NamedTuple):
     max_batch: int  # the most sequences whose caches fit beside the weights
     prompt: int
     ttft: object  # roofline.predict.StepPrediction of prefilling one prompt
-    kernels: int  # kernels a decode token launches (an estimate: launch_bound.kernels_per_token)
+    kernels: int  # kernels a decode token launches (an estimate: launch_bound.estimated_kernels)
     kernels_per_layer: int | None  # as given, or None: XLA's
     per_launch: object  # roofline.launch_bound.LaunchCost of the chip
 
@@ -104,7 +104,7 @@ def plan_serving(
     peak, bandwidth, hbm = chip.peak(dtype), chip.hbm_bandwidth, chips * chip.hbm_bytes
     read = decode_cost.weight_bytes(cfg, weights=weights)
     per_sequence = decode_cost.kv_cache_bytes(cfg, 1, cache=cache)
-    kernels, per_launch = kernels_per_token(cfg.layers, kernels_per_layer), launch_cost(chip)
+    kernels, per_launch = estimated_kernels(cfg.layers, kernels_per_layer), launch_cost(chip)
     rows = []
     for b in batches:
         step = decode_cost.decode_step_cost(
@@ -241,7 +241,7 @@ def serving_summary(plan, **about):
         "weight_bytes_read_per_step": plan.read_weight_bytes,
         "kv_cache_bytes_per_sequence": plan.cache_per_sequence,
         "hbm_bytes": plan.chips * plan.chip.hbm_bytes,
-        "kernels_per_token": plan.kernels,
+        "estimated_kernels": plan.kernels,
         "per_launch_seconds": plan.per_launch.seconds,
         "batches": [
             {
