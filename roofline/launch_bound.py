@@ -16,7 +16,9 @@ The per-launch cost, by chip family (launch_cost), each with its source:
                for h100:1, launches 164 kernels a token (roofline/compiled/launches.py):
                0.39 ms / 164 = 2.38 us. It charges the whole step to its launches (the
                bytes alone take 0.062 ms), so it is what a launch costs in XLA's
-               decode, gaps and all. Other NVIDIA GPUs: carried over from the H100,
+               decode, gaps and all: an upper figure (the course preset's 61 kernels
+               took 0.091 ms a token on that GPU, 1.5 us each, docs/results.md).
+               Other NVIDIA GPUs: carried over from the H100,
                not measured on them. For reference, not the figure: about 1.3 us a
                launch on an H100 even inside CUDA graphs (Hazy Research, "Look Ma, No
                Bubbles!", 2025), the lower figure a tuned runtime reaches.
