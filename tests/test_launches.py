@@ -6,10 +6,11 @@ markers that launch nothing, and a condition that launches one kernel."""
 from roofline.compiled.launches import kernel_launches, kernels_per_token, launch_text
 
 # Per token, by hand: in the body, the command buffer's two fusions (a convert and
-# a multiply-and-reduce of two arrays), a cuBLAS gemm, a Triton fusion and the cache
-# write (a dynamic-update-slice fusion): 5; the condition's compare fusion: 1. The
-# bitcast, the get-tuple-elements, the tuple, the parameter and the Sharding marker
-# launch nothing. Outside the loop: one copy, once per call.
+# a multiply-and-reduce of two arrays), a cuBLAS gemm, a Triton fusion, the cache
+# write (a dynamic-update-slice fusion), an all-reduce (its -start; the -done launches
+# nothing) and the elementwise fusion an async-start runs: 7; the condition's compare
+# fusion: 1. The bitcast, the get-tuple-elements, the tuple, the parameter and the
+# Sharding marker launch nothing. Outside the loop: one copy, once per call.
 DECODE_HLO = """
 HloModule decode, is_scheduled=true
 
@@ -52,6 +53,11 @@ HloModule decode, is_scheduled=true
   ROOT %lt = pred[] compare(%p0, %n), direction=LT
 }
 
+%async_body (p0: f32[8]) -> f32[8] {
+  %p0 = f32[8]{0} parameter(0)
+  ROOT %side = f32[8]{0} fusion(%p0), kind=kLoop, calls=%fused_softmax
+}
+
 %command_buffer (p0: f32[8], p1: f32[8,8]) -> (bf16[8], f32[8]) {
   %p0 = f32[8]{0} parameter(0)
   %p1 = f32[8,8]{1,0} parameter(1)
@@ -72,6 +78,10 @@ HloModule decode, is_scheduled=true
   %gemm = f32[8,8]{1,0} custom-call(%w, %w), custom_call_target="__cublas$gemm"
   %soft = f32[8]{0} fusion(%y), kind=kCustom, calls=%fused_softmax, backend_config={"fusion_backend_config":{"kind":"__triton"}}
   %cache = f32[8,8]{1,0} fusion(%gemm, %row, %i), kind=kLoop, calls=%fused_write
+  %ar = f32[8]{0} all-reduce-start(%y), replica_groups={}, to_apply=%add
+  %ard = f32[8]{0} all-reduce-done(%ar)
+  %as = ((f32[8]{0}), f32[8]{0}, s32[]) async-start(%ard), calls=%async_body
+  %ad = f32[8]{0} async-done(%as)
   ROOT %out = (s32[], f32[8]{0}, f32[8,8]{1,0}) tuple(%i, %soft, %cache)
 }
 
@@ -95,7 +105,7 @@ ENTRY %main (x: f32[8], w: f32[8,8]) -> (s32[], f32[8], f32[8,8]) {
 def test_a_token_counts_the_body_the_condition_and_the_command_buffer_inside():
     found = kernel_launches(DECODE_HLO)
     assert found.loop
-    assert found.per_token == 6
+    assert found.per_token == 8
     assert found.command_buffers == 1
     assert found.outside == 1  # the copy before the loop, once a call
     assert found.kinds == {
@@ -104,20 +114,21 @@ def test_a_token_counts_the_body_the_condition_and_the_command_buffer_inside():
         "cublas": 1,
         "triton": 1,
         "dus": 1,
-        "loop": 1,  # the condition's compare
+        "collective": 1,
+        "loop": 2,  # the async fusion and the condition's compare
     }
-    assert kernels_per_token(DECODE_HLO) == (6, found.kinds)
+    assert kernels_per_token(DECODE_HLO) == (8, found.kinds)
 
 
 def test_a_program_without_a_loop_is_one_token():
-    # The body alone as ENTRY: its five kernels, the command buffer's two among them.
+    # The body alone as ENTRY: its seven kernels, the command buffer's two among them.
     one_step = DECODE_HLO.replace("%body (arg", "ENTRY %body (arg").replace("ENTRY %main", "%main")
     found = kernel_launches(one_step)
-    assert not found.loop and found.per_token == 5 and found.command_buffers == 1
+    assert not found.loop and found.per_token == 7 and found.command_buffers == 1
 
 
 def test_the_line_names_each_kind_most_frequent_first():
     text = launch_text(kernel_launches(DECODE_HLO))
-    assert text.startswith("a token 6 (1 ")
+    assert text.startswith("a token 8 (2 loop fusions")
     for words in ("cuBLAS gemm", "Triton fusion", "multiply-and-reduce", "in 1 command buffer"):
         assert words in text, text

@@ -8,7 +8,8 @@ ones that move no data on the device:
                   the same buffer), after-all, add-dependency, opt-barrier, the -done
                   half of an async pair (its -start is the launch), and custom calls
                   that only mark sharding or layout (program.NOT_KERNELS)
-    its body      while, call (a command buffer among them), conditional: the control
+    its body      while, call (a command buffer among them), conditional (its largest
+                  branch), async-start (what it runs on another stream): the control
                   flow itself launches nothing; the computations it runs do
 
 A fusion is one kernel, whatever it fused; a custom call (cuBLAS, cuDNN, a
@@ -30,12 +31,12 @@ import collections
 from typing import NamedTuple
 
 from roofline.compiled.hlo import parse
-from roofline.compiled.program import KERNELS, NOT_KERNELS
+from roofline.compiled.program import COLLECTIVES, KERNELS, NOT_KERNELS
 
 # Instructions that launch nothing (see the docstring for why).
 ZERO = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all"}
 ZERO |= {"add-dependency", "opt-barrier", "domain"}
-CONTROL = {"while", "call", "conditional"}
+CONTROL = {"while", "call", "conditional", "async-start", "async-update"}
 
 # What each kind of kernel is, in words (the keys are what kernel_kind returns).
 KINDS = {
@@ -91,10 +92,10 @@ def kernel_kind(op, module):
         if target.startswith("__cudnn"):
             return "cudnn"
         return KERNELS.get(target, target)
-    if op.opcode.endswith("-start") or op.opcode.startswith(("all-", "reduce-scatter")):
-        return "collective"
     if op.opcode in ("copy", "copy-start"):
         return "copy"
+    if op.opcode.endswith("-start") or op.opcode.startswith(COLLECTIVES):
+        return "collective"
     if op.opcode == "dynamic-update-slice":
         return "dus"
     if op.opcode != "fusion":
@@ -136,14 +137,17 @@ def _launches(op):
     return not (op.opcode == "custom-call" and op.target in NOT_KERNELS)
 
 
-def _count(module, name, found, buffers, times=1):
+def _count(module, name, found, buffers, times=1, skip=None):
     """Add computation `name`'s kernels (and those of what it calls) to `found`
-    {kind: n}, `times` runs of it; command buffers to `buffers` [n]."""
+    {kind: n}, `times` runs of it, leaving out the instruction `skip`; command
+    buffers to `buffers` [n]."""
     computation = module.computations[name]
     for op in computation.instructions:
+        if op is skip:
+            continue
         if _launches(op):
             found[kernel_kind(op, module)] += times
-        elif op.opcode == "call":
+        elif op.opcode in ("call", "async-start"):  # an async op's kernels run on another stream
             for called in op.called:
                 buffers[0] += times if called.startswith("command_buffer") else 0
                 _count(module, called, found, buffers, times)
@@ -186,10 +190,8 @@ def kernel_launches(hlo_text_or_module):
         return Launches(sum(found.values()), dict(found), buffers[0], 0, False)
     _count(module, loop.calls["body"][0], found, buffers)
     _count(module, loop.calls["condition"][0], found, buffers)
-    around, _ = collections.Counter(), [0]
-    for op in module.entry.instructions:
-        if _launches(op):
-            around[kernel_kind(op, module)] += 1
+    around = collections.Counter()
+    _count(module, module.entry.name, around, [0], skip=loop)
     return Launches(sum(found.values()), dict(found), buffers[0], sum(around.values()), True)
 
 
