@@ -158,7 +158,7 @@ def decode_summary(p):
     fields["collectives"] = collectives_summary(p.collectives)
     fields["per_call"] = collectives_summary(p.per_call)
     fields["kernels"] = sorted(p.kernels)
-    fields["estimated_kernels"] = p.launches.per_token
+    fields["kernels_per_token"] = p.launches.per_token
     fields["kernel_kinds"] = p.launches.kinds  # roofline.compiled.launches.KINDS says each
     fields["command_buffers_per_token"] = p.launches.command_buffers
     fields["kernels_outside_loop"] = p.launches.outside

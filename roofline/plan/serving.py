@@ -241,7 +241,7 @@ def serving_summary(plan, **about):
         "weight_bytes_read_per_step": plan.read_weight_bytes,
         "kv_cache_bytes_per_sequence": plan.cache_per_sequence,
         "hbm_bytes": plan.chips * plan.chip.hbm_bytes,
-        "estimated_kernels": plan.kernels,
+        "kernels_per_token": plan.kernels,
         "per_launch_seconds": plan.per_launch.seconds,
         "batches": [
             {
