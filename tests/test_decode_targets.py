@@ -229,6 +229,7 @@ def test_cli_prints_each_batch_and_writes_the_summary(tmp_path, capsys):
         assert text in out, text
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("2 ", "8 "))]
     assert [r[0] for r in rows] == ["2", "8"], out  # one table row per batch
+    assert [r[-1] for r in rows] == ["launches", "launches"], out  # the bound, named
     s = json.loads(summary.read_text())
     assert set(s["batches"]) == {"2", "8"}
     cfg = PRESETS["tiny"].model

@@ -50,7 +50,7 @@ class DecodePlan:
 
     @property
     def bound(self):
-        """ "bytes", "FLOPs", "launches" or "communication": whichever takes longest."""
+        """Whichever takes longest: "bytes", "FLOPs", "launches" or "communication"."""
         return "communication" if (self.comm_s or 0.0) > self.launch.step_s else self.launch.bound
 
     @property
