@@ -1307,7 +1307,7 @@ MUTANTS = [
         "launch-buffers-skipped",
         "the kernels inside a command buffer are not counted",
         "roofline/compiled/launches.py",
-        (('        elif op.opcode == "call":\n', '        elif op.opcode == "no call":\n'),),
+        (('elif op.opcode in ("call", "async-start"):', 'elif op.opcode == "async-start":'),),
         (f"{LAUNCHES}::test_a_token_counts_the_body_the_condition_and_the_command_buffer_inside",),
     ),
     Mutant(
