@@ -95,6 +95,7 @@ def parse_args(argv):
     dec.add_argument("--weights", choices=["int8"], help="int8: 1 byte + a scale per channel")
     dec.add_argument("--cache", choices=["int8"], help="int8: 1 byte + a scale per token, head")
     dec.add_argument("--prompt", type=positive_int, help="TTFT's tokens (1024, or T if less)")
+    dec.add_argument("--kernels-per-layer", type=positive_int, help="2: a fused layer (XLA's 13)")
     dec.add_argument(
         "--dtype",
         choices=["bfloat16", "float32"],
@@ -223,7 +224,8 @@ def serving_plan_lines(args):
     if prompt > context:
         raise UsageError(f"--prompt {prompt:,}: longer than the context, {context:,} positions")
     cfg = dataclasses.replace(model, dtype=args.dtype, kv_heads=args.kv_heads or model.kv_heads)
-    levers = {lever: getattr(args, lever) for lever in ("batches", "chips", "weights", "cache")}
+    levers = {k: getattr(args, k) for k in ("batches", "chips", "weights", "cache")}
+    levers["kernels_per_layer"] = args.kernels_per_layer
     plan = plan_serving(cfg, chip, context=context, prompt=prompt, **levers)
     source = PUBLISHED[args.preset].source if args.preset in PUBLISHED else "sessions/config.py"
     heading = f"decode: {preset_source(args.preset)}"

@@ -22,6 +22,21 @@ GH200_DATASHEET = "https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-sup
 # Compute capabilities: NVIDIA's table, https://developer.nvidia.com/cuda-gpus (V100 on its
 # legacy page, https://developer.nvidia.com/cuda-legacy-gpus).
 
+# The cost of one kernel launch in a decode step (roofline/launch_bound.py), every NVIDIA GPU:
+# GPT-2's decode at batch 1 on an H100 SXM, measured (docs/h100-run/s3_gpt2_bf16_random.log),
+# over the kernels its compiled step launches a token (roofline/compiled/launches.py).
+H100_DECODE_S, H100_DECODE_KERNELS = 0.39e-3, 164
+GPU_LAUNCH_S = H100_DECODE_S / H100_DECODE_KERNELS
+GPU_LAUNCH_SOURCE = (
+    "measured on an H100 SXM: GPT-2's decode at batch 1, 0.39 ms a token over the 164 "
+    "kernels its step launches (docs/h100-run/s3_gpt2_bf16_random.log)"
+)
+HAZY_LAUNCH_S = 1.3e-6  # a published lower reference, never the figure used
+HAZY_SOURCE = (
+    "Hazy Research, 'Look Ma, No Bubbles!' (2025): about 1.3 us a launch on an H100 "
+    "with CUDA graphs, https://hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles"
+)
+
 
 def _gpu(name, flops, bandwidth, memory, link, source, kinds, cc, host="8"):
     return Chip(name, flops, bandwidth, memory, link, source, kinds, "gpu", host, cc)

@@ -10,6 +10,9 @@ from roofline.chip import GIB as GiB
 from roofline.chip import TFLOPS as T
 from roofline.chip import Chip
 
+# Why a decode step on a TPU has no launch term (roofline/launch_bound.py).
+TPU_WHY = "a TPU runs the compiled step as one program: no kernel is launched on its own"
+
 
 def _tpu(name, bf16, bandwidth, memory, link, source, kinds, host, devices_per_chip=1):
     return Chip(

@@ -38,6 +38,8 @@ class Mutant(NamedTuple):
 
 
 CHECKPOINT = "tests/test_checkpoint.py"
+LAUNCHES = "tests/test_launches.py"
+LAUNCH_BOUND = "tests/test_launch_bound.py"
 INFERENCE = "tests/test_inference.py"
 INT8 = "tests/test_int8.py"
 INT8_TARGETS = "tests/test_int8_targets.py"
@@ -1300,6 +1302,46 @@ MUTANTS = [
             f"{FAMILY}::test_the_roofline_counts_every_parameter[gated]",
             f"{FAMILY}::test_xla_counts_the_llama_step_as_the_roofline_does",
         ),
+    ),
+    Mutant(
+        "launch-buffers-skipped",
+        "the kernels inside a command buffer are not counted",
+        "roofline/compiled/launches.py",
+        (('elif op.opcode in ("call", "async-start"):', 'elif op.opcode == "async-start":'),),
+        (f"{LAUNCHES}::test_a_token_counts_the_body_the_condition_and_the_command_buffer_inside",),
+    ),
+    Mutant(
+        "launch-condition-twice",
+        "the loop's condition counted twice a token",
+        "roofline/compiled/launches.py",
+        (
+            (
+                '    _count(module, loop.calls["condition"][0], found, buffers)\n',
+                '    _count(module, loop.calls["condition"][0], found, buffers, 2)\n',
+            ),
+        ),
+        (f"{LAUNCHES}::test_a_token_counts_the_body_the_condition_and_the_command_buffer_inside",),
+    ),
+    Mutant(
+        "launch-bitcast-counted",
+        "a bitcast (a view of the same buffer) counted as a kernel",
+        "roofline/compiled/launches.py",
+        (('"tuple", "bitcast",', '"tuple",'),),
+        (f"{LAUNCHES}::test_a_token_counts_the_body_the_condition_and_the_command_buffer_inside",),
+    ),
+    Mutant(
+        "launch-min",
+        "the smallest of the three bounds taken for the step",
+        "roofline/launch_bound.py",
+        (("bound = max(times, key=times.get)", "bound = min(times, key=times.get)"),),
+        (f"{LAUNCH_BOUND}::test_the_largest_of_three_binds",),
+    ),
+    Mutant(
+        "launch-table-bound",
+        "the planner's table names the bytes-or-FLOPs bound, blind to the launches",
+        "roofline/plan/serving.py",
+        (("{r.launch.bound:<9}", "{r.step.bound:<9}"),),
+        (f"{LAUNCH_BOUND}::test_the_planner_names_the_bound_of_each_batch",),
     ),
 ]
 

@@ -229,6 +229,7 @@ def test_cli_prints_each_batch_and_writes_the_summary(tmp_path, capsys):
         assert text in out, text
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("2 ", "8 "))]
     assert [r[0] for r in rows] == ["2", "8"], out  # one table row per batch
+    assert [r[-1] for r in rows] == ["launches", "launches"], out  # the bound, named
     s = json.loads(summary.read_text())
     assert set(s["batches"]) == {"2", "8"}
     cfg = PRESETS["tiny"].model
@@ -246,6 +247,13 @@ def test_cli_prints_each_batch_and_writes_the_summary(tmp_path, capsys):
             row["napkin_flops_per_device"], rel=0.15
         )
         assert row["collectives_per_step"] == {}
+        # Every kernel a token launches, printed as in the summary; at 0.1 MB a step
+        # (0.04 us at 3.35 TB/s) the launches, 2.4 us each, bind.
+        n = row["kernels_per_token"]
+        assert n == sum(row["kernel_kinds"].values()) > 0
+        assert f"kernels a token {n} (" in out
+        assert row["launch_seconds"] == pytest.approx(n * 0.39e-3 / 164)
+        assert row["bound"] == "launches"
         assert all(k.startswith("bf16,bf16->") for k in row["matmul_dtypes"])
     assert " while(" in hlo.read_text()  # the decode loop, as compiled
 
@@ -261,7 +269,56 @@ def trip_counts_known(hlo_text):
     ]
 
 
-def test_the_gpu_decode_programs_never_wait_on_the_host():
+# GPT-2's shapes on two layers: the per-layer kernels of its decode as compiled for
+# h100:1, in a program small enough to compile in a test.
+@pytest.fixture(scope="module")
+def gpt2_h100():
+    need("gpu")
+    return plan("h100:1", None, "1", "gpt2", "--layers", "2")
+
+
+def launches_by_regex(hlo_text):
+    """Kernels a token by a route of its own: in the decode loop's body and condition, as
+    printed, every line that is a fusion or a custom call (a deviceless compile makes no
+    command buffers, so none hides a kernel)."""
+    loop = re.search(r" while\(.*condition=%?([\w.\-]+), body=%?([\w.\-]+)", hlo_text)
+    assert loop and "command_buffer" not in hlo_text
+    count = 0
+    for name in loop.groups():
+        block = re.search(r"\n%?" + re.escape(name) + r" \(.*?\n}", hlo_text, re.S).group(0)
+        count += len(
+            re.findall(r"(?m)^\s*(?:ROOT )?%\S+ = [^\n]*? (?:fusion|custom-call)\(", block)
+        )
+    return count
+
+
+def test_every_kernel_a_token_launches_is_counted(gpt2_h100):
+    """At batch 1 (E = 768) XLA writes each layer as 13 kernels, by hand from its program:
+    the norm's sum of squares and its scaling (a convert fusion), twice; q, k and v in one
+    multiply-and-reduce, q·k of the new key, the output projection and the MLP's two (5
+    matrix-vector products); the scores over the cache (a concatenate fusion); a Triton
+    softmax·v; the cache's two writes. Outside the layers 8: the final norm's two, the
+    logits (a matrix-vector product), the argmax (a reduction), the token's write, two small
+    loop fusions and the loop's condition."""
+    planned, cfg = gpt2_h100
+    (p,) = planned.plans
+    L = cfg.layers
+    assert p.launches.per_token == 13 * L + 8 == launches_by_regex(planned.compiled.as_text())
+    assert p.launches.kinds == {
+        "matvec": 5 * L + 1,
+        "reduce": 2 * L + 2,
+        "convert": 2 * L + 1,
+        "dus": 2 * L + 1,
+        "concatenate": L,
+        "triton": L,
+        "loop": 3,
+    }
+    # 34 kernels x 0.39 ms / 164 = 80.9 us, above the 0.02 ms its bytes take: launches bind.
+    assert p.launch.launch_s == pytest.approx(34 * 0.39e-3 / 164)
+    assert p.bound == "launches" and p.step_s == p.launch.launch_s > p.step.memory_s
+
+
+def test_the_gpu_decode_programs_never_wait_on_the_host(gpt2_h100):
     """XLA's GPU runtime runs a `while` of unknown trip count by copying its
     predicate to the host and waiting for it after every trip, and a
     `conditional` likewise for its branch (WhileThunk and ConditionalThunk in
@@ -269,11 +326,10 @@ def test_the_gpu_decode_programs_never_wait_on_the_host():
     runs without asking. Checked in both decode programs, greedy (what
     `s3_infer.py --target h100:1 --hlo-out` writes) and sampling (what s3_infer.py
     times), over every loop."""
-    need("gpu")
-    planned, cfg = plan("h100:1", None, "2", "tiny")
+    planned, cfg = gpt2_h100
     target, devices = programs.devices_for("h100:1")
     mesh = sharding.make_mesh(sharding.parse_mesh(None, 1), devices=np.array(devices))
-    args, static = shapes.abstract_decode_inputs(cfg, 2, mesh)
+    args, static = shapes.abstract_decode_inputs(cfg, 1, mesh)
     with jax.set_mesh(mesh):
         lowered = inference.decode_steps.lower(*args, **{**static, "greedy": False})
         sampling = programs.compile_for(lowered, target.chip, lambda *a: None)

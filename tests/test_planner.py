@@ -184,7 +184,13 @@ def test_decode_s_summary_keys_and_numbers(tmp_path, capsys):
         [*DECODE, "--batches", "1,8,64", "--context", "8192"], tmp_path, capsys
     )
     keys = {"batch", "kv_cache_bytes", "total_bytes", "fits", "step_seconds", "bound"}
-    assert [set(b) for b in summary["batches"]] == 3 * [keys | {"tokens_per_second"}]
+    keys |= {"tokens_per_second", "launch_seconds"}
+    assert [set(b) for b in summary["batches"]] == 3 * [keys]
+    # XLA's 13 kernels a layer and 8 besides: 32 x 13 + 8 = 424 a token, 2.4 us each
+    # (0.39 ms / 164): 1.01 ms, under the 4.80 ms the bytes take at batch 1.
+    assert summary["kernels_per_token"] == 424
+    assert summary["batches"][0]["launch_seconds"] == pytest.approx(424 * 0.39e-3 / 164)
+    assert [b["bound"] for b in summary["batches"]] == ["bytes"] * 3
     assert summary["params"] == 8_030_261_248 and summary["critical_batch"] is None
     assert [b["fits"] for b in summary["batches"]] == [True, True, False]
     # Batch 64: 64 GiB of cache, 84.78 GB held: printed, not raised.

@@ -2,13 +2,17 @@
 compiled for a target, read and put on the roofline (s3_infer.py --target).
 
 Per device: what it holds (weights, its rows of the KV cache), what XLA plans
-beside the chip's HBM, the step's bytes and FLOPs against the chip's roofs
-(roofline/decode_cost.py), its collectives inside and outside the decode loop.
+beside the chip's HBM, the step's bytes, FLOPs and kernel launches against the
+chip's roofs (roofline/decode_cost.py, roofline/launch_bound.py), its
+collectives inside and outside the decode loop, and every kernel a token
+launches (roofline/compiled/launches.py).
 """
 
 import dataclasses
 
-from roofline.compiled.program import collectives_summary, kernel_lines, matmul_dtypes_summary
+from roofline.compiled.launches import launch_text
+from roofline.compiled.program import collectives_summary, matmul_dtypes_summary
+from roofline.launch_bound import FUSED_KERNELS_PER_LAYER, estimated_kernels
 from roofline.units import flop, gb, ms
 
 
@@ -28,7 +32,9 @@ class DecodePlan:
     comm_s: float | None  # the step's collectives over one direction of the links
     collectives: dict  # kind -> Collective, per step (inside the decode loop)
     per_call: dict  # kind -> Collective, once per call (outside the loop)
-    kernels: dict
+    kernels: dict  # custom call target -> count
+    launches: object  # roofline.compiled.launches.Launches: every kernel a token launches
+    launch: object  # roofline.launch_bound.LaunchBound: bytes, FLOPs, launches; which binds
     matmul_dtypes: dict
     xla_flops: float | None  # XLA's count of one step, per device
     xla_source: str
@@ -40,11 +46,12 @@ class DecodePlan:
 
     @property
     def step_s(self):
-        return max(self.step.step_s, self.comm_s or 0.0)
+        return max(self.launch.step_s, self.comm_s or 0.0)
 
     @property
     def bound(self):
-        return "communication" if (self.comm_s or 0.0) > self.step.step_s else self.step.bound
+        """Whichever takes longest: "bytes", "FLOPs", "launches" or "communication"."""
+        return "communication" if (self.comm_s or 0.0) > self.launch.step_s else self.launch.bound
 
     @property
     def tokens_per_s(self):
@@ -65,17 +72,18 @@ def decode_lines(plans, hbm_bytes):
     header = (
         f"  {'batch':>6} {'weights':>9} {'KV cache':>9} {'XLA args':>9} {'temp':>8} "
         f"{'of ' + gb(hbm_bytes) + ' HBM':>16} | {'MB/step':>8} {'mem':>9} {'flop':>9} "
-        f"{'comm':>9} {'step':>9} {'tokens/s':>10}  bound"
+        f"{'comm':>9} {'launches':>9} {'step':>9} {'tokens/s':>10}  bound"
     )
     lines = [header]
     for p in plans:
         fit = f"{100 * p.memory_bytes / p.hbm_bytes:.0f}%" + ("" if p.fits else " NO FIT")
         comm = "?" if p.comm_s is None else ms(p.comm_s)
+        launch = "-" if p.launch.launch_s is None else ms(p.launch.launch_s)
         lines.append(
             f"  {p.batch:>6} {gb(p.weight_bytes):>9} {gb(p.cache_bytes):>9} "
             f"{gb(p.argument_bytes):>9} {gb(p.temp_bytes):>8} {fit:>16} | "
             f"{p.step.bytes / 1e6:>8,.1f} {ms(p.step.memory_s):>9} {ms(p.step.compute_s):>9} "
-            f"{comm:>9} {ms(p.step_s):>9} {p.tokens_per_s:>10,.0f}  {p.bound}"
+            f"{comm:>9} {launch:>9} {ms(p.step_s):>9} {p.tokens_per_s:>10,.0f}  {p.bound}"
         )
     lines.append(
         "  per step and device, XLA's FLOPs against the napkin B·f / n, and what the compiler did:"
@@ -93,17 +101,32 @@ def decode_lines(plans, hbm_bytes):
             f"{a} x {b} -> {c} x{n}"
             for (a, b, c), n in sorted(p.matmul_dtypes.items(), key=lambda kv: -kv[1])
         )
-        kinds = kernel_lines(p.kernels)
         lines.append(
             f"  {p.batch:>6}: {flops} | collectives "
             f"{_collective_text(p.collectives) or 'none'} | matmuls "
-            f"{dtypes or NO_DOTS} | kernels "
-            f"{'; '.join(kinds) if kinds else 'none'}"
+            f"{dtypes or NO_DOTS} | kernels {launch_text(p.launches)}"
         )
     once = {kind for p in plans for kind in p.per_call}
     if once:
         lines.append(f"  outside the loop, once per call: {', '.join(sorted(once))}")
     return lines
+
+
+def launch_lines(plans, layers, per_launch_s):
+    """Where launches bind: what they cost against the bytes, and what a decode layer
+    fused into FUSED_KERNELS_PER_LAYER kernels would launch instead."""
+    bound = [p for p in plans if p.bound == "launches"]
+    if not bound:
+        return []
+    p, fused = bound[0], estimated_kernels(layers, FUSED_KERNELS_PER_LAYER)
+    fused_s = fused * per_launch_s
+    then = "the bytes would bind" if fused_s <= p.step.memory_s else "still launch-bound"
+    return [
+        f"launch-bound at batch {', '.join(str(q.batch) for q in bound)}: batch {p.batch}'s "
+        f"{p.launches.per_token} kernels x {per_launch_s * 1e6:.1f} us = {ms(p.launch.launch_s)}"
+        f", its bytes {ms(p.step.memory_s)}; {FUSED_KERNELS_PER_LAYER} kernels a layer "
+        f"({fused} a token) would take {ms(fused_s)}: {then} (predictions)"
+    ]
 
 
 # Fields whose JSON name (s3_infer.py --target ... --summary-out) says more
@@ -121,6 +144,7 @@ SUMMARY_NAMES = {
     "collectives": "collectives_per_step",
     "per_call": "collectives_per_call",
     "compile_s": "compile_seconds",
+    "kernels": "custom_calls",
 }
 
 
@@ -128,10 +152,16 @@ def decode_summary(p):
     """One DecodePlan as JSON-ready values (s3_infer.py --target ... --summary-out):
     its fields, the roofline's step (roofline.decode_cost.DecodeStep) spelled
     out, then what they imply."""
-    fields = {k: v for k, v in dataclasses.asdict(p).items() if k != "step"}
+    fields = {
+        k: v for k, v in dataclasses.asdict(p).items() if k not in ("step", "launches", "launch")
+    }
     fields["collectives"] = collectives_summary(p.collectives)
     fields["per_call"] = collectives_summary(p.per_call)
     fields["kernels"] = sorted(p.kernels)
+    fields["kernels_per_token"] = p.launches.per_token
+    fields["kernel_kinds"] = p.launches.kinds  # roofline.compiled.launches.KINDS says each
+    fields["command_buffers_per_token"] = p.launches.command_buffers
+    fields["kernels_outside_loop"] = p.launches.outside
     fields["matmul_dtypes"] = matmul_dtypes_summary(p.matmul_dtypes)
     return {
         **{SUMMARY_NAMES.get(k, k): v for k, v in fields.items()},
@@ -139,6 +169,7 @@ def decode_summary(p):
         "bytes_per_step_per_device": p.step.bytes,
         "memory_seconds": p.step.memory_s,
         "compute_seconds": p.step.compute_s,
+        "launch_seconds": p.launch.launch_s,
         "napkin_flops_per_device": p.step.flops,
         "predicted_step_seconds": p.step_s,
         "predicted_tokens_per_sec": p.tokens_per_s,

@@ -7,11 +7,17 @@ Per decode step of B sequences at T cached positions (roofline/decode_cost.py):
     held   = W_held + B·C          every weight whole, and B caches: must fit N x HBM
     read   = W_read + B·C          what the step reads: each matmul weight once, a row of
                                    each table, B caches
-    step   >= max(read / (N·bandwidth), B·f / (N·peak))        tokens/s = B / step
+    step   >= max(read / (N·bandwidth), B·f / (N·peak), kernels · launch)   tokens/s = B / step
 
     B* = (W_read / bandwidth) / (f / peak − C / bandwidth)    compute-bound from B*, never
                                                               when C / bandwidth >= f / peak
     TTFT >= max(prefill FLOPs / (N·peak), (W_read + C_prompt) / (N·bandwidth))
+
+The third bound is the step's kernel launches (roofline/launch_bound.py): with no
+compiled program at hand, kernels a token = L x a layer's kernels + those outside the
+layers, XLA's as read off GPT-2's decode compiled for h100:1 unless told a layer's
+count (2 for a decode layer fused into two kernels); each launch costs the chip
+family's sourced figure, none on a TPU or a CPU.
 
 Assumptions: N chips share the work by tensor parallelism, each holding and reading
 1/N of the weights and caches and doing 1/N of the FLOPs, and the links between them
@@ -29,6 +35,13 @@ from typing import NamedTuple
 
 from roofline import decode_cost
 from roofline.flops import model_line, param_count
+from roofline.launch_bound import (
+    XLA_KERNELS_OUTSIDE,
+    XLA_KERNELS_PER_LAYER,
+    estimated_kernels,
+    launch_bound,
+    launch_cost,
+)
 from roofline.predict import predict
 from roofline.units import gb, ms
 
@@ -41,6 +54,7 @@ class BatchPlan(NamedTuple):
     total_bytes: int  # every weight, whole, plus the caches: what must fit in HBM
     fits: bool  # total_bytes <= chips x hbm_bytes
     step: decode_cost.DecodeStep  # its bytes read, FLOPs and lower bound, over the N chips
+    launch: object  # roofline.launch_bound.LaunchBound: with the launches, which binds
 
 
 class ServingPlan(NamedTuple):
@@ -62,12 +76,27 @@ class ServingPlan(NamedTuple):
     max_batch: int  # the most sequences whose caches fit beside the weights
     prompt: int
     ttft: object  # roofline.predict.StepPrediction of prefilling one prompt
+    kernels: int  # kernels a decode token launches (an estimate: launch_bound.estimated_kernels)
+    kernels_per_layer: int | None  # as given, or None: XLA's
+    per_launch: object  # roofline.launch_bound.LaunchCost of the chip
 
 
-def plan_serving(cfg, chip, *, batches, prompt, context=None, chips=1, weights=None, cache=None):
+def plan_serving(
+    cfg,
+    chip,
+    *,
+    batches,
+    prompt,
+    context=None,
+    chips=1,
+    weights=None,
+    cache=None,
+    kernels_per_layer=None,
+):
     """ServingPlan of `cfg` (its dtype the compute dtype) at `context` cached positions
     (None: cfg.seq) on `chips` of `chip`, for each of `batches`, and a prompt of `prompt`
-    tokens. The weights held are the whole model's: its positional table has cfg.seq rows."""
+    tokens. The weights held are the whole model's: its positional table has cfg.seq rows.
+    kernels_per_layer: the kernels a decode layer launches (None: XLA's)."""
     held = decode_cost.stored_weight_bytes(cfg, weights=weights)
     params = param_count(cfg)
     cfg = dataclasses.replace(cfg, seq=context or cfg.seq)
@@ -75,13 +104,15 @@ def plan_serving(cfg, chip, *, batches, prompt, context=None, chips=1, weights=N
     peak, bandwidth, hbm = chip.peak(dtype), chip.hbm_bandwidth, chips * chip.hbm_bytes
     read = decode_cost.weight_bytes(cfg, weights=weights)
     per_sequence = decode_cost.kv_cache_bytes(cfg, 1, cache=cache)
+    kernels, per_launch = estimated_kernels(cfg.layers, kernels_per_layer), launch_cost(chip)
     rows = []
     for b in batches:
         step = decode_cost.decode_step_cost(
             cfg, b, peak_flops=peak, bandwidth=bandwidth, weights=weights, cache=cache, chips=chips
         )
         total = held + step.cache_bytes
-        rows.append(BatchPlan(b, step.cache_bytes, total, total <= hbm, step))
+        launch = launch_bound(step, kernels, per_launch.seconds)
+        rows.append(BatchPlan(b, step.cache_bytes, total, total <= hbm, step, launch))
     roofs = {"peak_flops": peak, "bandwidth": bandwidth, "weights": weights}
     # Prefill reads each weight once and writes the prompt's cache once.
     prefill = dataclasses.replace(cfg, seq=prompt)
@@ -110,6 +141,9 @@ def plan_serving(cfg, chip, *, batches, prompt, context=None, chips=1, weights=N
         max(0, int((hbm - held) // per_sequence)) if per_sequence else 0,
         prompt,
         ttft,
+        kernels,
+        kernels_per_layer,
+        per_launch,
     )
 
 
@@ -129,16 +163,19 @@ def serving_lines(plan, heading):
         + "read per step (each matmul weight once, a row of each table)",
         f"KV cache: {cache}, K = {K} of H = {H} heads: {gb(plan.cache_per_sequence)} per "
         + f"sequence of T = {T:,} positions",
+        launches_line(plan),
         "units: GB = 1e9 bytes, MB = 1e6 bytes; step = the lower bound on one decode step",
         "",
         f"{'batch':>7}{'KV cache':>12}{'total held':>13}  {f'fits {n} x {hbm_gb}':<16}"
-        + f"{'step':>10}  {'bound':<9}{'tokens/s':>12}",
+        + f"{'launches':>10}{'step':>10}  {'bound':<9}{'tokens/s':>12}",
     ]
     for r in plan.batches:
         fits = "yes" if r.fits else "does not fit"
+        launch = "-" if r.launch.launch_s is None else ms(r.launch.launch_s)
         lines.append(
             f"{r.batch:>7,}{gb(r.kv_cache_bytes):>12}{gb(r.total_bytes):>13}  {fits:<16}"
-            + f"{ms(r.step.step_s):>10}  {r.step.bound:<9}{r.step.tokens_per_s:>12,.0f}"
+            + f"{launch:>10}{ms(r.launch.step_s):>10}  {r.launch.bound:<9}"
+            + f"{r.batch / r.launch.step_s:>12,.0f}"
         )
     f = decode_cost.flops_per_sequence(cfg)
     if plan.critical_batch is None:
@@ -171,6 +208,24 @@ def serving_lines(plan, heading):
     ]
 
 
+def launches_line(plan):
+    """How many kernels a token launches, by what estimate, and what each costs."""
+    L, cost = plan.cfg.layers, plan.per_launch
+    if plan.kernels_per_layer is None:
+        how = (
+            f"{L} x {XLA_KERNELS_PER_LAYER} + {XLA_KERNELS_OUTSIDE}: XLA's, as read off GPT-2's "
+            "decode compiled for h100:1; --kernels-per-layer N for another"
+        )
+    else:
+        how = f"{L} x {plan.kernels_per_layer} + {XLA_KERNELS_OUTSIDE}"
+    if cost.seconds is None:
+        return f"kernels: {plan.kernels} a token ({how}); no launch term: {cost.source}"
+    return (
+        f"kernels: {plan.kernels} a token ({how}), {cost.seconds * 1e6:.1f} us a launch "
+        f"({cost.source})"
+    )
+
+
 def serving_summary(plan, **about):
     """The plan as JSON-ready numbers (--summary-out), with `about` (preset, source, ...)."""
     return {
@@ -186,15 +241,18 @@ def serving_summary(plan, **about):
         "weight_bytes_read_per_step": plan.read_weight_bytes,
         "kv_cache_bytes_per_sequence": plan.cache_per_sequence,
         "hbm_bytes": plan.chips * plan.chip.hbm_bytes,
+        "kernels_per_token": plan.kernels,
+        "per_launch_seconds": plan.per_launch.seconds,
         "batches": [
             {
                 "batch": r.batch,
                 "kv_cache_bytes": r.kv_cache_bytes,
                 "total_bytes": r.total_bytes,
                 "fits": r.fits,
-                "step_seconds": r.step.step_s,
-                "bound": r.step.bound,
-                "tokens_per_second": r.step.tokens_per_s,
+                "launch_seconds": r.launch.launch_s,
+                "step_seconds": r.launch.step_s,
+                "bound": r.launch.bound,
+                "tokens_per_second": r.batch / r.launch.step_s,
             }
             for r in plan.batches
         ],

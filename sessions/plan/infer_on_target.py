@@ -8,9 +8,11 @@ import dataclasses
 from typing import NamedTuple
 
 from roofline import decode_cost
+from roofline.compiled.launches import kernel_launches
 from roofline.compiled.program import Collective, collectives, read_program
 from roofline.flops import model_line, param_count
-from roofline.plan.decode import DecodePlan, decode_lines, decode_summary
+from roofline.launch_bound import launch_bound, launch_cost
+from roofline.plan.decode import DecodePlan, decode_lines, decode_summary, launch_lines
 from roofline.predict import comm_time
 from sessions import inference, shapes, sharding
 from sessions.attention_choice import KERNEL_PLATFORM
@@ -124,6 +126,10 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
     memory = compiled.memory_analysis()
     peak = chip.peak(cfg.dtype, facts.matmul_precision)
     bandwidth = chip.hbm_bandwidth * target.chips / n
+    step = decode_cost.decode_step_cost_per_device(
+        cfg, batch, dict(mesh.shape), peak_flops=peak, bandwidth=bandwidth
+    )
+    launches = kernel_launches(text)
     decoded = DecodePlan(
         batch=batch,
         weight_bytes=shapes.held_bytes(inputs[0]),
@@ -132,13 +138,13 @@ def plan_decode_batch(cfg, batch, mesh, target, say):
         temp_bytes=memory.temp_size_in_bytes,
         memory_bytes=facts.memory_bytes,
         hbm_bytes=target.hbm_per_device,
-        step=decode_cost.decode_step_cost_per_device(
-            cfg, batch, dict(mesh.shape), peak_flops=peak, bandwidth=bandwidth
-        ),
+        step=step,
         comm_s=comm_time(per_step, chip)[1],
         collectives=per_step,
         per_call=collectives(text, n, in_loops=False),
         kernels=facts.kernels,
+        launches=launches,
+        launch=launch_bound(step, launches.per_token, launch_cost(chip).seconds),
         matmul_dtypes=facts.matmul_dtypes,
         xla_flops=xla,
         xla_source=source,
@@ -175,10 +181,13 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
     say(
         f"model: {model_line(cfg, length='T')} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype}"
     )
+    per_launch = launch_cost(chip)
+    launch = "none" if per_launch.seconds is None else f"{per_launch.seconds * 1e6:.1f} us"
     say(
         f"mesh: {', '.join(f'{a}={k}' for a, k in sizes.items())} | per device "
         f"{peak / 1e12:,.1f} TFLOP/s ({cfg.dtype}), {bandwidth / 1e9:,.0f} GB/s HBM{link}"
     )
+    say(f"a kernel launch: {launch} ({per_launch.source})")
     summary = {
         "target": target.name,
         "devices": n,
@@ -187,6 +196,8 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
         "model": dataclasses.asdict(cfg),
         "peak_flops_per_device": peak,
         "hbm_bandwidth_per_device": bandwidth,
+        "per_launch_seconds": per_launch.seconds,
+        "per_launch_source": per_launch.source,
     }
     summary["prefill"] = plan_prefill(cfg, max(batches), prompt_len, mesh, target, say)
 
@@ -217,9 +228,11 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
     say(
         f"decode turns compute-bound from batch {best:,.0f} on this mesh"
         if best
-        else f"decode is memory-bound at every batch here (T={cfg.seq}: the cache outweighs "
-        "the work)"
+        else f"bytes against FLOPs, decode is memory-bound at every batch here (T={cfg.seq}: "
+        "the cache outweighs the work)"
     )
+    for line in launch_lines(plans, cfg.layers, per_launch.seconds):
+        say(line)
     if any("all-gather" in p.collectives for p in plans) and sizes["fsdp"] > 1:
         say(
             "fsdp gathers the weights again every step (the all-gathers): --mesh tp=N splits "

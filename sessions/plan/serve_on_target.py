@@ -1,8 +1,9 @@
 """Plan session 5's levers on a chip this machine lacks: `s5_serve.py --target
 CHIP` compiles the decode loop of each lever (full precision, int8 weights, int8
 cache, both) for one device of the chip, and reads the compiled program: the bytes
-a step moves, op by op, against the roofline's count; the memory it holds; and
-whether it makes a float copy of an int8 weight or cache.
+a step moves, op by op, against the roofline's count; the memory it holds;
+whether it makes a float copy of an int8 weight or cache; and the kernels a token
+launches (roofline/compiled/launches.py).
 
 The bytes are read off the program itself (roofline/compiled/op_work.py: each op's
 operands and result, each op times the times it runs in one call of STEPS steps,
@@ -18,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from roofline import decode_cost
+from roofline.compiled.launches import kernel_launches
 from roofline.compiled.op_work import program_work
 from roofline.compiled.widened import widened_copies
 from roofline.flops import model_line
@@ -70,7 +72,7 @@ def plan_levers(serving, batches, target, devices, say=print):
     say("decode, each lever compiled; bytes a step per device, read off the compiled program:")
     say(
         f"  {'lever':<12}{'batch':>6}{'compiled MB':>13}{'roofline MB':>13}{'ratio':>7}"
-        f"{'memory GB':>11}{'float copies':>14}"
+        f"{'memory GB':>11}{'float copies':>14}{'kernels':>9}"
     )
     rows, compiled = [], None
     for w, c in LEVERS:
@@ -93,9 +95,10 @@ def plan_levers(serving, batches, target, devices, say=print):
             copies = (
                 len(widened_copies(text, smallest_int8_array(cfg, B))) if "int8" in (w, c) else 0
             )
+            kernels = kernel_launches(text).per_token
             say(
                 f"  {w + '/' + c:<12}{B:>6}{read / 1e6:>13,.1f}{step.bytes / 1e6:>13,.1f}"
-                f"{read / step.bytes:>7.2f}{held / 1e9:>11.2f}{copies:>14}"
+                f"{read / step.bytes:>7.2f}{held / 1e9:>11.2f}{copies:>14}{kernels:>9}"
             )
             rows.append(
                 {
@@ -106,11 +109,13 @@ def plan_levers(serving, batches, target, devices, say=print):
                     "roofline_bytes": step.bytes,
                     "memory_bytes": held,
                     "float_copies": copies,
+                    "kernels_per_token": kernels,
                 }
             )
     say(
         "  (lever: weights/cache; compiled MB: each op's operands and result, as XLA laid "
-        "them out; float copies: ops that write an int8 weight or cache as floats)"
+        "them out; float copies: ops that write an int8 weight or cache as floats; "
+        "kernels: those a token launches)"
     )
     summary = {
         "target": target.name,

@@ -1,0 +1,90 @@
+"""The third roof of a decode step: its kernel launches.
+
+    step >= max(bytes / bandwidth, FLOPs / peak, kernels x per-launch cost)
+
+A GPU runs a compiled step as a chain of kernels, one after the other. Between
+two of them it moves no weight: the next one is launched, its blocks start, the
+last blocks of the one before drain. At batch 1 a decode step's kernels are
+tiny (GPT-2's 164 read 208 MB, about 1.3 MB each: 0.4 us each at 3.35 TB/s),
+so that gap, paid once a kernel, can cost more than the bytes. Whichever of the
+three times is largest binds: "bytes", "FLOPs" or "launches".
+
+The per-launch cost, by chip family (launch_cost), each with its source:
+
+  NVIDIA GPUs  2.4 us, measured: GPT-2's decode at batch 1 on an H100 SXM took 0.39 ms
+               a token (docs/h100-run/s3_gpt2_bf16_random.log), and its step, compiled
+               for h100:1, launches 164 kernels a token (roofline/compiled/launches.py):
+               0.39 ms / 164 = 2.38 us. It charges the whole step to its launches (the
+               bytes alone take 0.062 ms), so it is what a launch costs in XLA's
+               decode, gaps and all: an upper figure (the course preset's 61 kernels
+               took 0.091 ms a token on that GPU, 1.5 us each, docs/results.md).
+               Other NVIDIA GPUs: carried over from the H100,
+               not measured on them. For reference, not the figure: about 1.3 us a
+               launch on an H100 even inside CUDA graphs (Hazy Research, "Look Ma, No
+               Bubbles!", 2025), the lower figure a tuned runtime reaches.
+  TPUs         none: the term does not apply. A TPU's compiled step is one program its
+               TensorCore runs from start to end, its fusions in sequence inside it;
+               no host or front end launches them one by one.
+  CPUs         none: XLA's CPU fusions are calls inside one compiled function.
+
+Where no compiled program is at hand (the planner, python -m roofline decode),
+the kernel count is an estimate (estimated_kernels): L x a layer's kernels + the
+kernels outside the layers, as read off GPT-2's decode compiled for h100:1 (XLA).
+"""
+
+from typing import NamedTuple
+
+from roofline.gpus import GPU_LAUNCH_S, GPU_LAUNCH_SOURCE
+from roofline.tpus import TPU_WHY
+
+CPU_WHY = "a CPU runs XLA's fusions as calls inside one compiled function: no launches"
+
+# XLA's decode of GPT-2 compiled for h100:1 (deviceless, JAX 0.10.2; roofline/compiled/launches.py),
+# 164 kernels a token: per layer 13 (the norm's sum and its scaling, twice; q, k and v in
+# one multiply-and-reduce; q·k of the new key; the scores over the cache; a Triton
+# softmax·v; the output projection; the MLP's two; the cache's two writes), and 8 outside
+# the layers (the final norm's two, the logits, the argmax, the token's write, two small
+# loop fusions and the loop's condition): 12 x 13 + 8 = 164.
+XLA_KERNELS_PER_LAYER = 13
+XLA_KERNELS_OUTSIDE = 8
+FUSED_KERNELS_PER_LAYER = 2  # a decode layer as one or two fused kernels
+
+
+class LaunchCost(NamedTuple):
+    seconds: float | None  # one kernel launch, or None where the term does not apply
+    source: str  # where the figure comes from, or why there is none
+
+
+def launch_cost(chip):
+    """The per-launch cost of a chip of the table (roofline.chip.Chip)."""
+    if chip.platform == "gpu":
+        carried = "" if chip.name.startswith("h100") else " (carried over from the H100)"
+        return LaunchCost(GPU_LAUNCH_S, GPU_LAUNCH_SOURCE + carried)
+    return LaunchCost(None, TPU_WHY if chip.platform == "tpu" else CPU_WHY)
+
+
+def estimated_kernels(layers, per_layer=None, outside=XLA_KERNELS_OUTSIDE):
+    """Kernels one decode token launches, by estimate: L x per_layer (None: XLA's,
+    as compiled for GPT-2) + the kernels outside the layers."""
+    return layers * (XLA_KERNELS_PER_LAYER if per_layer is None else per_layer) + outside
+
+
+class LaunchBound(NamedTuple):
+    """A decode step's three lower bounds (seconds) and the one that binds."""
+
+    memory_s: float  # bytes / bandwidth
+    compute_s: float  # FLOPs / peak
+    launch_s: float | None  # kernels x per-launch cost; None where it does not apply
+    kernels: int | None  # kernels a token
+    step_s: float  # the largest of the three
+    bound: str  # "bytes", "FLOPs" or "launches"
+
+
+def launch_bound(step, kernels, per_launch_s):
+    """The three bounds of a decode step (a roofline.decode_cost.DecodeStep, or any
+    object with memory_s and compute_s), `kernels` a token and `per_launch_s`
+    seconds each (None: no launch term)."""
+    launch_s = None if kernels is None or per_launch_s is None else kernels * per_launch_s
+    times = {"bytes": step.memory_s, "FLOPs": step.compute_s, "launches": launch_s or 0.0}
+    bound = max(times, key=times.get)  # on a tie, the first: bytes, then FLOPs
+    return LaunchBound(step.memory_s, step.compute_s, launch_s, kernels, times[bound], bound)
