@@ -162,7 +162,12 @@ def test_compiled_for_a_chip_the_kernel_is_a_custom_call(target, platform):
     def loss(q, k, v):
         return flash_attention(q, k, v).astype(jnp.float32).sum()
 
-    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile().as_text()
+    # Under a mesh of the target's devices, as the session scripts compile: JAX 0.12's
+    # Triton lowering reads the GPU it compiles for from the mesh ("No supported GPU
+    # devices found" without one, on a machine with no GPU).
+    mesh = jax.sharding.Mesh(devices[:1], ("data",))
+    with jax.set_mesh(mesh):
+        text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile().as_text()
     calls = re.findall(r'custom_call_target="([^"]+)"', text)
     assert calls.count(KERNEL_CALLS[platform]) == 1  # the forward; the backward is plain JAX
     assert f"f32[{B},{H},{S},{S}]" not in text
