@@ -54,6 +54,9 @@ CONCEPTS = {
     "the same model in Flax NNX": "flax_model.py",
     "a KV cache, prefill and decode": "inference.py",
     "the weights as decode reads them": "decode_layout.py",
+    "the decode step in kernels, two Mosaic GPU launches a layer; what they refuse": (
+        "decode_kernels.py"
+    ),
     "int8 weights and an int8 KV cache, absmax scales": "quantize.py",
     "what a cheaper decode costs in quality: loss through the decode path, greedy agreement": (
         "decode_quality.py"
