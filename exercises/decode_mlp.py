@@ -32,7 +32,7 @@ def norm_matvec(x, scale, w, interpret, eps=1e-6):
     x [B, E] bfloat16, scale [E] bfloat16, w [F, E] bfloat16 (decode's layout,
     [out, in]) -> h float32 [B, F], the einsum "BE,FE->BF" of the normalised x.
 
-    The norm is the model's (sessions/model.rms_norm): in float32,
+    The norm is the model's (rms_norm in sessions/model.py): in float32,
     x * rsqrt(mean over E of x^2 + eps) * scale, rounded to bfloat16; the product
     sums over E in float32. All of it inside the kernel: x, scale and w copied
     into SMEM by TMA, the norm and the product in registers, h written back.

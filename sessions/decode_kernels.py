@@ -77,16 +77,16 @@ def step_function(impl, xla_step):
         raise ValueError(f"decode step {impl!r}: one of {IMPLS}")
     if impl is None:
         return xla_step
-    return functools.partial(decode_step, interpret=impl == "pallas-interpret")
+    return functools.partial(kernel_decode_step, interpret=impl == "pallas-interpret")
 
 
-def settle(x, pending):
+def _settle(x, pending):
     """x [B, E] with its pending partials [P, B, E] added: in float32, then rounded
     to x's dtype once, as XLA's `x + block(x)` rounds."""
     return (x.astype(jnp.float32) + pending.sum(axis=0)).astype(x.dtype)
 
 
-def decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
+def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
     """One token per row through the model, two kernels a layer.
 
     w: decode_weights(params, cfg); token: int [B] at position pos (traced) ->
@@ -99,6 +99,7 @@ def decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
     check_supported(cfg, token.shape[0], int8_weights=int8_weights, int8_cache=int8_cache)
     # Imported here, as first traced: XLA's decode never loads Mosaic GPU.
     from sessions import decode_attention, decode_mlp
+
     x = embed(w, token[:, None], cfg, start=pos)[:, 0]  # [B, E]
     pending = jnp.zeros((1, *x.shape), jnp.float32)  # nothing pending before layer 0
     written = []
@@ -109,6 +110,6 @@ def decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
             )
             written.append(new)
         x, pending = decode_mlp.mlp_layer(layer, x, pending, cfg, interpret=interpret)
-    x = settle(x, pending)[:, None]  # [B, 1, E]: the last layer's partials, added here
+    x = _settle(x, pending)[:, None]  # [B, 1, E]: the last layer's partials, added here
     logits = unembed(w, x, dense=dense_out_in)[:, 0].astype(jnp.float32)
     return logits, written if cfg.attention else cache

@@ -1,5 +1,5 @@
 """The decode step in kernels (sessions/decode_kernels.py) against XLA's
-(sessions/inference.decode_step), and `--decode-impl`, on a CPU.
+(inference.decode_step, sessions/inference.py), and `--decode-impl`, on a CPU.
 
 On a CPU the kernels run in Mosaic GPU's interpreter. Until sessions/decode_attention.py
 and sessions/decode_mlp.py exist, tests/stand_in_kernels.py stands in for them
@@ -52,7 +52,9 @@ def both_steps(cfg, batch, live):
         return inference.decode_step(w, cache, token, jnp.int32(P), cfg, live)
 
     def ours(w, cache, token, live):
-        return decode_kernels.decode_step(w, cache, token, jnp.int32(P), cfg, live, interpret=True)
+        return decode_kernels.kernel_decode_step(
+            w, cache, token, jnp.int32(P), cfg, live, interpret=True
+        )
 
     live = jnp.bool_(live)
     return jax.jit(xla)(w, cache, token, live), jax.jit(ours)(w, cache, token, live), cache
@@ -149,7 +151,9 @@ def test_the_step_refuses_as_it_is_traced():
     w, _, _, cache, _ = setup(cfg, 1)
     token = jnp.zeros((1,), jnp.int32)
     with pytest.raises(UsageError, match="runs bfloat16"):
-        jax.eval_shape(lambda: decode_kernels.decode_step(w, cache, token, 0, cfg, interpret=True))
+        jax.eval_shape(
+            lambda: decode_kernels.kernel_decode_step(w, cache, token, 0, cfg, interpret=True)
+        )
 
 
 def test_the_flag_picks_the_step_by_platform():
@@ -194,13 +198,13 @@ def test_target_compiles_the_kernels_for_the_chip(monkeypatch):
     from sessions.run.cli import infer_flags, serving_config
 
     seen = []
-    real = decode_kernels.decode_step
+    real = decode_kernels.kernel_decode_step
 
     def spy(*args, interpret, **kwargs):
         seen.append(interpret)
         return real(*args, interpret=interpret, **kwargs)
 
-    monkeypatch.setattr(decode_kernels, "decode_step", spy)
+    monkeypatch.setattr(decode_kernels, "kernel_decode_step", spy)
     shape = ["--embed", "64", "--ff", "128", "--heads", "2", "--head-dim", "32", "--layers", "1"]
     flags = ["--target", "h100:1", "--seq", "64", "--batches", "1", "--decode-impl", "pallas"]
     args = infer_flags([*flags, *shape])
@@ -208,3 +212,113 @@ def test_target_compiles_the_kernels_for_the_chip(monkeypatch):
     serving = serving_config(args, platform=target.chip.platform)
     planned = plan_inference(serving, None, args.batches, target, devices, lambda *a: None)
     assert planned.plans and seen and not any(seen)
+
+
+def test_s3_decodes_with_the_kernels_interpreted_on_a_cpu(tmp_path, capsys, monkeypatch):
+    """s3 --decode-impl pallas on a CPU times the kernels' step, interpreted: its
+    decode is stopped where it starts, the step it asked for recorded."""
+
+    class Asked(Exception):
+        pass
+
+    def spy(*args):
+        raise Asked(args[-1])
+
+    monkeypatch.setattr(inference, "repeatable_decode", spy)
+    shape = ["--embed", "64", "--ff", "128", "--heads", "2", "--head-dim", "32", "--layers", "1"]
+    flags = ["--random-params", "--seq", "64", "--dtype", "bfloat16", "--batches", "1"]
+    more = ["--new-tokens", "2", "--decode-impl", "pallas", "--run-dir", str(tmp_path)]
+    with pytest.raises(Asked) as asked:
+        s3_in_process([*flags, *shape, *more], capsys)
+    assert asked.value.args == ("pallas-interpret",)
+    assert "decode pallas-interpret" in capsys.readouterr().out
+
+
+def test_bench_refuses_on_one_line(capsys):
+    code, _, err = run_script("scripts/bench_decode.py", ["--decode-impl", "xla,cuda"], capsys)
+    assert code == 2 and "--decode-impl cuda" in err and len(err.strip().splitlines()) == 1
+    argv = ["--decode-impl", "xla,pallas", "--dtype", "float32"]
+    code, _, err = run_script("scripts/bench_decode.py", argv, capsys)
+    assert code == 2 and "runs bfloat16" in err and len(err.strip().splitlines()) == 1, err
+
+
+# A decode program by hand: a fusion before the loop, and in its body two fusions
+# and a custom call (a kernel of ours): 3 kernels a step.
+HLO = """HloModule m
+
+%fused_a (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %n = f32[4]{0} negate(%p)
+}
+
+%body (t: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[4]{0} get-tuple-element(%t), index=1
+  %f1 = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_a
+  %f2 = f32[4]{0} fusion(%f1), kind=kLoop, calls=%fused_a
+  %c = f32[4]{0} custom-call(%f2), custom_call_target="mosaic_gpu"
+  ROOT %r = (s32[], f32[4]{0}) tuple(%i, %c)
+}
+
+%cond (t: (s32[], f32[4])) -> pred[] {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %k = s32[] constant(16)
+  ROOT %lt = pred[] compare(%i, %k), direction=LT
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %f0 = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_a
+  %z = s32[] constant(0)
+  %t = (s32[], f32[4]{0}) tuple(%z, %f0)
+  %w = (s32[], f32[4]{0}) while(%t), condition=%cond, body=%body
+  ROOT %o = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def bench_module():
+    import runpy
+
+    return runpy.run_path("scripts/bench_decode.py", run_name="bench_decode")
+
+
+def test_the_bench_counts_a_step_s_kernels():
+    assert bench_module()["count_kernels"](HLO) == 3
+
+
+def test_the_bench_says_whether_ours_is_no_slower():
+    no_slower = bench_module()["no_slower"]
+
+    class Got:
+        def __init__(self, tokens_per_s):
+            self.tokens_per_s = tokens_per_s
+
+    table = {"xla": {1: (Got(100), 9), 16: (Got(900), 9)}, "pallas": {1: (Got(150), 3)}}
+    assert no_slower([table]) is True  # batch 16: ours did not run, so not compared
+    table["pallas"][1] = (Got(99), 3)
+    assert no_slower([table]) is False
+    assert no_slower([{"xla": table["xla"]}]) is None
+
+
+@pytest.mark.parametrize("impl, calls", [(None, 0), ("pallas-interpret", 1)])
+def test_the_decode_program_runs_the_step_it_is_asked_for(impl, calls, monkeypatch):
+    """inference.decode_steps traces the kernels' step once (its loop's body) for
+    impl "pallas-interpret" and never for XLA's."""
+    seen = []
+    real = decode_kernels.kernel_decode_step
+
+    def spy(*args, interpret, **kwargs):
+        seen.append(interpret)
+        return real(*args, interpret=interpret, **kwargs)
+
+    monkeypatch.setattr(decode_kernels, "kernel_decode_step", spy)
+    jax.clear_caches()  # a trace of the same shapes, cached, would never call the spy
+    w = decode_weights(init_params(ONE, jax.random.key(0)), ONE)
+    tokens, logits = jnp.zeros((1, ONE.seq), jnp.int32), jnp.zeros((1, ONE.vocab), jnp.float32)
+    cache = inference.init_cache(ONE, 1)
+    args = (w, cache, tokens, logits, P, 1, jax.random.key(0), 1.0, ONE, True, impl)
+    jax.eval_shape(inference.decode_steps, *args)
+    assert seen == [True] * calls
