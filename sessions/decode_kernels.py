@@ -96,7 +96,10 @@ def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
     What the kernels do not run is refused here, as the program is traced."""
     int8_cache = bool(cache) and "k_scale" in cache[0]
     int8_weights = any(leaf.dtype == jnp.int8 for leaf in jax.tree.leaves(w))
-    check_supported(cfg, token.shape[0], int8_weights=int8_weights, int8_cache=int8_cache)
+    mesh = jax.sharding.get_abstract_mesh()  # the mesh the step is traced under, if any
+    devices = 1 if mesh.empty else mesh.size
+    kinds = {"int8_weights": int8_weights, "int8_cache": int8_cache, "devices": devices}
+    check_supported(cfg, token.shape[0], **kinds)
     # Imported here, as first traced: XLA's decode never loads Mosaic GPU.
     from sessions import decode_attention, decode_mlp
 

@@ -156,6 +156,16 @@ def test_the_step_refuses_as_it_is_traced():
         )
 
 
+def test_the_step_refuses_a_mesh_as_it_is_traced():
+    w, _, _, cache, _ = setup(ONE, 2)
+    token = jnp.zeros((2,), jnp.int32)
+    mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+    with jax.set_mesh(mesh), pytest.raises(UsageError, match="not a mesh of 2"):
+        jax.eval_shape(
+            lambda: decode_kernels.kernel_decode_step(w, cache, token, 0, ONE, interpret=True)
+        )
+
+
 def test_the_flag_picks_the_step_by_platform():
     assert decode_kernels.impl_for("xla", "gpu") is None
     assert decode_kernels.impl_for("pallas", "gpu") == "pallas"
