@@ -18,9 +18,16 @@ Goal 1 compares two algorithms on the same tokens, so it runs in float32:
 in bfloat16 two programs that round in different orders may break a tie of
 the greedy argmax differently.
 
+With --decode-impl xla,pallas, goals 2 and 3 set XLA's decode step beside ours
+(sessions/decode_kernels.py, two Mosaic GPU kernels a layer), batch by batch:
+tokens/s, MBU and the kernels a token launches, read off the compiled program.
+Ours runs bfloat16 at batches up to 8 (larger ones print "-"); on a CPU it runs in
+Mosaic GPU's interpreter, far slower than XLA's: a check that it runs, not a speed.
+
 python scripts/bench_decode.py
 python scripts/bench_decode.py --preset tiny --mbu-preset tiny --batches 1,2 \\
         --cache-batches 1,2  # seconds
+python scripts/bench_decode.py --decode-impl xla,pallas --dtype bfloat16  # on a GPU
 """
 
 import dataclasses
@@ -34,12 +41,13 @@ import numpy as np
 
 from harness.naive_step import uncached_generate
 from roofline import decode_cost
+from roofline.compiled.hlo import parse
 from roofline.hardware import local_roofs
 from roofline.timing import time_calls
-from sessions import inference, sharding
+from sessions import decode_kernels, inference, sharding
 from sessions.config import PRESETS
 from sessions.data import text_to_tokens
-from sessions.errors import run_main
+from sessions.errors import UsageError, run_main
 from sessions.model import init_params
 from sessions.run.cli import PROMPT, ArgumentParser, positive_int, resolve, train_flags
 
@@ -56,7 +64,17 @@ def parse_args(argv):
         "--dtype", choices=["float32", "bfloat16"], help="for 2 and 3 (default: the platform's)"
     )
     parser.add_argument("--summary-out", help="write the goals' figures here, as JSON")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--decode-impl",
+        default="xla",
+        help="for 2 and 3: xla, pallas (our kernels; interpreted on a CPU, slowly) or both, "
+        "xla,pallas: side by side",
+    )
+    args = parser.parse_args(argv)
+    args.decode_impl = args.decode_impl.split(",")
+    if bad := [i for i in args.decode_impl if i not in ("xla", "pallas")]:
+        raise UsageError(f"--decode-impl {bad[0]}: xla, pallas or xla,pallas")
+    return args
 
 
 def model(preset, dtype="float32"):
@@ -82,20 +100,47 @@ def against_uncached(args, prompt):
     return old.best / new.best, same
 
 
-def decode_seconds(weights, params, cfg, prompt, batch, n, mesh, repeats):
+def decode_seconds(weights, params, cfg, prompt, batch, n, mesh, repeats, impl=None):
     """Seconds per decode step for `batch` copies of the prompt, n steps from its end:
     the fastest of `repeats` (the least disturbed on a shared machine), as
-    sessions/s3_infer.py runs them."""
+    sessions/s3_infer.py runs them. impl: the step (decode_kernels.IMPLS)."""
     prompts = jax.device_put(np.tile(prompt, (batch, 1)), sharding.batch_sharding(mesh))
     logits, cache = inference.prefill(params, prompts, cfg)
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - len(prompt))))
     key = jax.random.key(0)
-    decode = inference.repeatable_decode(weights, cache, tokens, logits, len(prompt), n, key, cfg)
+    start = len(prompt)
+    decode = inference.repeatable_decode(weights, cache, tokens, logits, start, n, key, cfg, impl)
     return time_calls(decode, repeats=repeats).best / n
 
 
+def kernels_a_token(weights, cfg, batch, impl):
+    """Kernels one decode step launches, read off its compiled program."""
+    T, V = cfg.seq, cfg.vocab
+    cache = inference.init_cache(cfg, batch)
+    tokens, logits = jnp.zeros((batch, T), jnp.int32), jnp.zeros((batch, V), jnp.float32)
+    args = (weights, cache, tokens, logits, 1, 1, jax.random.key(0), 1.0, cfg, False, impl)
+    return count_kernels(inference.decode_steps.lower(*args).compile().as_text())
+
+
+def count_kernels(hlo_text):
+    """STAND-IN, for roofline/compiled/launches.py's kernels_per_token(hlo_text) ->
+    (count, {kind: n}) once it lands: here the fusions and custom calls of the
+    decode loop's body (one step), which misses library calls and the loop's
+    condition on a GPU."""
+    module = parse(hlo_text)
+    fused = {c for _, op in module.instructions() if op.opcode == "fusion" for c in op.called}
+    in_loop = module.trip_counts
+    return sum(
+        op.opcode in ("fusion", "custom-call")
+        for computation, op in module.instructions()
+        if computation.name in in_loop and computation.name not in fused
+    )
+
+
 def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
-    """Rows (batch, Achieved), printed."""
+    """Rows (batch, Achieved), printed; with ours asked for, side_by_side's."""
+    if args.decode_impl != ["xla"]:
+        return side_by_side(cfg, params, prompt, batches, args, roofs, mesh)
     peak, bandwidth = roofs
     n = min(args.new_tokens, cfg.seq - len(prompt))
     weights = inference.decode_weights(params, cfg)  # laid out for decode, once per model
@@ -116,6 +161,52 @@ def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
     return rows
 
 
+def side_by_side(cfg, params, prompt, batches, args, roofs, mesh):
+    """Each --decode-impl's step, batch by batch: ms a step, tokens/s, MBU and
+    kernels a token, printed in one row -> rows (batch, Achieved) of the first
+    impl (those it runs). Appends {impl: {batch: (Achieved, kernels)}} to args.tables."""
+    peak, bandwidth = roofs
+    n = min(args.new_tokens, cfg.seq - len(prompt))
+    weights = inference.decode_weights(params, cfg)
+    impls = {
+        name: decode_kernels.impl_for(name, jax.default_backend()) for name in args.decode_impl
+    }
+    cells = f"{'ms/step':>8} {'tokens/s':>10} {'MBU':>6} {'kernels':>7}"
+    print(f"   {'batch':>5}" + "".join(f" | {name:>6} {cells}" for name in impls))
+    table = {name: {} for name in impls}
+    args.tables = [*getattr(args, "tables", []), table]
+    for b in batches:
+        line = f"   {b:>5}"
+        for name, impl in impls.items():
+            if impl and b > decode_kernels.MAX_BATCH:  # ours takes batches up to 8
+                line += f" | {name:>6} {'-':>8} {'-':>10} {'-':>6} {'-':>7}"
+                continue
+            step_s = decode_seconds(weights, params, cfg, prompt, b, n, mesh, args.repeats, impl)
+            step = decode_cost.decode_step_cost(cfg, b, peak_flops=peak, bandwidth=bandwidth)
+            got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
+            kernels = kernels_a_token(weights, cfg, b, impl)
+            table[name][b] = got, kernels
+            line += (
+                f" | {name:>6} {step_s * 1e3:>8.3f} {got.tokens_per_s:>10,.0f} "
+                f"{100 * got.mbu:>5.1f}% {kernels:>7}"
+            )
+        print(line)
+    first = table[args.decode_impl[0]]
+    return [(b, first[b][0]) for b in batches if b in first]
+
+
+def no_slower(tables):
+    """Ours no slower than XLA's at every batch both ran, in every table: True,
+    False, or None where none ran both."""
+    pairs = [
+        (t["pallas"][b][0].tokens_per_s, t["xla"][b][0].tokens_per_s)
+        for t in tables
+        for b in t.get("pallas", {})
+        if b in t.get("xla", {})
+    ]
+    return all(ours >= xla for ours, xla in pairs) if pairs else None
+
+
 def main(argv=None):
     args = parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -125,6 +216,11 @@ def main(argv=None):
     s2_flags = ["--preset", args.mbu_preset, *(["--dtype", args.dtype] if args.dtype else [])]
     dtype = resolve(train_flags(s2_flags)).model.dtype
     print(f"{jax.devices()[0].device_kind}, JAX {jax.__version__}, {dtype} (goal 1: float32)")
+    if "pallas" in args.decode_impl:  # what our kernels do not run, refused before any work
+        for preset in (args.mbu_preset, args.preset):
+            decode_kernels.check_supported(
+                dataclasses.replace(PRESETS[preset].model, dtype=dtype), 1
+            )
     ratio, same = against_uncached(args, prompt)
 
     # The roofs measured in this run, under the same load as the steps (a CPU's
@@ -154,6 +250,9 @@ def main(argv=None):
         f"   tokens/s grows with batch: {'yes' if growing else 'no'} at {args.mbu_preset} shapes, "
         f"{'yes' if grows_cached else 'no'} at the {args.preset} preset"
     )
+    faster = no_slower(getattr(args, "tables", []))
+    if faster is not None:
+        print(f"   ours no slower than XLA's at every batch: {'yes' if faster else 'NO'}")
     if args.summary_out:
         with open(args.summary_out, "w") as f:
             json.dump(
@@ -167,6 +266,20 @@ def main(argv=None):
                     "tokens_per_sec_batch_1": at_one.tokens_per_s,
                     "read_bandwidth": bandwidth,
                     "tokens_grow_with_batch": growing,
+                    "decode_impls": [
+                        {
+                            impl: {
+                                str(b): {
+                                    "tokens_per_sec": got.tokens_per_s,
+                                    "mbu": got.mbu,
+                                    "kernels_per_token": kernels,
+                                }
+                                for b, (got, kernels) in rows.items()
+                            }
+                            for impl, rows in table.items()
+                        }
+                        for table in getattr(args, "tables", [])
+                    ],
                 },
                 f,
                 indent=1,

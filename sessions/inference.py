@@ -44,7 +44,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from sessions import quantize
+from sessions import decode_kernels, quantize
 from sessions.attention import attention, cached_probs
 from sessions.attention_choice import choose_for_length, platform_of
 from sessions.decode_layout import decode_weights, dense_out_in
@@ -188,8 +188,10 @@ def pick(logits, key, pos, temperature, greedy):
 STEPS = 16
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "greedy"), donate_argnames=("cache", "tokens"))
-def decode_steps(weights, cache, tokens, logits, start, n, key, temperature, cfg, greedy):
+@functools.partial(jax.jit, static_argnames=("cfg", "greedy", "impl"), donate_argnums=(1, 2))
+def decode_steps(
+    weights, cache, tokens, logits, start, n, key, temperature, cfg, greedy, impl=None
+):
     """STEPS decode steps as one program, of which the first n count.
 
     weights: decode_weights(params, cfg); tokens: int [B, T], filled up to
@@ -199,7 +201,9 @@ def decode_steps(weights, cache, tokens, logits, start, n, key, temperature, cfg
     shapes. The loop's trip count is a constant the compiler sees; steps from
     n on still run (a branch would cost a GPU another host round trip, in its
     ConditionalThunk) but leave tokens, cache and logits as they found them.
-    start and n are traced: one compile serves every prompt length and count."""
+    start and n are traced: one compile serves every prompt length and count.
+    impl: None, XLA's step, or our kernels' (decode_kernels.step_function)."""
+    decode = decode_kernels.step_function(impl, decode_step)
 
     def step(i, carry):
         tokens, cache, logits = carry
@@ -208,33 +212,23 @@ def decode_steps(weights, cache, tokens, logits, start, n, key, temperature, cfg
         held = jax.lax.dynamic_slice_in_dim(tokens, pos, 1, axis=1)  # [B, 1]
         token_ = jnp.where(live, token[:, None], held)
         tokens = jax.lax.dynamic_update_slice(tokens, token_, (0, pos))
-        new_logits, cache = decode_step(weights, cache, token, pos, cfg, live)
+        new_logits, cache = decode(weights, cache, token, pos, cfg, live)
         return tokens, cache, jnp.where(live, new_logits, logits)
 
     return jax.lax.fori_loop(0, STEPS, step, (tokens, cache, logits))
 
 
-def decode_loop(weights, cache, tokens, logits, start, n, key, temperature, cfg, greedy):
+def decode_loop(weights, cache, tokens, logits, start, n, key, temperature, cfg, greedy, impl=None):
     """n decode steps (start, n: ints) from position start, as decode_steps
     calls of STEPS each, the last one masked: -> (tokens, cache, logits). The
     calls queue on the device; nothing waits for one to finish."""
     for done in range(0, n, STEPS):
-        tokens, cache, logits = decode_steps(
-            weights,
-            cache,
-            tokens,
-            logits,
-            start + done,
-            n - done,
-            key,
-            temperature,
-            cfg=cfg,
-            greedy=greedy,
-        )
+        args = (weights, cache, tokens, logits, start + done, n - done, key, temperature)
+        tokens, cache, logits = decode_steps(*args, cfg, greedy, impl)
     return tokens, cache, logits
 
 
-def repeatable_decode(weights, cache, tokens, logits, start, n, key, cfg):
+def repeatable_decode(weights, cache, tokens, logits, start, n, key, cfg, impl=None):
     """A call that runs decode_loop's n steps from `start`, sampled at temperature
     1, as often as a timing repeats it (roofline.timing.time_calls). decode_steps
     donates the cache and the tokens, so each call decodes from what the last one
@@ -243,7 +237,7 @@ def repeatable_decode(weights, cache, tokens, logits, start, n, key, cfg):
 
     def call():
         tokens, cache, logits = state
-        state[:] = decode_loop(weights, cache, tokens, logits, start, n, key, 1.0, cfg, False)
+        state[:] = decode_loop(weights, cache, tokens, logits, start, n, key, 1.0, cfg, False, impl)
         return state
 
     return call
@@ -263,7 +257,16 @@ def check_lengths(cfg, prompt_len, n_new):
 
 
 def generate(
-    params, cfg, prompts, n_new, *, key=None, temperature=0.0, int8_weights=False, int8_cache=False
+    params,
+    cfg,
+    prompts,
+    n_new,
+    *,
+    key=None,
+    temperature=0.0,
+    int8_weights=False,
+    int8_cache=False,
+    decode_impl="xla",
 ):
     """prompts: int [B, P] -> int [B, P + n_new], the prompts and their continuations.
 
@@ -271,7 +274,8 @@ def generate(
     `key`. Prefill once, then n_new decode steps in compiled chunks of STEPS. Under a
     mesh (jax.set_mesh) the cache is split like the activations: rows over
     data and fsdp, KV heads over tp. int8_weights, int8_cache: decode reads its
-    weights, its cache, in int8 (sessions/quantize.py), one program for each kind."""
+    weights, its cache, in int8 (sessions/quantize.py), one program for each kind.
+    decode_impl "pallas": our kernels decode (sessions/decode_kernels.py)."""
     prompts = jnp.asarray(prompts, jnp.int32)
     if prompts.ndim != 2:
         raise UsageError(f"prompts must be [batch, length], got shape {prompts.shape}")
@@ -289,7 +293,8 @@ def generate(
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T], room for the new tokens
     w = decode_weights(params, cfg)
     w = quantize.quantize_decode_weights(w) if int8_weights else w
+    impl = decode_kernels.impl_for(decode_impl, platform_of(params))
     tokens, _, _ = decode_loop(
-        w, cache, tokens, logits, P, n_new, key, temperature, cfg=cfg, greedy=temperature == 0
+        w, cache, tokens, logits, P, n_new, key, temperature, cfg, temperature == 0, impl
     )
     return tokens[:, : P + n_new]

@@ -10,6 +10,7 @@ roofline, and ends with a sampled continuation.
     python sessions/s2_train.py --checkpoint-every 200 && python sessions/s3_infer.py
     python sessions/s3_infer.py --random-params --preset gpt2 --batches 1,8
     python sessions/s3_infer.py --target h100:1               # compile only, for a chip
+    python sessions/s3_infer.py --target h100:1 --decode-impl pallas --batches 1,8
     python sessions/s3_infer.py --target tpu-v5e:2x4 --mesh tp=8 --batches 8,64,512
 """
 
@@ -27,7 +28,7 @@ from roofline import decode_cost
 from roofline.flops import model_line
 from roofline.hardware import local_roofs
 from roofline.timing import time_calls
-from sessions import inference, sharding
+from sessions import decode_kernels, inference, sharding
 from sessions.errors import UsageError, run_main
 from sessions.plan import infer_on_target, programs
 from sessions.run.accelerator import check_accelerator_visible
@@ -66,13 +67,17 @@ def main(argv=None):
     # holds after the prompt (a prompt that fills it leaves none: an error).
     n = args.new_tokens or min(NEW_TOKENS, cfg.seq - P)
     inference.check_lengths(cfg, P, max(n, 1))
+    # --decode-impl pallas: our kernels, compiled for a GPU, elsewhere interpreted (slowly).
+    impl = decode_kernels.impl_for(args.decode_impl, devices[0].platform)
+    for B in args.batches if impl else []:  # what they do not run, refused before any work
+        decode_kernels.check_supported(cfg, B, devices=len(devices))
     mesh = sharding.make_mesh(sizes, devices)
     with jax.set_mesh(mesh):
         params, source = load_params(serving.checkpoint_dir, args.seed, cfg, meta, mesh)
         print(f"session 3 | {len(devices)} x {devices[0].device_kind} | {source}")
         print(
             f"model: {model_line(cfg, length='T')} | {cfg.dtype} | prompt {P} "
-            f"{unit}s, {n} decode steps"
+            f"{unit}s, {n} decode steps | decode {impl or 'xla'}"
         )
         # The roofs of the whole mesh: each device's datasheet, or this CPU's measured
         # figures, which its simulated devices share (roofline.hardware.local_roofs).
@@ -106,7 +111,9 @@ def main(argv=None):
             # queues ceil(n / STEPS) calls of one compiled program of inference.STEPS
             # steps, without waiting for any; each call of `decode` runs the n steps
             # from the prompt's end again.
-            decode = inference.repeatable_decode(weights, cache, tokens, logits, P, n, key, cfg)
+            decode = inference.repeatable_decode(
+                weights, cache, tokens, logits, P, n, key, cfg, impl
+            )
             step_s = time_calls(decode, repeats=REPEATS).median / n
 
             # Beside the roofline: the bytes and FLOPs a step of this batch must move.

@@ -72,6 +72,8 @@ def timed_decode(params, weights, cfg, prompt, B, n, int8_cache, roofs):
 
 def main(argv=None):
     args = serve_flags(argv)
+    if args.decode_impl != "xla":  # its levers are int8, which our kernels do not read
+        raise UsageError("--decode-impl pallas: s5_serve.py times int8 levers; try s3_infer.py")
     if args.target:  # the decode of each lever compiled for a chip this machine lacks; exit
         target, devices = programs.devices_for(args.target)
         serving = serving_config(args, platform=target.chip.platform)  # that chip's defaults

@@ -56,6 +56,9 @@ CONCEPTS = {
     "the weights as decode reads them": "decode_layout.py",
     "Mosaic GPU across JAX versions: compiled or interpreted": "mosaic.py",
     "the MLP half of a decode layer as one Mosaic GPU kernel": "decode_mlp.py",
+    "the decode step in kernels, two Mosaic GPU launches a layer; what they refuse": (
+        "decode_kernels.py"
+    ),
     "int8 weights and an int8 KV cache, absmax scales": "quantize.py",
     "what a cheaper decode costs in quality: loss through the decode path, greedy agreement": (
         "decode_quality.py"

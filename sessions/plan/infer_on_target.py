@@ -14,7 +14,7 @@ from roofline.flops import model_line, param_count
 from roofline.launch_bound import launch_bound, launch_cost
 from roofline.plan.decode import DecodePlan, decode_lines, decode_summary, launch_lines
 from roofline.predict import comm_time
-from sessions import inference, shapes, sharding
+from sessions import decode_kernels, inference, shapes, sharding
 from sessions.attention_choice import KERNEL_PLATFORM
 from sessions.attention_choice import choose as choose_attention
 from sessions.data import text_to_tokens
@@ -30,7 +30,10 @@ def plan_inference(serving, mesh_text, batches, target, devices, say=print):
     cfg, _ = inference_config(serving)
     prompt_len = len(text_to_tokens(serving.prompt))
     inference.check_lengths(cfg, prompt_len, 1)  # the decode program takes any count of steps
-    return plan_decode(mesh_text, cfg, batches, prompt_len, serving.preset, target, devices, say)
+    impl = decode_kernels.impl_for(serving.decode_impl, target.chip.platform)  # --decode-impl
+    return plan_decode(
+        mesh_text, cfg, batches, prompt_len, serving.preset, target, devices, say, impl
+    )
 
 
 def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
@@ -88,11 +91,12 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     }
 
 
-def plan_decode_batch(cfg, batch, mesh, target, say):
+def plan_decode_batch(cfg, batch, mesh, target, say, impl=None):
     """(DecodePlan, the compiled program) of the decode loop for `batch`
     sequences, or (None, why the compiler refused it)."""
     chip, n = target.chip, target.devices
     inputs, static = shapes.abstract_decode_inputs(cfg, batch, mesh)
+    static = {**static, "impl": impl}  # XLA's step (None) or our kernels' (decode_kernels.py)
     compiled, oom, seconds = programs.compile_or_oom(
         inference.decode_steps, inputs, static, mesh, chip, say
     )
@@ -159,7 +163,7 @@ class DecodePlanned(NamedTuple):
     compiled: object  # the decode program of the largest batch compiled (--hlo-out), or None
 
 
-def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, say=print):
+def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, say=print, impl=None):
     """Compile prefill (the largest batch) and the decode loop (each of `batches`;
     None: programs.DECODE_ROWS per data x fsdp group) for `target` over `mesh_text` (None:
     all on fsdp, as s2_train.py), print what each device holds, the decode
@@ -203,7 +207,7 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
 
     plans, refused, compiled = [], {}, None
     for b in sorted(batches):  # the last program compiled is the largest batch's (--hlo-out)
-        decoded, out = plan_decode_batch(cfg, b, mesh, target, say)
+        decoded, out = plan_decode_batch(cfg, b, mesh, target, say, impl)
         if decoded is None:
             refused[b] = out
         else:

@@ -209,6 +209,14 @@ def infer_parser(prog="s3_infer.py", description="Session 3: inference."):
     parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     add_tokenizer_flag(parser)
     parser.add_argument("--run-dir", default="runs/s3", help="the plot goes here")
+    parser.add_argument(
+        "--decode-impl",
+        choices=["xla", "pallas"],
+        default="xla",
+        help="the decode step: XLA's (default), or ours, two Mosaic GPU kernels a layer "
+        "(sessions/decode_kernels.py; bfloat16, batches up to 8). On a CPU ours runs in "
+        "Mosaic GPU's interpreter: slow, for stepping through, not for speed",
+    )
     # What resolve reads that s3 has no flag for: the model as trained, XLA's attention.
     parser.set_defaults(no_attention=False, no_positions=False, attention_impl=None)
     parser.set_defaults(eval_every=None)
@@ -274,6 +282,7 @@ class Serving(NamedTuple):
     tokenizer: str | None  # a tokenizer.json that writes token ids as text
     preset: str  # the preset's name, as resolve chose it
     corpus: str  # the platform's corpus, as session 2 trains on it: s5 validates on it
+    decode_impl: str  # "xla", or "pallas": our kernels (sessions/decode_kernels.py)
 
 
 def serving_config(args, platform=None):
@@ -284,6 +293,5 @@ def serving_config(args, platform=None):
     run = resolve(args, platform, attention_impl=attention, **held)
     asked = [f for f in SHAPES if args.preset or f in given(args, MODEL_FLAGS)]
     shapes = {f: getattr(run.model, f) for f in asked} | given(args, ("kv_heads",))
-    return Serving(
-        run.model, shapes, checkpoint_dir, args.prompt, args.tokenizer, run.preset, run.data
-    )
+    text = args.prompt, args.tokenizer
+    return Serving(run.model, shapes, checkpoint_dir, *text, run.preset, run.data, args.decode_impl)

@@ -1,6 +1,7 @@
 """Session 4 (s4_kernels): flash attention's pieces by hand, FSDP's all-gather
 and a collective matmul under jax.shard_map, on 8 simulated CPU devices; the FSDP
-napkin (when communication hides); a Pallas matmul with relu fused in."""
+napkin (when communication hides); a Pallas matmul with relu fused in; a norm
+fused into a matrix-vector product in Mosaic GPU, in its interpreter."""
 
 import math
 import re
@@ -22,6 +23,7 @@ fsdp_flops_per_chip = exercise("sharding.fsdp_flops_per_chip")
 fsdp_bytes_per_chip = exercise("sharding.fsdp_bytes_per_chip")
 fsdp_comm_hidden = exercise("sharding.fsdp_comm_hidden")
 matmul_relu = exercise("pallas_matmul.matmul_relu")
+norm_matvec = exercise("decode_mlp.norm_matvec")
 
 S, T, D = 32, 64, 16
 
@@ -200,3 +202,77 @@ def test_pallas_matmul_relu_matches_jax(blocks):
     np.testing.assert_allclose(
         got, jax.nn.relu(a @ b), atol=1e-4, rtol=1e-5, err_msg=f"blocks {blocks}"
     )
+
+
+# A norm fused into a matrix-vector product, in Mosaic GPU's interpreter.
+
+
+def mosaic_interpreter():
+    """Mosaic GPU's interpreter params, public in JAX 0.12, private in 0.10."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    if hasattr(plgpu, "InterpretGPUParams"):
+        return plgpu.InterpretGPUParams()
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    return InterpretGPUParams()
+
+
+def norm_inputs(B, E, F, seed=0):
+    """x far from unit RMS (30x), so a kernel that skips the norm is far off, and a
+    scale far from 1, so one that skips the scale is too."""
+    kx, ks, kw = jax.random.split(jax.random.key(seed), 3)
+    x = (30 * jax.random.normal(kx, (B, E))).astype(jnp.bfloat16)
+    scale = jax.random.uniform(ks, (E,), minval=0.2, maxval=2.0).astype(jnp.bfloat16)
+    w = (jax.random.normal(kw, (F, E)) / math.sqrt(E)).astype(jnp.bfloat16)
+    return x, scale, w
+
+
+@pytest.mark.exercise("decode_mlp.norm_matvec")
+@pytest.mark.parametrize("B, E, F", [(1, 64, 64), (3, 128, 64)])
+def test_norm_matvec_matches_float64(B, E, F):
+    """Against NumPy in float64. Tolerance: the normalised x may be rounded to bf16
+    (8 significant bits) as the model rounds it, half an ulp, 2^-8 relative, in
+    each term of the sum over E; float32's own sum adds about 2^-24·E, far less.
+    So |error| <= 2^-8 · sum over E of |xn|·|w|, each output on its own."""
+    x, scale, w = norm_inputs(B, E, F)
+    got = norm_matvec(x, scale, w, mosaic_interpreter())
+    assert got.shape == (B, F) and got.dtype == jnp.float32
+    x64, s64, w64 = (np.asarray(a, np.float64) for a in (x, scale, w))
+    xn = x64 / np.sqrt(np.mean(x64**2, axis=-1, keepdims=True) + 1e-6) * s64
+    want = xn @ w64.T
+    bound = 2.0**-8 * (np.abs(xn) @ np.abs(w64).T) + 1e-6
+    assert (np.abs(np.asarray(got) - want) <= bound).all(), np.abs(np.asarray(got) - want).max()
+
+
+# The primitive a Mosaic GPU kernel is in a jaxpr: pallas_call compiled for a GPU,
+# mpmd_map in the interpreter (JAX 0.10 and 0.12).
+KERNEL_PRIMITIVES = {"pallas_call", "mpmd_map"}
+
+
+def outside_kernels(jaxpr):
+    """(kernels, primitives outside them) of a jaxpr and the jaxprs inside it."""
+    kernels, outside = 0, []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in KERNEL_PRIMITIVES:
+            kernels += 1
+            continue
+        outside.append(eqn.primitive.name)
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", None)
+            inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr holds a Jaxpr
+            if inner is not None and hasattr(inner, "eqns"):
+                k, o = outside_kernels(inner)
+                kernels, outside = kernels + k, outside + o
+    return kernels, outside
+
+
+@pytest.mark.exercise("decode_mlp.norm_matvec")
+def test_norm_matvec_is_one_kernel_with_the_norm_inside():
+    """Fused: one kernel, and no norm (rsqrt) or product outside it."""
+    x, scale, w = norm_inputs(2, 64, 64)
+    jaxpr = jax.make_jaxpr(lambda x, s, w: norm_matvec(x, s, w, mosaic_interpreter()))(x, scale, w)
+    kernels, outside = outside_kernels(jaxpr.jaxpr)
+    assert kernels == 1, f"{kernels} kernels: expected one"
+    done_outside = {"rsqrt", "dot_general", "reduce_sum", "mul"} & set(outside)
+    assert not done_outside, f"{sorted(done_outside)} outside the kernel: fuse them into it"

@@ -1,0 +1,118 @@
+"""The decode step in kernels: each layer two Mosaic GPU launches, not XLA's dozen.
+
+At small batches a decode step on a GPU is bound by its launches, not its
+bytes: GPT-2's step compiled for an H100 runs 164 kernels a token, about
+0.39 ms measured, where its bytes take about 0.065 ms at the HBM roof. Here each
+layer is one kernel for its attention half (sessions/decode_attention.py) and
+one for its MLP half (sessions/decode_mlp.py); the embedding and the head (final
+norm, unembed) stay XLA's. Same signature and results as inference.decode_step.
+
+The residual between kernels ("pending" partial sums): a kernel may split its
+last matmul's contraction over P thread blocks, each writing its own float32
+partial sum [B, E], with no grid-wide barrier. The next kernel adds them:
+
+    x        [B, E] cfg.dtype  the residual without the partials still pending
+    pending  [P, B, E] f32     the last block's output, in P partial sums
+
+Each kernel begins with x_now = (x + sum_P pending, in float32, cast to cfg.dtype,
+as XLA rounds `x + block(x)`), its norm, its work, and returns (x_now, its own
+partials). After the last layer the step adds the last partials itself.
+
+`impl` names the step a decode program runs (inference.decode_steps): None for
+XLA's (inference.decode_step), "pallas" for these kernels compiled for a GPU, or
+"pallas-interpret" for the same kernels in Mosaic GPU's interpreter (a CPU, slowly).
+--decode-impl pallas picks between the two by the platform (impl_for).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from sessions.decode_layout import dense_out_in
+from sessions.errors import UsageError
+from sessions.model import embed, unembed
+
+MAX_BATCH = 8  # rows a wgmma's N holds: the batch rides there (see decode_mlp.py)
+TILE = 64  # a warpgroup's rows (wgmma's M): E, F and H·D come in tiles of it
+IMPLS = (None, "pallas", "pallas-interpret")
+
+
+def check_supported(cfg, batch, *, int8_weights=False, int8_cache=False, devices=1):
+    """None if the kernels run this model at this batch on `devices` devices, else
+    UsageError saying why, on one line."""
+    why = None
+    if jnp.dtype(cfg.dtype) != jnp.bfloat16:
+        why = "runs bfloat16: add --dtype bfloat16"
+    elif int8_weights or int8_cache:
+        why = "reads bfloat16 weights and cache, not int8"
+    elif batch > MAX_BATCH:
+        why = f"takes batches of at most {MAX_BATCH}, not {batch}"
+    elif devices > 1:
+        why = f"runs on one device, not a mesh of {devices}"
+    else:
+        sizes = {
+            "--embed": cfg.embed,
+            "--ff": cfg.ff,
+            "heads x --head-dim": cfg.heads * cfg.head_dim,
+        }
+        if odd := [f"{name} {n}" for name, n in sizes.items() if n % TILE]:
+            why = f"needs multiples of {TILE}, not {', '.join(odd)}"
+    if why:
+        raise UsageError(f"--decode-impl pallas {why}")
+
+
+def impl_for(decode_impl, platform):
+    """The step a --decode-impl runs on `platform` ("cpu", "gpu", "tpu"): our kernels
+    compiled for a GPU, anywhere else in Mosaic GPU's interpreter."""
+    if decode_impl == "xla":
+        return None
+    return "pallas" if platform == "gpu" else "pallas-interpret"
+
+
+def step_function(impl, xla_step):
+    """decode_step(w, cache, token, pos, cfg, live) for `impl` (IMPLS); xla_step is
+    inference.decode_step, which this module does not import (it imports this one)."""
+    if impl not in IMPLS:
+        raise ValueError(f"decode step {impl!r}: one of {IMPLS}")
+    if impl is None:
+        return xla_step
+    return functools.partial(kernel_decode_step, interpret=impl == "pallas-interpret")
+
+
+def _settle(x, pending):
+    """x [B, E] with its pending partials [P, B, E] added: in float32, then rounded
+    to x's dtype once, as XLA's `x + block(x)` rounds."""
+    return (x.astype(jnp.float32) + pending.sum(axis=0)).astype(x.dtype)
+
+
+def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
+    """One token per row through the model, two kernels a layer.
+
+    w: decode_weights(params, cfg); token: int [B] at position pos (traced) ->
+    (logits float32 [B, V] for position pos + 1, the cache with pos written unless
+    `live` is false), as inference.decode_step. interpret: run the kernels in
+    Mosaic GPU's interpreter (True on a CPU) or compile them for a GPU (False).
+    What the kernels do not run is refused here, as the program is traced."""
+    int8_cache = bool(cache) and "k_scale" in cache[0]
+    int8_weights = any(leaf.dtype == jnp.int8 for leaf in jax.tree.leaves(w))
+    mesh = jax.sharding.get_abstract_mesh()  # the mesh the step is traced under, if any
+    devices = 1 if mesh.empty else mesh.size
+    kinds = {"int8_weights": int8_weights, "int8_cache": int8_cache, "devices": devices}
+    check_supported(cfg, token.shape[0], **kinds)
+    # Imported here, as first traced: XLA's decode never loads Mosaic GPU.
+    from sessions import decode_attention, decode_mlp
+
+    x = embed(w, token[:, None], cfg, start=pos)[:, 0]  # [B, E]
+    pending = jnp.zeros((1, *x.shape), jnp.float32)  # nothing pending before layer 0
+    written = []
+    for i, layer in enumerate(w["layers"]):
+        if cfg.attention:
+            x, pending, new = decode_attention.attention_layer(
+                layer, cache[i], x, pending, pos, live, cfg, interpret=interpret
+            )
+            written.append(new)
+        x, pending = decode_mlp.mlp_layer(layer, x, pending, cfg, interpret=interpret)
+    x = _settle(x, pending)[:, None]  # [B, 1, E]: the last layer's partials, added here
+    logits = unembed(w, x, dense=dense_out_in)[:, 0].astype(jnp.float32)
+    return logits, written if cfg.attention else cache

@@ -1,0 +1,334 @@
+"""The decode step in kernels (sessions/decode_kernels.py) against XLA's
+(inference.decode_step, sessions/inference.py), and `--decode-impl`, on a CPU.
+
+On a CPU the kernels run in Mosaic GPU's interpreter. Until sessions/decode_attention.py
+and sessions/decode_mlp.py exist, tests/stand_in_kernels.py stands in for them
+(plain JAX with the contract's signatures), so these tests hold the step, the
+residual handoff, the refusals and the flag; once the kernels land, the same
+tests run the kernels. Shapes are tiny: the interpreter is slow.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import stand_in_kernels
+from helpers import need, run_script, s3_in_process
+
+stand_in_kernels.install()  # before decode_kernels imports the kernel modules
+
+from sessions import decode_kernels, inference  # noqa: E402
+from sessions.config import PRESETS, ModelConfig  # noqa: E402
+from sessions.decode_layout import decode_weights  # noqa: E402
+from sessions.errors import UsageError  # noqa: E402
+from sessions.model import init_params  # noqa: E402
+
+# The smallest shapes the kernels take: E, F and H·D in tiles of 64.
+TINY = ModelConfig(
+    vocab=256, embed=64, ff=128, heads=2, head_dim=32, layers=2, seq=64, dtype="bfloat16"
+)
+ONE = dataclasses.replace(TINY, layers=1)  # one layer: quicker to compile twice
+FAMILY = dataclasses.replace(ONE, heads=4, head_dim=16, kv_heads=2, rope=True, gated=True)
+P = 5  # prompt tokens
+
+
+def setup(cfg, batch, seed=0):
+    """(decode weights, params, logits of the prompt, the prefilled cache, prompts)."""
+    params = init_params(cfg, jax.random.key(seed))
+    prompts = jax.random.randint(jax.random.key(seed + 1), (batch, P), 0, cfg.vocab)
+    logits, cache = inference.prefill(params, prompts, cfg)
+    return decode_weights(params, cfg), params, logits, cache, prompts
+
+
+def both_steps(cfg, batch, live):
+    """(XLA's (logits, cache), the kernels' (logits, cache), the cache before), one
+    step at position P from the same prefilled cache."""
+    w, _, logits, cache, _ = setup(cfg, batch)
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def xla(w, cache, token, live):
+        return inference.decode_step(w, cache, token, jnp.int32(P), cfg, live)
+
+    def ours(w, cache, token, live):
+        return decode_kernels.kernel_decode_step(
+            w, cache, token, jnp.int32(P), cfg, live, interpret=True
+        )
+
+    live = jnp.bool_(live)
+    return jax.jit(xla)(w, cache, token, live), jax.jit(ours)(w, cache, token, live), cache
+
+
+@pytest.mark.parametrize(
+    "cfg, batch",
+    [(ONE, 1), (TINY, 3), (FAMILY, 2)],
+    ids=["mha-b1", "mha-two-layers-b3", "gqa-rope-gated-b2"],
+)
+def test_the_kernel_step_equals_xla_s(cfg, batch):
+    """Logits and the slot written within bf16's reach; the rest of the cache bit for bit.
+
+    XLA itself does not promise where a step rounds to bf16: its default allows
+    excess precision, so a fusion may keep a norm's or a block's output in float32
+    (two XLA programs of the same step differ here, in the slot written even in
+    layer 0), and the kernels sum their float32 partials before one rounding. So
+    each of the 2L blocks, and each norm, may round once differently: half an ulp
+    of bf16 (2^-8 relative, 8 significant bits) each, which a normalised dot
+    carries on at most in proportion; and two inputs that differ may round their
+    output to neighbouring bf16 values, one ulp (2^-7) apart. Layer i's written
+    slot is held to 2^-7 + (2i + 1)·2^-8 of the cache's largest value, the logits
+    to 2^-7 + (2L + 1)·2^-8 of theirs.
+    The kernels' own cache write is held bit for bit where its input is the same
+    (the kernel's tests)."""
+    (want, want_cache), (got, got_cache), _ = both_steps(cfg, batch, live=True)
+    assert got.shape == want.shape == (batch, cfg.vocab) and got.dtype == jnp.float32
+    tol = (2 * cfg.layers + 3) * 2.0**-8 * float(jnp.abs(want).max())
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=tol)
+    assert len(got_cache) == cfg.layers
+    for i, (ours, theirs) in enumerate(zip(got_cache, want_cache, strict=True)):
+        for name in ("k", "v"):
+            assert ours[name].dtype == theirs[name].dtype
+            a, b = np.asarray(ours[name], np.float32), np.asarray(theirs[name], np.float32)
+            tol = (2 * i + 3) * 2.0**-8 * np.abs(b).max()
+            np.testing.assert_allclose(a, b, rtol=0, atol=tol, err_msg=f"layer {i} {name}")
+            t = -1 if name == "k" else -2  # T's axis: k [B, K, D, T], v [B, K, T, D]
+            np.testing.assert_array_equal(np.delete(a, P, axis=t), np.delete(b, P, axis=t))
+
+
+def test_a_step_that_is_not_live_writes_nothing():
+    """decode_steps runs steps past n that must leave the cache as it was."""
+    _, (_, got_cache), before = both_steps(ONE, 2, live=False)
+    for ours, old in zip(got_cache, before, strict=True):
+        for name in ("k", "v"):
+            np.testing.assert_array_equal(
+                np.asarray(ours[name], np.float32), np.asarray(old[name], np.float32)
+            )
+
+
+def test_generated_tokens_equal_xla_s():
+    """Greedy, a few tokens: --decode-impl pallas gives XLA's tokens (on a CPU its
+    kernels run in the interpreter)."""
+    _, params, _, _, prompts = setup(TINY, 2)
+    want = inference.generate(params, TINY, prompts, 3)
+    got = inference.generate(params, TINY, prompts, 3, decode_impl="pallas")
+    assert got.shape == (2, P + 3)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize(
+    "change, batch, kinds, why",
+    [
+        ({"dtype": "float32"}, 1, {}, "runs bfloat16: add --dtype bfloat16"),
+        ({}, 1, {"int8_weights": True}, "not int8"),
+        ({}, 1, {"int8_cache": True}, "not int8"),
+        ({}, 9, {}, "at most 8, not 9"),
+        ({}, 1, {"devices": 2}, "one device, not a mesh of 2"),
+        ({"embed": 48}, 1, {}, "multiples of 64, not --embed 48"),
+        ({"ff": 96}, 1, {}, "multiples of 64, not --ff 96"),
+        ({"heads": 3, "head_dim": 20}, 1, {}, "not heads x --head-dim 60"),
+    ],
+)
+def test_what_the_kernels_do_not_run_is_refused_in_one_line(change, batch, kinds, why):
+    cfg = dataclasses.replace(TINY, **change)
+    with pytest.raises(UsageError) as refused:
+        decode_kernels.check_supported(cfg, batch, **kinds)
+    message = str(refused.value)
+    assert why in message and message.startswith("--decode-impl pallas ")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("preset", ["cpu", "course", "gpt2"])
+def test_the_course_s_presets_qualify_in_bfloat16(preset):
+    cfg = dataclasses.replace(PRESETS[preset].model, dtype="bfloat16")
+    for batch in (1, 8):
+        assert decode_kernels.check_supported(cfg, batch) is None
+
+
+def test_the_step_refuses_as_it_is_traced():
+    """Any program that traces the kernels' step (s3's --target, the benchmark)
+    stops on what they do not run, not inside a kernel."""
+    cfg = dataclasses.replace(TINY, dtype="float32")
+    w, _, _, cache, _ = setup(cfg, 1)
+    token = jnp.zeros((1,), jnp.int32)
+    with pytest.raises(UsageError, match="runs bfloat16"):
+        jax.eval_shape(
+            lambda: decode_kernels.kernel_decode_step(w, cache, token, 0, cfg, interpret=True)
+        )
+
+
+def test_the_step_refuses_a_mesh_as_it_is_traced():
+    w, _, _, cache, _ = setup(ONE, 2)
+    token = jnp.zeros((2,), jnp.int32)
+    mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+    with jax.set_mesh(mesh), pytest.raises(UsageError, match="not a mesh of 2"):
+        jax.eval_shape(
+            lambda: decode_kernels.kernel_decode_step(w, cache, token, 0, ONE, interpret=True)
+        )
+
+
+def test_the_flag_picks_the_step_by_platform():
+    assert decode_kernels.impl_for("xla", "gpu") is None
+    assert decode_kernels.impl_for("pallas", "gpu") == "pallas"
+    assert decode_kernels.impl_for("pallas", "cpu") == "pallas-interpret"
+    xla = object()
+    assert decode_kernels.step_function(None, xla) is xla
+    interpreted = decode_kernels.step_function("pallas-interpret", xla)
+    compiled = decode_kernels.step_function("pallas", xla)
+    assert interpreted.keywords == {"interpret": True}
+    assert compiled.keywords == {"interpret": False}
+    with pytest.raises(ValueError):
+        decode_kernels.step_function("xla", xla)
+
+
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        (["--decode-impl", "cuda"], "invalid choice: 'cuda'"),
+        (["--decode-impl", "pallas", "--dtype", "float32"], "runs bfloat16"),
+        (["--decode-impl", "pallas", "--dtype", "bfloat16", "--batches", "16"], "at most 8"),
+    ],
+)
+def test_s3_refuses_on_one_line(argv, why, capsys):
+    shape = ["--embed", "64", "--ff", "128", "--heads", "2", "--head-dim", "32", "--layers", "1"]
+    code, _, err = s3_in_process(["--random-params", "--seq", "64", *shape, *argv], capsys)
+    assert code == 2 and why in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_s5_refuses_pallas_on_one_line(capsys):
+    code, _, err = run_script("sessions/s5_serve.py", ["--decode-impl", "pallas"], capsys)
+    assert code == 2 and "int8 levers" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_target_compiles_the_kernels_for_the_chip(monkeypatch):
+    """s3 --target h100:1 --decode-impl pallas traces the kernels' step with
+    interpret=False (this machine has no GPU, but the program is for one)."""
+    need("gpu")
+    from sessions.plan import programs
+    from sessions.plan.infer_on_target import plan_inference
+    from sessions.run.cli import infer_flags, serving_config
+
+    seen = []
+    real = decode_kernels.kernel_decode_step
+
+    def spy(*args, interpret, **kwargs):
+        seen.append(interpret)
+        return real(*args, interpret=interpret, **kwargs)
+
+    monkeypatch.setattr(decode_kernels, "kernel_decode_step", spy)
+    shape = ["--embed", "64", "--ff", "128", "--heads", "2", "--head-dim", "32", "--layers", "1"]
+    flags = ["--target", "h100:1", "--seq", "64", "--batches", "1", "--decode-impl", "pallas"]
+    args = infer_flags([*flags, *shape])
+    target, devices = programs.devices_for("h100:1")
+    serving = serving_config(args, platform=target.chip.platform)
+    planned = plan_inference(serving, None, args.batches, target, devices, lambda *a: None)
+    assert planned.plans and seen and not any(seen)
+
+
+def test_s3_decodes_with_the_kernels_interpreted_on_a_cpu(tmp_path, capsys, monkeypatch):
+    """s3 --decode-impl pallas on a CPU times the kernels' step, interpreted: its
+    decode is stopped where it starts, the step it asked for recorded."""
+
+    class Asked(Exception):
+        pass
+
+    def spy(*args):
+        raise Asked(args[-1])
+
+    monkeypatch.setattr(inference, "repeatable_decode", spy)
+    shape = ["--embed", "64", "--ff", "128", "--heads", "2", "--head-dim", "32", "--layers", "1"]
+    flags = ["--random-params", "--seq", "64", "--dtype", "bfloat16", "--batches", "1"]
+    more = ["--new-tokens", "2", "--decode-impl", "pallas", "--run-dir", str(tmp_path)]
+    with pytest.raises(Asked) as asked:
+        s3_in_process([*flags, *shape, *more], capsys)
+    assert asked.value.args == ("pallas-interpret",)
+    assert "decode pallas-interpret" in capsys.readouterr().out
+
+
+def test_bench_refuses_on_one_line(capsys):
+    code, _, err = run_script("scripts/bench_decode.py", ["--decode-impl", "xla,cuda"], capsys)
+    assert code == 2 and "--decode-impl cuda" in err and len(err.strip().splitlines()) == 1
+    argv = ["--decode-impl", "xla,pallas", "--dtype", "float32"]
+    code, _, err = run_script("scripts/bench_decode.py", argv, capsys)
+    assert code == 2 and "runs bfloat16" in err and len(err.strip().splitlines()) == 1, err
+
+
+# A decode program by hand: a fusion before the loop, and in its body two fusions
+# and a custom call (a kernel of ours): 3 kernels a step.
+HLO = """HloModule m
+
+%fused_a (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %n = f32[4]{0} negate(%p)
+}
+
+%body (t: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[4]{0} get-tuple-element(%t), index=1
+  %f1 = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_a
+  %f2 = f32[4]{0} fusion(%f1), kind=kLoop, calls=%fused_a
+  %c = f32[4]{0} custom-call(%f2), custom_call_target="mosaic_gpu"
+  ROOT %r = (s32[], f32[4]{0}) tuple(%i, %c)
+}
+
+%cond (t: (s32[], f32[4])) -> pred[] {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %k = s32[] constant(16)
+  ROOT %lt = pred[] compare(%i, %k), direction=LT
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %f0 = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_a
+  %z = s32[] constant(0)
+  %t = (s32[], f32[4]{0}) tuple(%z, %f0)
+  %w = (s32[], f32[4]{0}) while(%t), condition=%cond, body=%body
+  ROOT %o = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def bench_module():
+    import runpy
+
+    return runpy.run_path("scripts/bench_decode.py", run_name="bench_decode")
+
+
+def test_the_bench_counts_a_step_s_kernels():
+    assert bench_module()["count_kernels"](HLO) == 3
+
+
+def test_the_bench_says_whether_ours_is_no_slower():
+    no_slower = bench_module()["no_slower"]
+
+    class Got:
+        def __init__(self, tokens_per_s):
+            self.tokens_per_s = tokens_per_s
+
+    table = {"xla": {1: (Got(100), 9), 16: (Got(900), 9)}, "pallas": {1: (Got(150), 3)}}
+    assert no_slower([table]) is True  # batch 16: ours did not run, so not compared
+    table["pallas"][1] = (Got(99), 3)
+    assert no_slower([table]) is False
+    assert no_slower([{"xla": table["xla"]}]) is None
+
+
+@pytest.mark.parametrize("impl, calls", [(None, 0), ("pallas-interpret", 1)])
+def test_the_decode_program_runs_the_step_it_is_asked_for(impl, calls, monkeypatch):
+    """inference.decode_steps traces the kernels' step once (its loop's body) for
+    impl "pallas-interpret" and never for XLA's."""
+    seen = []
+    real = decode_kernels.kernel_decode_step
+
+    def spy(*args, interpret, **kwargs):
+        seen.append(interpret)
+        return real(*args, interpret=interpret, **kwargs)
+
+    monkeypatch.setattr(decode_kernels, "kernel_decode_step", spy)
+    jax.clear_caches()  # a trace of the same shapes, cached, would never call the spy
+    w = decode_weights(init_params(ONE, jax.random.key(0)), ONE)
+    tokens, logits = jnp.zeros((1, ONE.seq), jnp.int32), jnp.zeros((1, ONE.vocab), jnp.float32)
+    cache = inference.init_cache(ONE, 1)
+    args = (w, cache, tokens, logits, P, 1, jax.random.key(0), 1.0, ONE, True, impl)
+    jax.eval_shape(inference.decode_steps, *args)
+    assert seen == [True] * calls
