@@ -41,7 +41,7 @@ import numpy as np
 
 from harness.naive_step import uncached_generate
 from roofline import decode_cost
-from roofline.compiled.hlo import parse
+from roofline.compiled.launches import kernels_per_token
 from roofline.hardware import local_roofs
 from roofline.timing import time_calls
 from sessions import decode_kernels, inference, sharding
@@ -119,22 +119,7 @@ def kernels_a_token(weights, cfg, batch, impl):
     cache = inference.init_cache(cfg, batch)
     tokens, logits = jnp.zeros((batch, T), jnp.int32), jnp.zeros((batch, V), jnp.float32)
     args = (weights, cache, tokens, logits, 1, 1, jax.random.key(0), 1.0, cfg, False, impl)
-    return count_kernels(inference.decode_steps.lower(*args).compile().as_text())
-
-
-def count_kernels(hlo_text):
-    """STAND-IN, for roofline/compiled/launches.py's kernels_per_token(hlo_text) ->
-    (count, {kind: n}) once it lands: here the fusions and custom calls of the
-    decode loop's body (one step), which misses library calls and the loop's
-    condition on a GPU."""
-    module = parse(hlo_text)
-    fused = {c for _, op in module.instructions() if op.opcode == "fusion" for c in op.called}
-    in_loop = module.trip_counts
-    return sum(
-        op.opcode in ("fusion", "custom-call")
-        for computation, op in module.instructions()
-        if computation.name in in_loop and computation.name not in fused
-    )
+    return kernels_per_token(inference.decode_steps.lower(*args).compile())[0]
 
 
 def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
