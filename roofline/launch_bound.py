@@ -11,17 +11,18 @@ three times is largest binds: "bytes", "FLOPs" or "launches".
 
 The per-launch cost, by chip family (launch_cost), each with its source:
 
-  NVIDIA GPUs  2.4 us, measured: GPT-2's decode at batch 1 on an H100 SXM took 0.39 ms
-               a token (docs/h100-run/s3_gpt2_bf16_random.log), and its step, compiled
-               for h100:1, launches 164 kernels a token (roofline/compiled/launches.py):
-               0.39 ms / 164 = 2.38 us. It charges the whole step to its launches (the
-               bytes alone take 0.062 ms), so it is what a launch costs in XLA's
-               decode, gaps and all: an upper figure (the course preset's 61 kernels
-               took 0.091 ms a token on that GPU, 1.5 us each, docs/results.md).
-               Other NVIDIA GPUs: carried over from the H100,
-               not measured on them. For reference, not the figure: about 1.3 us a
-               launch on an H100 even inside CUDA graphs (Hazy Research, "Look Ma, No
-               Bubbles!", 2025), the lower figure a tuned runtime reaches.
+  NVIDIA GPUs  1.5 us, measured: the smallest step over its kernels of two decodes on
+               an H100 SXM (JAX 0.11.2, commit 4a81693). The course preset at batch 1 took
+               90.77 us a token (docs/h100-run/accelerator-check/check.json) and its step,
+               compiled for h100:1, launches 61 kernels (roofline/compiled/launches.py):
+               1.49 us. GPT-2 at batch 1 took 0.39 ms over 164 kernels
+               (docs/h100-run/s3_gpt2_bf16_random.log): 2.4 us. Each ratio charges a
+               kernel's own work to its launch too, so each is an upper bound on a launch;
+               the least keeps kernels x cost under every step measured, as a roof must.
+               Other NVIDIA GPUs: carried over from the H100, not measured on them. The
+               published reference: about 1.3 us a launch on an H100 even inside CUDA
+               graphs (Hazy Research, "Look Ma, No Bubbles!", 2025). The three agree that
+               a launch costs 1.3-2.4 us.
   TPUs         none: the term does not apply. A TPU's compiled step is one program its
                TensorCore runs from start to end, its fusions in sequence inside it;
                no host or front end launches them one by one.

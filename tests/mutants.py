@@ -1337,6 +1337,13 @@ MUTANTS = [
         (f"{LAUNCH_BOUND}::test_the_largest_of_three_binds",),
     ),
     Mutant(
+        "launch-cost-not-floor",
+        "a launch's cost taken as the larger measured step over its kernels, not the least",
+        "roofline/gpus.py",
+        (("GPU_LAUNCH_S = min(", "GPU_LAUNCH_S = max("),),
+        (f"{LAUNCH_BOUND}::test_the_roof_sits_under_every_step_measured_on_the_h100",),
+    ),
+    Mutant(
         "launch-table-bound",
         "the planner's table names the bytes-or-FLOPs bound, blind to the launches",
         "roofline/plan/serving.py",

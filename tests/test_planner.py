@@ -186,10 +186,10 @@ def test_decode_s_summary_keys_and_numbers(tmp_path, capsys):
     keys = {"batch", "kv_cache_bytes", "total_bytes", "fits", "step_seconds", "bound"}
     keys |= {"tokens_per_second", "launch_seconds"}
     assert [set(b) for b in summary["batches"]] == 3 * [keys]
-    # XLA's 13 kernels a layer and 8 besides: 32 x 13 + 8 = 424 a token, 2.4 us each
-    # (0.39 ms / 164): 1.01 ms, under the 4.80 ms the bytes take at batch 1.
+    # XLA's 13 kernels a layer and 8 besides: 32 x 13 + 8 = 424 a token, 1.488 us each
+    # (90.77 us / 61): 0.631 ms, under the 4.80 ms the bytes take at batch 1.
     assert summary["kernels_per_token"] == 424
-    assert summary["batches"][0]["launch_seconds"] == pytest.approx(424 * 0.39e-3 / 164)
+    assert summary["batches"][0]["launch_seconds"] == pytest.approx(424 * 90.77e-6 / 61)
     assert [b["bound"] for b in summary["batches"]] == ["bytes"] * 3
     assert summary["params"] == 8_030_261_248 and summary["critical_batch"] is None
     assert [b["fits"] for b in summary["batches"]] == [True, True, False]
