@@ -62,8 +62,11 @@ SWIZZLED = (plgpu.TilingTransform((8, TILE)), plgpu.SwizzleTransform(128))
 ROWS = 64  # tokens padded to the wgmma's M
 
 
-def _load(ref, layout):
-    """A ref's whole contents into registers, in `layout` (JAX 0.10 also takes an index)."""
+def _load(ref, layout, interpret):
+    """A ref's whole contents into registers, in `layout` (JAX 0.10 also takes an index,
+    and its interpreter takes no plgpu.load: layouts are the compiler's concern)."""
+    if interpret:
+        return ref[...]
     if "idx" in inspect.signature(plgpu.load).parameters:  # JAX 0.10
         return plgpu.load(ref, (), layout=layout, optimized=False)
     return plgpu.load(ref, layout=layout, optimized=False)
@@ -74,12 +77,12 @@ def _layouts():
     return wgmma, wgmma.reduce(1), wgmma.reduce(0)  # [64, n], per row [64], per column [n]
 
 
-def _kernel(dims, refs, scratch):
+def _kernel(dims, interpret, refs, scratch):
     """One CTA: the attention half for KV head kh over all B tokens."""
     B, P, E, H, K, D, T, rope = dims
     G, GD, nE = H // K, H // K * D, E // TILE
     x_ref, pend_ref, norm_ref, wq, wk, wv, wo, rope_ref, pos_ref, kc, vc, x_out, pend_out = refs
-    xn, wtile, bstage, fstage, normv, ropev, qs, ks, vs, kplain, vplain, ktile, vtile, ptile, os_, bar = (
+    xn, wtile, bstage, fstage, normv, ropev, qs, ks, vs, kplain, vplain, ktile, vtile, ptile, ttile, bar = (
         scratch
     )
     WG, ROW, COL = _layouts()
@@ -91,8 +94,22 @@ def _kernel(dims, refs, scratch):
         plgpu.copy_gmem_to_smem(src, dst, bar)
         plgpu.barrier_wait(bar)
 
+    def transposed(tile):  # wgmma's B as tile^T; JAX 0.10's interpreter takes no transpose_ref
+        if interpret and not hasattr(plgpu, "InterpretGPUParams"):
+            ttile[...] = tile[...].T
+            return ttile
+        return plgpu.transpose_ref(tile, (1, 0))
+
+    def cast(value, layout):  # JAX 0.10's interpreter has no layout_cast: layouts are compiled
+        return value if interpret else plgpu.layout_cast(value, layout)
+
     def zeros(shape, layout):
-        return plgpu.layout_cast(jnp.zeros(shape, f32), layout)
+        return cast(jnp.zeros(shape, f32), layout)
+
+    def iota(dim):
+        if interpret:
+            return lax.broadcasted_iota(jnp.int32, (ROWS, TILE), dim)
+        return plgpu.broadcasted_iota(jnp.int32, (ROWS, TILE), dim, layout=WG)
 
     def matmul(steps, operands, n=TILE):
         """The sum over c < steps of a @ b, (a, b) = operands(c): float32 [64, n],
@@ -111,7 +128,6 @@ def _kernel(dims, refs, scratch):
     # 1. x_now = x + pending, 64 columns at a time (rows >= B stay zero), and its sum of squares.
     bstage[...] = zeros((ROWS, TILE), WG).astype(bf16)
     fstage[...] = zeros((ROWS, TILE), WG)
-    tma(norm_ref, normv)
     if rope:
         tma(rope_ref, ropev)
 
@@ -119,10 +135,10 @@ def _kernel(dims, refs, scratch):
         cols = pl.ds(c * TILE, TILE)
         plgpu.commit_smem()
         tma(x_ref.at[:, cols], bstage.at[:B])
-        x = _load(bstage, WG).astype(f32)
+        x = _load(bstage, WG, interpret).astype(f32)
         for p in range(P):
             tma(pend_ref.at[p, :, cols], fstage.at[:B])
-            x = x + _load(fstage, WG)
+            x = x + _load(fstage, WG, interpret)
         x = x.astype(bf16)
         xn.at[:, cols][...] = x
 
@@ -142,7 +158,8 @@ def _kernel(dims, refs, scratch):
     @pl.loop(0, nE)
     def _(c):
         cols = pl.ds(c * TILE, TILE)
-        scale = _load(normv.at[cols], COL).astype(f32)
+        tma(norm_ref.at[cols], normv)
+        scale = _load(normv, COL, interpret).astype(f32)
         x = xn.at[:, cols][...].astype(f32)
         x = x * lax.broadcast_in_dim(inv, x.shape, [0]) * lax.broadcast_in_dim(scale, x.shape, [1])
         xn.at[:, cols][...] = x.astype(bf16)
@@ -165,7 +182,7 @@ def _kernel(dims, refs, scratch):
                     plgpu.barrier_wait(bar)
             else:
                 tma(w.at[pl.ds(row0, TILE), cols], wtile)
-            return xn.at[:, cols], plgpu.transpose_ref(wtile, (1, 0))
+            return xn.at[:, cols], transposed(wtile)
 
         return matmul(nE, chunk).astype(bf16)
 
@@ -174,8 +191,8 @@ def _kernel(dims, refs, scratch):
         if not rope:
             return y
         swapped = project(w, row0, turned=True).astype(f32)
-        cos = _load(ropev.at[0, pl.ds(j * TILE, TILE)], COL)
-        sin = _load(ropev.at[1, pl.ds(j * TILE, TILE)], COL)
+        cos = _load(ropev.at[0, pl.ds(j * TILE, TILE)], COL, interpret)
+        sin = _load(ropev.at[1, pl.ds(j * TILE, TILE)], COL, interpret)
         cos, sin = (lax.broadcast_in_dim(t, y.shape, [1]) for t in (cos, sin))
         return y * cos + swapped * sin  # sin is negated on the first half (rope_tables)
 
@@ -193,8 +210,7 @@ def _kernel(dims, refs, scratch):
     # 3. Attention, per query head g and cache row b: online softmax over the new token
     # and then the cache's filled blocks; row b of each result is token b's.
     scale = D**-0.5
-    rows = plgpu.broadcasted_iota(jnp.int32, (ROWS, TILE), 0, layout=WG)
-    cols64 = plgpu.broadcasted_iota(jnp.int32, (ROWS, TILE), 1, layout=WG)
+    rows, cols64 = iota(0), iota(1)
     for g in range(G):
         s_new = zeros((ROWS,), ROW)
         for j in range(D // TILE):
@@ -221,14 +237,14 @@ def _kernel(dims, refs, scratch):
 
             o0 = vs[...].astype(f32)  # weight exp(s_new - m) = 1 with m = s_new
             o, _, l = lax.fori_loop(
-                0, (pos + TILE - 1) // TILE, block, (o0, s_new, plgpu.layout_cast(jnp.ones((ROWS,), f32), ROW))
+                0, (pos + TILE - 1) // TILE, block, (o0, s_new, cast(jnp.ones((ROWS,), f32), ROW))
             )
             o = o / lax.broadcast_in_dim(l, o.shape, [0])
             for j in range(D // TILE):
                 oj = o[:, j * TILE : (j + 1) * TILE] if D > TILE else o
                 out[j] = jnp.where(rows == b, oj, out[j])
         for j in range(D // TILE):
-            os_.at[:, pl.ds(g * D + j * TILE, TILE)][...] = out[j].astype(bf16)
+            qs.at[:, pl.ds(g * D + j * TILE, TILE)][...] = out[j].astype(bf16)
     plgpu.commit_smem()
 
     # 4. This KV head's partial sum of the output projection, 64 columns of E at a time.
@@ -236,7 +252,7 @@ def _kernel(dims, refs, scratch):
     def _(e):
         def chunk(c):
             tma(wo.at[pl.ds(e * TILE, TILE), pl.ds(kh * GD + c * TILE, TILE)], wtile)
-            return os_.at[:, pl.ds(c * TILE, TILE)], plgpu.transpose_ref(wtile, (1, 0))
+            return qs.at[:, pl.ds(c * TILE, TILE)], transposed(wtile)
 
         fstage[...] = matmul(GD // TILE, chunk)
         plgpu.commit_smem()
@@ -271,12 +287,13 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, interpret):
     K, T = cache["k"].shape[1], cache["k"].shape[-1]
     dims = (B, pending.shape[0], E, H, K, D, T, bool(cfg.rope))
     G, bf16 = H // K, jnp.bfloat16
+    old_interpreter = interpret and not hasattr(plgpu, "InterpretGPUParams")  # ttile: JAX 0.10's
     scratch = [
         plgpu.SMEM((ROWS, E), bf16, transforms=SWIZZLED),  # xn: x_now, then normed
         plgpu.SMEM((TILE, TILE), bf16, transforms=SWIZZLED),  # wtile
         plgpu.SMEM((ROWS, TILE), bf16),  # bstage
         plgpu.SMEM((ROWS, TILE), jnp.float32),  # fstage
-        plgpu.SMEM((E,), bf16),  # normv
+        plgpu.SMEM((TILE,), bf16),  # normv
         plgpu.SMEM((2, D), jnp.float32),  # ropev
         plgpu.SMEM((ROWS, G * D), bf16, transforms=SWIZZLED),  # qs
         plgpu.SMEM((ROWS, D), bf16, transforms=SWIZZLED),  # ks
@@ -286,12 +303,12 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, interpret):
         plgpu.SMEM((D, TILE), bf16, transforms=SWIZZLED),  # ktile
         plgpu.SMEM((TILE, D), bf16, transforms=SWIZZLED),  # vtile
         plgpu.SMEM((ROWS, TILE), bf16, transforms=SWIZZLED),  # ptile
-        plgpu.SMEM((ROWS, G * D), bf16, transforms=SWIZZLED),  # os
+        plgpu.SMEM((TILE, TILE) if old_interpreter else (8, TILE), bf16, transforms=SWIZZLED),
         plgpu.Barrier(num_arrivals=1),
     ]
 
     def body(*refs):
-        pl.run_scoped(lambda *s: _kernel(dims, refs, s), *scratch)
+        pl.run_scoped(lambda *s: _kernel(dims, interpret, refs, s), *scratch)
 
     flags = jnp.stack([jnp.asarray(pos, jnp.int32), jnp.asarray(live, jnp.int32)])
     rope = rope_tables(jnp.asarray(pos), D, cfg.rope_base) if cfg.rope else jnp.zeros((2, D))

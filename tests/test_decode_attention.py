@@ -1,0 +1,122 @@
+"""The attention half of a decode layer as one Mosaic GPU kernel (sessions/decode_attention.py):
+run in Mosaic GPU's interpreter on this CPU against XLA's attention half of
+inference.decode_step, and compiled for an H100 without one."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sessions import inference
+from sessions.config import ModelConfig
+from sessions.decode_attention import attention_layer
+from sessions.decode_layout import dense_out_in
+from sessions.model import attention_block, rms_norm
+from tests.helpers import need
+
+
+def make(B, E, H, K, D, T, P, rope, seed=0):
+    """A layer in the decode layout (weights [out, in]), a filled cache, x and P pending sums."""
+    cfg = ModelConfig(embed=E, heads=H, head_dim=D, kv_heads=K, seq=T, rope=rope, dtype="bfloat16")
+    keys = jax.random.split(jax.random.key(seed), 9)
+
+    def normal(key, shape, scale=1.0):
+        return (jax.random.normal(key, shape) * scale).astype(jnp.bfloat16)
+
+    layer = {
+        "wq": normal(keys[0], (H, D, E), E**-0.5),
+        "wk": normal(keys[1], (K, D, E), E**-0.5),
+        "wv": normal(keys[2], (K, D, E), E**-0.5),
+        "wo": normal(keys[3], (E, H, D), (H * D) ** -0.5),
+        "attn_norm": (1 + 0.1 * jax.random.normal(keys[4], (E,))).astype(jnp.bfloat16),
+    }
+    cache = {"k": normal(keys[5], (B, K, D, T)), "v": normal(keys[6], (B, K, T, D))}
+    pending = jax.random.normal(keys[8], (P, B, E)) * 0.5
+    return cfg, layer, cache, normal(keys[7], (B, E)), pending
+
+
+def xla_half(layer, cache, x, pending, pos, live, cfg):
+    """XLA's attention half (inference.decode_step's): the residual summed in float32, one
+    pending sum after another, the norm, attention over the cache, and the cache write."""
+    x32 = x.astype(jnp.float32)
+    for p in pending:
+        x32 = x32 + p
+    x_now = x32.astype(cfg.dtype)
+    attend = inference._attend_with_cache(cache, pos, live)
+    normed = rms_norm(x_now[:, None], layer["attn_norm"])
+    out, written = attention_block(layer, normed, cfg, attend, dense=dense_out_in, start=pos)
+    return x_now, out[:, 0], written
+
+
+# (B, E, H, K, D, T, P, rope, pos, live): two 64-slot blocks of the cache read, part of the
+# second masked; grouped-query (K < H) with RoPE at pos 0 (no cache read at all); the last
+# slot, T - 1, with live false (the cache must keep what it held).
+CASES = [
+    pytest.param(2, 128, 2, 2, 64, 128, 2, False, 70, True, id="mha-pos70"),
+    pytest.param(1, 64, 2, 1, 64, 64, 1, True, 0, True, id="gqa-rope-pos0"),
+    pytest.param(3, 64, 2, 1, 64, 64, 1, True, 63, False, id="gqa-rope-last-slot-not-live"),
+]
+
+
+@pytest.mark.parametrize("B, E, H, K, D, T, P, rope, pos, live", CASES)
+def test_the_kernel_equals_xla_in_the_interpreter(B, E, H, K, D, T, P, rope, pos, live):
+    cfg, layer, cache, x, pending = make(B, E, H, K, D, T, P, rope)
+    pos = jnp.int32(pos)
+    live = jnp.bool_(live)
+    got = jax.jit(lambda *a: attention_layer(*a, cfg, interpret=True))(
+        layer, cache, x, pending, pos, live
+    )
+    x_now, partials, written = got
+    want_x, want_out, want_cache = jax.jit(lambda *a: xla_half(*a, cfg))(
+        layer, cache, x, pending, pos, live
+    )
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    assert partials.shape == (K, B, E) and partials.dtype == jnp.float32
+    # The residual: the same float32 sums in the same order, rounded once: bit for bit.
+    np.testing.assert_array_equal(f32(x_now), f32(want_x))
+    # The cache: the same bf16 k and v (each one dot of E products, rounded once), and
+    # where live is false, exactly what it held.
+    for name in ("k", "v"):
+        np.testing.assert_array_equal(f32(written[name]), f32(want_cache[name]), err_msg=name)
+    if not live:
+        for name in ("k", "v"):
+            np.testing.assert_array_equal(f32(written[name]), f32(cache[name]), err_msg=name)
+    # The output: XLA rounds the attention output, the probabilities and the projection to
+    # bf16 (2^-8 relative); the kernel rounds the attention output and sums the softmax in
+    # another order. Two bf16 steps at the output's largest magnitude bound the difference.
+    out = f32(partials.sum(0))
+    atol = 2 * 2.0**-8 * np.abs(f32(want_out)).max()
+    np.testing.assert_allclose(out, f32(want_out), atol=atol, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def compiled_for_h100():
+    """The kernel at GPT-2's head shape (D 64, 12 heads) with GQA and RoPE, compiled for
+    h100:1 without a GPU, its cache donated as decode_steps donates it."""
+    need("gpu")
+    from sessions.plan.programs import devices_for
+
+    _, devices = devices_for("h100:1")
+    B, E, H, K, D, T, P = 4, 768, 12, 4, 64, 256, 3
+    cfg, layer, cache, x, pending = make(B, E, H, K, D, T, P, True)
+    sharding = jax.sharding.SingleDeviceSharding(devices[0])
+    spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)  # noqa: E731
+    args = jax.tree.map(spec, (layer, cache, x, pending, jnp.int32(0), jnp.bool_(True)))
+
+    def half(layer, cache, x, pending, pos, live):
+        return attention_layer(layer, cache, x, pending, pos, live, cfg, interpret=False)
+
+    return jax.jit(half, donate_argnums=(1,)).lower(*args).compile().as_text()
+
+
+def test_compiled_for_an_h100_it_is_one_kernel_that_writes_the_cache_in_place(compiled_for_h100):
+    text = compiled_for_h100
+    calls = re.findall(r'custom_call_target="([^"]+)"', text)
+    assert calls == ["mosaic_gpu_v2"]
+    # The cache's two arrays are outputs aliased to inputs: written where they lie.
+    (line,) = [line for line in text.splitlines() if "mosaic_gpu_v2" in line]
+    assert len(re.findall(r"\{\d+\}: \(\d+, \{\}\)", line)) == 2
+    # and never copied whole: no copy of a [B, K, D, T] or [B, K, T, D] array.
+    assert not re.search(r"bf16\[4,4,(64,256|256,64)\][^=]*= *copy", text)
