@@ -60,6 +60,8 @@ CONCEPTS = {
     ),
     "sampling text": "sample.py",
     "our flash-attention kernel in Pallas": "flash.py",
+    "Mosaic GPU across JAX versions: its kernels and its interpreter": "mosaic.py",
+    "the attention half of a decode layer in one Mosaic GPU kernel": "decode_attention.py",
     "FSDP's collectives by hand": "manual_fsdp.py",
     "a collective matmul": "collective_matmul.py",
     "checking against a float32 reference on any chip": "precision.py",
