@@ -20,8 +20,9 @@ tokens as the 64 rows of M, B <= 8 of them real: q [64, D] = xn [64, E] @ (wq ro
 scores [64, 64] = q @ (a tile of batch row b's cache k, [D, 64] as stored); out [64, D]
 += p @ (its cache v tile). Only row b of batch row b's scores counts: waste a decode
 step has room for, bound as it is by bytes and launches, not FLOPs. Each 64 x 64 bf16
-tile (a 128-byte swizzled line a row) reaches SMEM by TMA, one at a time: one buffer,
-not yet a pipeline that overlaps the copies with the math.
+tile (a 128-byte swizzled line a row) reaches SMEM by TMA. A weight's tiles stream
+through two slots, the next one's copy in flight while the tensor cores take this one;
+the cache's tiles still come one at a time.
 
 The softmax is online (FlashAttention's running max and sum), started from the new
 token's own score q . k_new, then a 64-slot block of the cache at a time, slots >= pos
@@ -51,13 +52,13 @@ SMEM_BYTES = 227 * 1024  # an H100's shared memory a CTA may have (CUDA guide, s
 
 def unsupported(cfg, batch):
     """Why this kernel cannot run cfg's attention at `batch` rows (one line), or None. Its
-    SMEM: x_now [64, E], q [64, G*D], k and v twice [64, D], seven 64 x 64 tiles (bf16)."""
+    SMEM: x_now [64, E], q [64, G*D], k and v twice [64, D], eight 64 x 64 tiles (bf16)."""
     E, D, T, G = cfg.embed, cfg.head_dim, cfg.seq, cfg.heads // cfg.n_kv_heads
     if batch > 8:
         return f"batches of at most 8 rows, not {batch}"
     if E % TILE or D % TILE or T % TILE:
         return f"embed, head dim and seq multiples of {TILE}, not {E}, {D}, {T}"
-    if 2 * TILE * (E + G * D + 4 * D + 7 * TILE) + 8 * D > SMEM_BYTES:
+    if 2 * TILE * (E + G * D + 4 * D + 8 * TILE) + 8 * D > SMEM_BYTES:
         return f"embed {E} with {G} x {D} query dims a KV head: more than a CTA's shared memory"
     return None
 
@@ -67,8 +68,8 @@ def _kernel(dims, interpret, refs, scratch):
     B, P, E, H, K, D, rope = dims
     G, GD, nE = H // K, H // K * D, E // TILE
     x_ref, pend_ref, norm_ref, wq, wk, wv, wo, rope_ref, pos_ref, kc, vc, x_out, pend_out = refs
-    xn, qs, ks, vs, kplain, vplain, ropev, normv, bstage, fstage, *tiles, bar = scratch
-    wtile, ktile, vtile, ptile, spare = tiles
+    xn, qs, ks, vs, kplain, vplain, ropev, normv, bstage, fstage, *tiles = scratch
+    wtiles, ktile, vtile, ptile, spare, bar, wbars, hbars = tiles
     on = mosaic.Ops(interpret, spare)
     WG, ROW, COL, zeros = on.WG, on.ROW, on.COL, on.zeros
     kh = lax.axis_index("kv")
@@ -84,19 +85,35 @@ def _kernel(dims, interpret, refs, scratch):
         plgpu.copy_smem_to_gmem(src, dst)
         plgpu.wait_smem_to_gmem(0)
 
-    def matmul(steps, operands, n=TILE):
-        """The sum over c < steps of a @ b, (a, b) = operands(c): float32 [64, n],
-        accumulated by the tensor cores in registers (a wgmma accumulator, born zero)."""
+    def mma(a, b, n=TILE):  # a @ b, float32 [64, n], on the tensor cores
+        def run(acc):
+            plgpu.wgmma(acc, a, b)
+            return acc[...]
+
+        return pl.run_scoped(run, plgpu.ACC((TILE, n), f32))
+
+    def matmul(steps, fetch, a_of, bars=wbars):
+        """The sum over chunks c < steps of a_of(c) @ w_c^T, w_c the weight tile that
+        fetch(c, dst, barrier) copies in: two tile slots, so that chunk c + 1's TMA is in
+        flight while the tensor cores multiply chunk c. float32 [64, 64]."""
+        fetch(0, wtiles.at[0], bars.at[0])
 
         def run(acc):
             @pl.loop(0, steps)
             def _(c):
-                plgpu.wgmma(acc, *operands(c))
-                plgpu.wgmma_wait(0)  # done reading SMEM before the next TMA overwrites it
+                slot = lax.rem(c, 2)
+
+                @pl.when(c + 1 < steps)
+                def _():
+                    fetch(c + 1, wtiles.at[1 - slot], bars.at[1 - slot])
+
+                plgpu.barrier_wait(bars.at[slot])
+                plgpu.wgmma(acc, a_of(c), on.transposed(wtiles.at[slot]))
+                plgpu.wgmma_wait(0)  # done reading the slot before the next TMA overwrites it
 
             return acc[...]
 
-        return pl.run_scoped(run, plgpu.ACC((TILE, n), f32))
+        return pl.run_scoped(run, plgpu.ACC((TILE, TILE), f32))
 
     # 1. x_now = x + pending, 64 columns at a time (rows >= B stay zero), and its sum of squares.
     bstage[...] = zeros((TILE, TILE), WG).astype(bf16)
@@ -142,20 +159,17 @@ def _kernel(dims, interpret, refs, scratch):
         """[64 tokens, 64] = xn @ w[row0:row0+64]^T; `turned`: the rows of each head's
         halves swapped (dim i + D/2 in place of i), what rotate_half multiplies by sin."""
 
-        def chunk(c):
+        def fetch(c, dst, barrier):
             cols = pl.ds(c * TILE, TILE)
-            if turned:  # two copies of 32 rows: head dims (i + D/2) mod D for i in the block
-                for half in range(2):
-                    src = row0 - row0 % D + (row0 % D + half * TILE // 2 + D // 2) % D
-                    tma(
-                        w.at[pl.ds(src, TILE // 2), cols],
-                        wtile.at[pl.ds(half * TILE // 2, TILE // 2)],
-                    )
-            else:
-                tma(w.at[pl.ds(row0, TILE), cols], wtile)
-            return xn.at[:, cols], on.transposed(wtile)
+            if not turned:
+                return plgpu.copy_gmem_to_smem(w.at[pl.ds(row0, TILE), cols], dst, barrier)
+            for half in range(2):  # two copies of 32 rows: head dims (i + D/2) mod D
+                src = row0 - row0 % D + (row0 % D + half * TILE // 2 + D // 2) % D
+                half_dst = dst.at[pl.ds(half * TILE // 2, TILE // 2)]
+                plgpu.copy_gmem_to_smem(w.at[pl.ds(src, TILE // 2), cols], half_dst, barrier)
 
-        return matmul(nE, chunk).astype(bf16)
+        a_of = lambda c: xn.at[:, pl.ds(c * TILE, TILE)]  # noqa: E731
+        return matmul(nE, fetch, a_of, hbars if turned else wbars).astype(bf16)
 
     def rotated(w, row0, j):  # block j of a head: rotary.rotate's arithmetic, in float32
         y = project(w, row0).astype(f32)
@@ -195,7 +209,7 @@ def _kernel(dims, interpret, refs, scratch):
                 o, m, total = carry
                 tma(kc.at[b, kh, :, pl.ds(t * TILE, TILE)], ktile)
                 tma(vc.at[b, kh, pl.ds(t * TILE, TILE), :], vtile)
-                s = matmul(1, lambda _: (qs.at[:, pl.ds(g * D, D)], ktile)) * scale
+                s = mma(qs.at[:, pl.ds(g * D, D)], ktile) * scale
                 s = jnp.where(cols64 + t * TILE < pos, s, -jnp.inf)
                 m_new = jnp.maximum(m, s.max(axis=1))
                 alpha = jnp.exp(m - m_new)
@@ -204,7 +218,7 @@ def _kernel(dims, interpret, refs, scratch):
                 o = o * lax.broadcast_in_dim(alpha, o.shape, [0])
                 ptile[...] = p.astype(bf16)  # A from SMEM: the interpreter takes no other
                 plgpu.commit_smem()
-                return o + matmul(1, lambda _: (ptile, vtile), D), m_new, total
+                return o + mma(ptile, vtile, D), m_new, total
 
             start = (vs[...].astype(f32), s_new, on.cast(jnp.ones((TILE,), f32), ROW))  # t = pos
             o, _, total = lax.fori_loop(0, (pos + TILE - 1) // TILE, block, start)
@@ -219,11 +233,11 @@ def _kernel(dims, interpret, refs, scratch):
     # 4. This KV head's partial sum of the output projection, 64 columns of E at a time.
     @pl.loop(0, nE)
     def _(e):
-        def chunk(c):
-            tma(wo.at[pl.ds(e * TILE, TILE), pl.ds(kh * GD + c * TILE, TILE)], wtile)
-            return qs.at[:, pl.ds(c * TILE, TILE)], on.transposed(wtile)
+        def fetch(c, dst, barrier):
+            src = wo.at[pl.ds(e * TILE, TILE), pl.ds(kh * GD + c * TILE, TILE)]
+            plgpu.copy_gmem_to_smem(src, dst, barrier)
 
-        fstage[...] = matmul(GD // TILE, chunk)
+        fstage[...] = matmul(GD // TILE, fetch, lambda c: qs.at[:, pl.ds(c * TILE, TILE)])
         store(fstage.at[:B], pend_out.at[kh, :, pl.ds(e * TILE, TILE)])
 
     # 5. The new k, v into slot pos of each row's cache, after every read of it above.
@@ -249,9 +263,7 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, interpret):
     """x [B, E] bf16, pending [P, B, E] float32, cache {"k": [B, K, D, T], "v": [B, K, T, D]}
     -> (x_now [B, E], pending_out [K, B, E] float32, the cache with slot pos written
     unless `live` is false). One kernel launch; the cache is updated in place."""
-    B, E = x.shape
-    H, D, _ = layer["wq"].shape
-    K = cache["k"].shape[1]
+    (B, E), (H, D, _), K = x.shape, layer["wq"].shape, cache["k"].shape[1]
     G, bf16 = H // K, jnp.bfloat16
     dims = (B, pending.shape[0], E, H, K, D, bool(cfg.rope))
 
@@ -261,13 +273,15 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, interpret):
     f32, spare = jnp.float32, TILE if interpret and mosaic.OLD_INTERPRETER else 8
     # xn (x_now, then normed), qs (q, then the output), ks, vs; k, v untiled for the cache's
     # scalar stores; cos and sin; 64 of attn_norm; x in and x_now out; pending in and partial
-    # sums out; the weight, cache k, cache v and probability tiles; spare; the TMA barrier.
+    # sums out; two weight tiles, cache k, cache v and probability tiles; spare; the barriers
+    # of TMAs waited for at once, and of the weight tiles' (one copy a tile, or two halves).
     scratch = [smem(TILE, E), smem(TILE, G * D), smem(TILE, D), smem(TILE, D)]
     scratch += [smem(TILE, D, tiled=False), smem(TILE, D, tiled=False)]
     scratch += [smem(2, D, dtype=f32, tiled=False), smem(TILE, tiled=False)]
     scratch += [smem(TILE, TILE, tiled=False), smem(TILE, TILE, dtype=f32, tiled=False)]
-    scratch += [smem(TILE, TILE), smem(D, TILE), smem(TILE, D), smem(TILE, TILE), smem(spare, TILE)]
-    scratch += [plgpu.Barrier(num_arrivals=1)]
+    scratch += [smem(2, TILE, TILE), smem(D, TILE), smem(TILE, D), smem(TILE, TILE)]
+    scratch += [smem(spare, TILE), plgpu.Barrier(num_arrivals=1)]
+    scratch += [plgpu.Barrier(num_arrivals=n, num_barriers=2) for n in (1, 2)]
 
     def body(*refs):
         pl.run_scoped(lambda *s: _kernel(dims, interpret, refs, s), *scratch)
@@ -282,7 +296,5 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, interpret):
     call = pl.kernel(body, out_type=outs, mesh=mesh, interpret=run, name="decode_attention")
     weights = [layer[w].reshape(-1, E) for w in ("wq", "wk", "wv")]  # [rows, E]: bitcasts
     wo = layer["wo"].reshape(E, H * D)
-    x_now, pending_out = call(
-        x, pending, layer["attn_norm"], *weights, wo, rope, flags, k_ref, v_ref
-    )
-    return x_now, pending_out, {"k": k_ref[...], "v": v_ref[...]}
+    x_now, partials = call(x, pending, layer["attn_norm"], *weights, wo, rope, flags, k_ref, v_ref)
+    return x_now, partials, {"k": k_ref[...], "v": v_ref[...]}
