@@ -52,13 +52,13 @@ SMEM_BYTES = 227 * 1024  # an H100's shared memory a CTA may have (CUDA guide, s
 
 def unsupported(cfg, batch):
     """Why this kernel cannot run cfg's attention at `batch` rows (one line), or None. Its
-    SMEM: x_now [64, E], q [64, G*D], k and v twice [64, D], eight 64 x 64 tiles (bf16)."""
+    SMEM: x_now [64, E], q [64, G*D], k, v thrice [64, D], six 64 x 64 tiles, 4 KB spare."""
     E, D, T, G = cfg.embed, cfg.head_dim, cfg.seq, cfg.heads // cfg.n_kv_heads
     if batch > 8:
         return f"batches of at most 8 rows, not {batch}"
     if E % TILE or D % TILE or T % TILE:
         return f"embed, head dim and seq multiples of {TILE}, not {E}, {D}, {T}"
-    if 2 * TILE * (E + G * D + 4 * D + 8 * TILE) + 8 * D > SMEM_BYTES:
+    if 2 * TILE * (E + G * D + 6 * D + 6 * TILE) + 8 * D + 4096 > SMEM_BYTES:
         return f"embed {E} with {G} x {D} query dims a KV head: more than a CTA's shared memory"
     return None
 
@@ -287,7 +287,7 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, interpret):
         pl.run_scoped(lambda *s: _kernel(dims, interpret, refs, s), *scratch)
 
     flags = jnp.stack([jnp.asarray(pos, jnp.int32), jnp.asarray(live, jnp.int32)])
-    rope = rope_tables(jnp.asarray(pos), D, cfg.rope_base) if cfg.rope else jnp.zeros((2, D))
+    rope = rope_tables(jnp.asarray(pos), D, cfg.rope_base) if cfg.rope else flags  # else unread
     k_ref = jax.new_ref(cache["k"], memory_space=plgpu.GMEM)
     v_ref = jax.new_ref(cache["v"], memory_space=plgpu.GMEM)
     outs = (jax.ShapeDtypeStruct((B, E), x.dtype), jax.ShapeDtypeStruct((K, B, E), jnp.float32))

@@ -79,12 +79,13 @@ def float64_half(layer, cache, x_now, pos, cfg):
 
 # (B, E, H, K, D, T, P, rope, pos, live): two 64-slot blocks of the cache read, part of the
 # second masked, E in two chunks; two KV heads of two query heads each, with RoPE; pos 0,
-# no cache read at all (and q unseen: one key); the last slot, T - 1, with live false (the
-# cache must keep what it held).
+# no cache read at all (and q unseen: one key); heads of 128 (two 64-wide blocks); the
+# last slot, T - 1, with live false (the cache must keep what it held).
 CASES = [
     pytest.param(2, 128, 2, 2, 64, 128, 2, False, 70, True, id="mha-pos70"),
     pytest.param(2, 64, 4, 2, 64, 64, 1, True, 37, True, id="gqa-rope-pos37"),
     pytest.param(1, 64, 2, 1, 64, 64, 1, True, 0, True, id="rope-pos0"),
+    pytest.param(1, 64, 2, 1, 128, 64, 1, True, 5, True, id="d128-rope-pos5"),
     pytest.param(3, 64, 2, 1, 64, 64, 1, True, 63, False, id="gqa-rope-last-slot-not-live"),
 ]
 
