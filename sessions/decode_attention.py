@@ -52,13 +52,13 @@ SMEM_BYTES = 227 * 1024  # an H100's shared memory a CTA may have (CUDA guide, s
 
 def unsupported(cfg, batch):
     """Why this kernel cannot run cfg's attention at `batch` rows (one line), or None. Its
-    SMEM: x_now [64, E], q [64, G*D], k, v thrice [64, D], six 64 x 64 tiles, 4 KB spare."""
+    SMEM: x_now [64, E], q [64, G*D], k, v twice [64, D], six 64 x 64 tiles, 4 KB spare."""
     E, D, T, G = cfg.embed, cfg.head_dim, cfg.seq, cfg.heads // cfg.n_kv_heads
     if batch > 8:
         return f"batches of at most 8 rows, not {batch}"
     if E % TILE or D % TILE or T % TILE:
         return f"embed, head dim and seq multiples of {TILE}, not {E}, {D}, {T}"
-    if 2 * TILE * (E + G * D + 6 * D + 6 * TILE) + 8 * D + 4096 > SMEM_BYTES:
+    if 2 * TILE * (E + G * D + 4 * D + 6 * TILE) + 8 * D + 4096 > SMEM_BYTES:
         return f"embed {E} with {G} x {D} query dims a KV head: more than a CTA's shared memory"
     return None
 
@@ -68,7 +68,7 @@ def _kernel(dims, interpret, refs, scratch):
     B, P, E, H, K, D, rope = dims
     G, GD, nE = H // K, H // K * D, E // TILE
     x_ref, pend_ref, norm_ref, wq, wk, wv, wo, rope_ref, pos_ref, kc, vc, x_out, pend_out = refs
-    xn, qs, ks, vs, kplain, vplain, ropev, normv, bstage, fstage, *tiles = scratch
+    xn, qs, kplain, vplain, ropev, normv, bstage, fstage, *tiles = scratch
     wtiles, ktile, vtile, ptile, spare, bar, wbars, hbars = tiles
     on = mosaic.Ops(interpret, spare)
     WG, ROW, COL, zeros = on.WG, on.ROW, on.COL, on.zeros
@@ -185,8 +185,7 @@ def _kernel(dims, interpret, refs, scratch):
         cols = pl.ds(j * TILE, TILE)
         k = rotated(wk, kh * D + j * TILE, j).astype(bf16)
         v = project(wv, kh * D + j * TILE)
-        ks.at[:, cols][...], kplain.at[:, cols][...] = k, k
-        vs.at[:, cols][...], vplain.at[:, cols][...] = v, v
+        kplain.at[:, cols][...], vplain.at[:, cols][...] = k, v
         for g in range(G):
             row0 = (kh * G + g) * D + j * TILE
             qs.at[:, pl.ds(g * D + j * TILE, TILE)][...] = rotated(wq, row0, j).astype(bf16)
@@ -200,7 +199,7 @@ def _kernel(dims, interpret, refs, scratch):
         s_new = zeros((TILE,), ROW)
         for j in range(D // TILE):
             q = qs.at[:, pl.ds(g * D + j * TILE, TILE)][...].astype(f32)
-            s_new = s_new + (q * ks.at[:, pl.ds(j * TILE, TILE)][...].astype(f32)).sum(axis=1)
+            s_new += (q * on.load(kplain.at[:, pl.ds(j * TILE, TILE)], WG).astype(f32)).sum(1)
         s_new = s_new * scale
         out = [zeros((TILE, TILE), WG) for _ in range(D // TILE)]
         for b in range(B):
@@ -220,7 +219,8 @@ def _kernel(dims, interpret, refs, scratch):
                 plgpu.commit_smem()
                 return o + mma(ptile, vtile, D), m_new, total
 
-            start = (vs[...].astype(f32), s_new, on.cast(jnp.ones((TILE,), f32), ROW))  # t = pos
+            ones = on.cast(jnp.ones((TILE,), f32), ROW)
+            start = (on.load(vplain, WG).astype(f32), s_new, ones)  # the new token, weight 1
             o, _, total = lax.fori_loop(0, (pos + TILE - 1) // TILE, block, start)
             o = o / lax.broadcast_in_dim(total, o.shape, [0])
             for j in range(D // TILE):
@@ -271,11 +271,10 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, interpret):
         return plgpu.SMEM(shape, dtype, transforms=SWIZZLED if tiled else ())
 
     f32, spare = jnp.float32, TILE if interpret and mosaic.OLD_INTERPRETER else 8
-    # xn (x_now, then normed), qs (q, then the output), ks, vs; k, v untiled for the cache's
-    # scalar stores; cos and sin; 64 of attn_norm; x in and x_now out; pending in and partial
-    # sums out; two weight tiles, cache k, cache v and probability tiles; spare; the barriers
-    # of TMAs waited for at once, and of the weight tiles' (one copy a tile, or two halves).
-    scratch = [smem(TILE, E), smem(TILE, G * D), smem(TILE, D), smem(TILE, D)]
+    # xn (x_now, then normed), qs (q, then the output); k, v untiled (for scalar reads); cos,
+    # sin; 64 of attn_norm; x in, x_now out; pending in, partial sums out; two weight tiles,
+    # cache k, cache v, probabilities; spare; barriers: TMAs waited for at once, weight tiles'.
+    scratch = [smem(TILE, E), smem(TILE, G * D)]
     scratch += [smem(TILE, D, tiled=False), smem(TILE, D, tiled=False)]
     scratch += [smem(2, D, dtype=f32, tiled=False), smem(TILE, tiled=False)]
     scratch += [smem(TILE, TILE, tiled=False), smem(TILE, TILE, dtype=f32, tiled=False)]
