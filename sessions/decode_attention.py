@@ -29,8 +29,8 @@ the cache's tiles still come one at a time.
 The softmax is online (FlashAttention's running max and sum), started from the new
 token's own score q . k_new, then a 64-slot block of the cache at a time, slots >= pos
 masked: none at pos 0. RoPE is rotary.rotate's arithmetic, with XLA's cos and sin
-(rope_tables), on q and on q with each head's halves swapped: a second product, its
-weight rows TMA'd in swapped halves.
+(rope_tables), on q and on q with each head's halves swapped: other 64-wide blocks of
+the same head, or, at D = 64, a second product with weight rows TMA'd in swapped halves.
 
 The cache is written in place: its arrays enter as JAX refs (jax.new_ref), aliased to
 the kernel's outputs, and only slot pos is stored to (scalar stores: a column of cache k
@@ -172,24 +172,24 @@ def _kernel(dims, interpret, refs, scratch):
         a_of = lambda c: xn.at[:, pl.ds(c * TILE, TILE)]  # noqa: E731
         return matmul(nE, fetch, a_of, hbars if turned else wbars).astype(bf16)
 
-    def rotated(w, row0, j):  # block j of a head: rotary.rotate's arithmetic, in float32
-        y = project(w, row0).astype(f32)
-        if not rope:
-            return y
-        swapped = project(w, row0, turned=True).astype(f32)
-        cos = on.load(ropev.at[0, pl.ds(j * TILE, TILE)], COL)
-        sin = on.load(ropev.at[1, pl.ds(j * TILE, TILE)], COL)
-        cos, sin = (lax.broadcast_in_dim(t, y.shape, [1]) for t in (cos, sin))
-        return y * cos + swapped * sin  # sin is negated on the first half (rope_tables)
+    def head(w, row0):  # a head's D/64 blocks of xn @ w^T, turned as rotary.rotate turns them
+        ys, n = [project(w, row0 + j * TILE).astype(f32) for j in range(D // TILE)], D // TILE
+        turned = ys[n // 2 :] + ys[: n // 2]  # dims i + D/2: another block, or (D = 64) ...
+        if n == 1 and rope:  # ... within this one: its weight rows copied in swapped halves
+            turned = [project(w, row0, True).astype(f32)]
+        out = []
+        for j, (y, swapped) in enumerate(zip(ys, turned) if rope else ()):
+            cos, sin = (on.load(ropev.at[i, pl.ds(j * TILE, TILE)], COL) for i in (0, 1))
+            cos, sin = (lax.broadcast_in_dim(t, y.shape, [1]) for t in (cos, sin))
+            out.append(y * cos + swapped * sin)  # sin negated on the first half (rope_tables)
+        return out if rope else ys
 
-    for j in range(D // TILE):
-        cols = pl.ds(j * TILE, TILE)
-        k = rotated(wk, kh * D + j * TILE, j).astype(bf16)
-        v = project(wv, kh * D + j * TILE)
-        kplain.at[:, cols][...], vplain.at[:, cols][...] = k, v
-        for g in range(G):
-            row0 = (kh * G + g) * D + j * TILE
-            qs.at[:, pl.ds(g * D + j * TILE, TILE)][...] = rotated(wq, row0, j).astype(bf16)
+    for j, k in enumerate(head(wk, kh * D)):
+        kplain.at[:, pl.ds(j * TILE, TILE)][...] = k.astype(bf16)
+        vplain.at[:, pl.ds(j * TILE, TILE)][...] = project(wv, kh * D + j * TILE)
+    for g in range(G):
+        for j, q in enumerate(head(wq, (kh * G + g) * D)):
+            qs.at[:, pl.ds(g * D + j * TILE, TILE)][...] = q.astype(bf16)
     plgpu.commit_smem()
 
     # 3. Attention, per query head g and cache row b: online softmax over the new token
