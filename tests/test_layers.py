@@ -54,7 +54,8 @@ CONCEPTS = {
     "the same model in Flax NNX": "flax_model.py",
     "a KV cache, prefill and decode": "inference.py",
     "the weights as decode reads them": "decode_layout.py",
-    "Mosaic GPU across JAX versions: compiled or interpreted": "mosaic.py",
+    "Mosaic GPU across JAX versions: its kernels and its interpreter": "mosaic.py",
+    "the attention half of a decode layer in one Mosaic GPU kernel": "decode_attention.py",
     "the MLP half of a decode layer as one Mosaic GPU kernel": "decode_mlp.py",
     "the decode step in kernels, two Mosaic GPU launches a layer; what they refuse": (
         "decode_kernels.py"

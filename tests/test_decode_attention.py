@@ -1,0 +1,172 @@
+"""The attention half of a decode layer as one Mosaic GPU kernel (sessions/decode_attention.py):
+run in Mosaic GPU's interpreter on this CPU against XLA's attention half of
+inference.decode_step, and compiled for an H100 without one."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sessions import inference
+from sessions.config import PRESETS, ModelConfig
+from sessions.decode_attention import attention_layer, unsupported
+from sessions.decode_layout import dense_out_in
+from sessions.model import attention_block, rms_norm
+from tests.helpers import need
+
+
+def make(B, E, H, K, D, T, P, rope, seed=0):
+    """A layer in the decode layout (weights [out, in]), a filled cache, x and P pending sums."""
+    cfg = ModelConfig(embed=E, heads=H, head_dim=D, kv_heads=K, seq=T, rope=rope, dtype="bfloat16")
+    keys = jax.random.split(jax.random.key(seed), 9)
+
+    def normal(key, shape, scale=1.0):
+        return (jax.random.normal(key, shape) * scale).astype(jnp.bfloat16)
+
+    layer = {
+        "wq": normal(keys[0], (H, D, E), E**-0.5),
+        "wk": normal(keys[1], (K, D, E), E**-0.5),
+        "wv": normal(keys[2], (K, D, E), E**-0.5),
+        "wo": normal(keys[3], (E, H, D), (H * D) ** -0.5),
+        "attn_norm": (1 + 0.1 * jax.random.normal(keys[4], (E,))).astype(jnp.bfloat16),
+    }
+    cache = {"k": normal(keys[5], (B, K, D, T)), "v": normal(keys[6], (B, K, T, D))}
+    pending = jax.random.normal(keys[8], (P, B, E)) * 0.5
+    return cfg, layer, cache, normal(keys[7], (B, E)), pending
+
+
+def xla_half(layer, cache, x, pending, pos, live, cfg):
+    """XLA's attention half (inference.decode_step's): the residual summed in float32, one
+    pending sum after another, the norm, attention over the cache, and the cache write."""
+    x32 = x.astype(jnp.float32)
+    for p in pending:
+        x32 = x32 + p
+    x_now = x32.astype(cfg.dtype)
+    attend = inference._attend_with_cache(cache, pos, live)
+    normed = rms_norm(x_now[:, None], layer["attn_norm"])
+    out, written = attention_block(layer, normed, cfg, attend, dense=dense_out_in, start=pos)
+    return x_now, out[:, 0], written
+
+
+def float64_half(layer, cache, x_now, pos, cfg):
+    """The attention half's output [B, E] in float64 NumPy from the same bf16 weights, cache
+    and x_now, with no rounding between: the truth both paths approximate."""
+    f = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    (H, D, _), K, B = layer["wq"].shape, layer["wk"].shape[0], x_now.shape[0]
+    x = f(x_now)
+    x = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * f(layer["attn_norm"])
+    q = np.einsum("HDE,BE->BHD", f(layer["wq"]), x).reshape(B, K, H // K, D)
+    k, v = (np.einsum("KDE,BE->BKD", f(layer[w]), x) for w in ("wk", "wv"))
+    if cfg.rope:  # rotate_half pairs (i, i + D/2), turned by pos * base^(-2i/D)
+        theta = pos * cfg.rope_base ** (-np.arange(0, D, 2) / D)
+        c, s = np.cos(theta), np.sin(theta)
+
+        def turn(y):
+            y1, y2 = y[..., : D // 2], y[..., D // 2 :]
+            return np.concatenate([y1 * c - y2 * s, y2 * c + y1 * s], -1)
+
+        q, k = turn(q), turn(k)
+    old = np.einsum("BKGD,BKDT->BKGT", q, f(cache["k"])[..., :pos])
+    scores = np.concatenate([old, np.einsum("BKGD,BKD->BKG", q, k)[..., None]], -1) * D**-0.5
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = np.einsum("BKGT,BKTD->BKGD", p[..., :pos], f(cache["v"])[:, :, :pos])
+    out = out + p[..., pos:] * v[:, :, None]
+    return np.einsum("EHD,BHD->BE", f(layer["wo"]), out.reshape(B, H, D))
+
+
+# (B, E, H, K, D, T, P, rope, pos, live): two 64-slot blocks of the cache read, part of the
+# second masked, E in two chunks; two KV heads of two query heads each, with RoPE; pos 0,
+# no cache read at all (and q unseen: one key); heads of 128 (two 64-wide blocks); the
+# last slot, T - 1, with live false (the cache must keep what it held).
+CASES = [
+    pytest.param(2, 128, 2, 2, 64, 128, 2, False, 70, True, id="mha-pos70"),
+    pytest.param(2, 64, 4, 2, 64, 64, 1, True, 37, True, id="gqa-rope-pos37"),
+    pytest.param(1, 64, 2, 1, 64, 64, 1, True, 0, True, id="rope-pos0"),
+    pytest.param(1, 64, 2, 1, 128, 64, 1, True, 5, True, id="d128-rope-pos5"),
+    pytest.param(3, 64, 2, 1, 64, 64, 1, True, 63, False, id="gqa-rope-last-slot-not-live"),
+]
+
+
+@pytest.mark.parametrize("B, E, H, K, D, T, P, rope, pos, live", CASES)
+def test_the_kernel_equals_xla_in_the_interpreter(B, E, H, K, D, T, P, rope, pos, live):
+    cfg, layer, cache, x, pending = make(B, E, H, K, D, T, P, rope)
+    pos = jnp.int32(pos)
+    live = jnp.bool_(live)
+    got = jax.jit(lambda *a: attention_layer(*a, cfg, interpret=True))(
+        layer, cache, x, pending, pos, live
+    )
+    x_now, partials, written = got
+    want_x, want_out, want_cache = jax.jit(lambda *a: xla_half(*a, cfg))(
+        layer, cache, x, pending, pos, live
+    )
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    assert partials.shape == (K, B, E) and partials.dtype == jnp.float32
+    # The residual: the same float32 sums in the same order, rounded once: bit for bit.
+    np.testing.assert_array_equal(f32(x_now), f32(want_x))
+    # The cache: every slot but pos bit for bit as it was; slot pos, where live, XLA's k and
+    # v up to one bf16 step (each a dot of E bf16 products summed in float32 in another
+    # order, then rounded once: a sum near a rounding edge may land one step apart);
+    # where not live, exactly what it held.
+    for name, axis in (("k", 3), ("v", 2)):
+        mine, xla, held = (np.moveaxis(f32(c[name]), axis, 0) for c in (written, want_cache, cache))
+        others = np.arange(T) != int(pos)
+        np.testing.assert_array_equal(mine[others], held[others], err_msg=name)
+        want = xla[int(pos)] if live else held[int(pos)]
+        np.testing.assert_allclose(mine[int(pos)], want, rtol=2**-7 if live else 0, err_msg=name)
+    # The output, against the float64 truth: each path rounds q, k, v and the attention
+    # output to bf16 (2^-9 relative each), XLA its probabilities and the output too, the
+    # kernel its probabilities; three bf16 steps (2^-8 each) at the output's magnitude bound
+    # either's error. XLA's own output meets the bound: it is fair.
+    truth = float64_half(layer, cache, want_x, int(pos), cfg)
+    atol = 3 * 2.0**-8 * np.abs(truth).max()
+    np.testing.assert_allclose(f32(want_out), truth, atol=atol, rtol=0, err_msg="XLA's")
+    np.testing.assert_allclose(f32(partials.sum(0)), truth, atol=atol, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def compiled_for_h100():
+    """The kernel at GPT-2's head shape (D 64, 12 heads) with GQA and RoPE, compiled for
+    h100:1 without a GPU, its cache donated as decode_steps donates it."""
+    need("gpu")
+    from sessions.plan.programs import devices_for
+
+    _, devices = devices_for("h100:1")
+    B, E, H, K, D, T, P = 4, 768, 12, 4, 64, 256, 3
+    cfg, layer, cache, x, pending = make(B, E, H, K, D, T, P, True)
+    sharding = jax.sharding.SingleDeviceSharding(devices[0])
+    spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)  # noqa: E731
+    args = jax.tree.map(spec, (layer, cache, x, pending, jnp.int32(0), jnp.bool_(True)))
+
+    def half(layer, cache, x, pending, pos, live):
+        return attention_layer(layer, cache, x, pending, pos, live, cfg, interpret=False)
+
+    return jax.jit(half, donate_argnums=(1,)).lower(*args).compile().as_text()
+
+
+def test_compiled_for_an_h100_it_is_one_kernel_that_writes_the_cache_in_place(compiled_for_h100):
+    text = compiled_for_h100
+    calls = re.findall(r'custom_call_target="([^"]+)"', text)
+    assert calls == ["mosaic_gpu_v2"]
+    # The cache's two arrays are outputs aliased to inputs: written where they lie.
+    (line,) = [line for line in text.splitlines() if "mosaic_gpu_v2" in line]
+    assert len(re.findall(r"\{\d+\}: \(\d+, \{\}\)", line)) == 2
+    # and never copied whole: no copy of a [B, K, D, T] or [B, K, T, D] array.
+    assert not re.search(r"bf16\[4,4,(64,256|256,64)\][^=]*= *copy", text)
+
+
+def test_which_models_it_takes():
+    # Each course preset but "tiny" (heads of 12), at 8 rows. Its SMEM, counted by hand for
+    # "course" (E 512, one head of 128 a KV head): x_now 64 x 512, q 64 x 128, the new k and
+    # v and a tile each of cache k and v, 64 x 128 each, six 64 x 64 tiles, all bf16; the
+    # cos/sin table and 4 KB of headroom: 201,728 bytes of an H100's 232,448.
+    for name in ("cpu", "course", "gpt2"):
+        assert unsupported(PRESETS[name].model, 8) is None, name
+    cfg = PRESETS["gpt2"].model
+    assert unsupported(cfg, 9) == "batches of at most 8 rows, not 9"
+    assert "multiples of 64" in unsupported(PRESETS["tiny"].model, 1)
+    # The 1.2B shape (16 heads of 128, E 2048): x_now alone, 64 x 2048 bf16, is 256 KB.
+    big = ModelConfig(embed=2048, ff=8192, heads=16, head_dim=128, seq=1024)
+    assert "shared memory" in unsupported(big, 1)
