@@ -38,9 +38,12 @@ TILE = 64  # a warpgroup's rows (wgmma's M): E, F and H·D come in tiles of it
 IMPLS = (None, "pallas", "pallas-interpret")
 
 
-def check_supported(cfg, batch, *, int8_weights=False, int8_cache=False, devices=1):
+def check_supported(
+    cfg, batch, *, int8_weights=False, int8_cache=False, devices=1, interpret=False
+):
     """None if the kernels run this model at this batch on `devices` devices, else
-    UsageError saying why, on one line."""
+    UsageError saying why, on one line. Each kernel is asked too (its own shapes), so
+    no shape reaches Mosaic GPU's assertions. interpret: in the interpreter (a CPU)."""
     why = None
     if jnp.dtype(cfg.dtype) != jnp.bfloat16:
         why = "runs bfloat16: add --dtype bfloat16"
@@ -60,6 +63,19 @@ def check_supported(cfg, batch, *, int8_weights=False, int8_cache=False, devices
             why = f"needs multiples of {TILE}, not {', '.join(odd)}"
     if why:
         raise UsageError(f"--decode-impl pallas {why}")
+    from sessions import decode_attention, decode_mlp, mosaic  # loads Mosaic GPU
+
+    if interpret and mosaic.OLD_INTERPRETER:  # JAX 0.10's lacks the MLP kernel's primitives
+        raise UsageError(
+            "--decode-impl pallas on a CPU runs in Mosaic GPU's interpreter, "
+            "which needs JAX 0.12 or later"
+        )
+    kernels = [decode_mlp.unsupported(cfg, batch)]
+    if cfg.attention:
+        kernels.insert(0, decode_attention.unsupported(cfg, batch))
+    if why := next((w for w in kernels if w), None):
+        prefix = "--decode-impl pallas "  # decode_mlp's reasons name the flag already
+        raise UsageError(why if why.startswith(prefix) else prefix + why)
 
 
 def impl_for(decode_impl, platform):
@@ -81,9 +97,12 @@ def step_function(impl, xla_step):
 
 
 def _settle(x, pending):
-    """x [B, E] with its pending partials [P, B, E] added: in float32, then rounded
-    to x's dtype once, as XLA's `x + block(x)` rounds."""
-    return (x.astype(jnp.float32) + pending.sum(axis=0)).astype(x.dtype)
+    """x [B, E] with its pending partials [P, B, E] added: x + p[0] + p[1] + ... in
+    float32 in that order, then rounded to x's dtype once, as the kernels add them."""
+    total = x.astype(jnp.float32)
+    for partial in pending:  # one at a time, in order: not pending.sum(0), reordered
+        total = total + partial
+    return total.astype(x.dtype)
 
 
 def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
@@ -99,6 +118,7 @@ def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
     mesh = jax.sharding.get_abstract_mesh()  # the mesh the step is traced under, if any
     devices = 1 if mesh.empty else mesh.size
     kinds = {"int8_weights": int8_weights, "int8_cache": int8_cache, "devices": devices}
+    kinds["interpret"] = interpret
     check_supported(cfg, token.shape[0], **kinds)
     # Imported here, as first traced: XLA's decode never loads Mosaic GPU.
     from sessions import decode_attention, decode_mlp
