@@ -14,9 +14,11 @@ partial sum [B, E], with no grid-wide barrier. The next kernel adds them:
     x        [B, E] cfg.dtype  the residual without the partials still pending
     pending  [P, B, E] f32     the last block's output, in P partial sums
 
-Each kernel begins with x_now = (x + sum_P pending, in float32, cast to cfg.dtype,
-as XLA rounds `x + block(x)`), its norm, its work, and returns (x_now, its own
-partials). After the last layer the step adds the last partials itself.
+Each kernel begins with x_now = (x + pending[0] + pending[1] + ..., in float32 in
+that order, cast to cfg.dtype once, as XLA rounds `x + block(x)`), its norm, its
+work, and returns (x_now, its own partials). The first kernel gets P = 0 partials
+(an empty array, not zeros: zeros would cost a kernel a token to write). After the
+last layer the step adds the last partials itself, in the same order.
 
 `impl` names the step a decode program runs (inference.decode_steps): None for
 XLA's (inference.decode_step), "pallas" for these kernels compiled for a GPU, or
@@ -124,7 +126,7 @@ def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
     from sessions import decode_attention, decode_mlp
 
     x = embed(w, token[:, None], cfg, start=pos)[:, 0]  # [B, E]
-    pending = jnp.zeros((1, *x.shape), jnp.float32)  # nothing pending before layer 0
+    pending = jnp.zeros((0, *x.shape), jnp.float32)  # none before layer 0: no buffer to fill
     written = []
     for i, layer in enumerate(w["layers"]):
         if cfg.attention:
