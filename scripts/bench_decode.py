@@ -204,7 +204,9 @@ def main(argv=None):
     if "pallas" in args.decode_impl:  # what our kernels do not run, refused before any work
         for preset in (args.mbu_preset, args.preset):
             decode_kernels.check_supported(
-                dataclasses.replace(PRESETS[preset].model, dtype=dtype), 1
+                dataclasses.replace(PRESETS[preset].model, dtype=dtype),
+                1,
+                interpret=jax.devices()[0].platform != "gpu",  # impl_for's choice
             )
     ratio, same = against_uncached(args, prompt)
 

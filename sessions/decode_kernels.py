@@ -14,9 +14,11 @@ partial sum [B, E], with no grid-wide barrier. The next kernel adds them:
     x        [B, E] cfg.dtype  the residual without the partials still pending
     pending  [P, B, E] f32     the last block's output, in P partial sums
 
-Each kernel begins with x_now = (x + sum_P pending, in float32, cast to cfg.dtype,
-as XLA rounds `x + block(x)`), its norm, its work, and returns (x_now, its own
-partials). After the last layer the step adds the last partials itself.
+Each kernel begins with x_now = (x + pending[0] + pending[1] + ..., in float32 in
+that order, cast to cfg.dtype once, as XLA rounds `x + block(x)`), its norm, its
+work, and returns (x_now, its own partials). The first kernel gets P = 0 partials
+(an empty array, not zeros: zeros would cost a kernel a token to write). After the
+last layer the step adds the last partials itself, in the same order.
 
 `impl` names the step a decode program runs (inference.decode_steps): None for
 XLA's (inference.decode_step), "pallas" for these kernels compiled for a GPU, or
@@ -38,9 +40,12 @@ TILE = 64  # a warpgroup's rows (wgmma's M): E, F and H·D come in tiles of it
 IMPLS = (None, "pallas", "pallas-interpret")
 
 
-def check_supported(cfg, batch, *, int8_weights=False, int8_cache=False, devices=1):
+def check_supported(
+    cfg, batch, *, int8_weights=False, int8_cache=False, devices=1, interpret=False
+):
     """None if the kernels run this model at this batch on `devices` devices, else
-    UsageError saying why, on one line."""
+    UsageError saying why, on one line. Each kernel is asked too (its own shapes), so
+    no shape reaches Mosaic GPU's assertions. interpret: in the interpreter (a CPU)."""
     why = None
     if jnp.dtype(cfg.dtype) != jnp.bfloat16:
         why = "runs bfloat16: add --dtype bfloat16"
@@ -60,6 +65,19 @@ def check_supported(cfg, batch, *, int8_weights=False, int8_cache=False, devices
             why = f"needs multiples of {TILE}, not {', '.join(odd)}"
     if why:
         raise UsageError(f"--decode-impl pallas {why}")
+    from sessions import decode_attention, decode_mlp, mosaic  # loads Mosaic GPU
+
+    if interpret and mosaic.OLD_INTERPRETER:  # JAX 0.10's lacks the MLP kernel's primitives
+        raise UsageError(
+            "--decode-impl pallas on a CPU runs in Mosaic GPU's interpreter, "
+            "which needs JAX 0.12 or later"
+        )
+    kernels = [decode_mlp.unsupported(cfg, batch)]
+    if cfg.attention:
+        kernels.insert(0, decode_attention.unsupported(cfg, batch))
+    if why := next((w for w in kernels if w), None):
+        prefix = "--decode-impl pallas "  # decode_mlp's reasons name the flag already
+        raise UsageError(why if why.startswith(prefix) else prefix + why)
 
 
 def impl_for(decode_impl, platform):
@@ -81,9 +99,12 @@ def step_function(impl, xla_step):
 
 
 def _settle(x, pending):
-    """x [B, E] with its pending partials [P, B, E] added: in float32, then rounded
-    to x's dtype once, as XLA's `x + block(x)` rounds."""
-    return (x.astype(jnp.float32) + pending.sum(axis=0)).astype(x.dtype)
+    """x [B, E] with its pending partials [P, B, E] added: x + p[0] + p[1] + ... in
+    float32 in that order, then rounded to x's dtype once, as the kernels add them."""
+    total = x.astype(jnp.float32)
+    for partial in pending:  # one at a time, in order: not pending.sum(0), reordered
+        total = total + partial
+    return total.astype(x.dtype)
 
 
 def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
@@ -99,12 +120,13 @@ def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
     mesh = jax.sharding.get_abstract_mesh()  # the mesh the step is traced under, if any
     devices = 1 if mesh.empty else mesh.size
     kinds = {"int8_weights": int8_weights, "int8_cache": int8_cache, "devices": devices}
+    kinds["interpret"] = interpret
     check_supported(cfg, token.shape[0], **kinds)
     # Imported here, as first traced: XLA's decode never loads Mosaic GPU.
     from sessions import decode_attention, decode_mlp
 
     x = embed(w, token[:, None], cfg, start=pos)[:, 0]  # [B, E]
-    pending = jnp.zeros((1, *x.shape), jnp.float32)  # nothing pending before layer 0
+    pending = jnp.zeros((0, *x.shape), jnp.float32)  # none before layer 0: no buffer to fill
     written = []
     for i, layer in enumerate(w["layers"]):
         if cfg.attention:

@@ -70,7 +70,8 @@ def main(argv=None):
     # --decode-impl pallas: our kernels, compiled for a GPU, elsewhere interpreted (slowly).
     impl = decode_kernels.impl_for(args.decode_impl, devices[0].platform)
     for B in args.batches if impl else []:  # what they do not run, refused before any work
-        decode_kernels.check_supported(cfg, B, devices=len(devices))
+        interpret = impl == "pallas-interpret"
+        decode_kernels.check_supported(cfg, B, devices=len(devices), interpret=interpret)
     mesh = sharding.make_mesh(sizes, devices)
     with jax.set_mesh(mesh):
         params, source = load_params(serving.checkpoint_dir, args.seed, cfg, meta, mesh)

@@ -1,11 +1,12 @@
 """The decode step in kernels (sessions/decode_kernels.py) against XLA's
 (inference.decode_step, sessions/inference.py), and `--decode-impl`, on a CPU.
 
-On a CPU the kernels run in Mosaic GPU's interpreter. Until sessions/decode_attention.py
-and sessions/decode_mlp.py exist, tests/stand_in_kernels.py stands in for them
-(plain JAX with the contract's signatures), so these tests hold the step, the
-residual handoff, the refusals and the flag; once the kernels land, the same
-tests run the kernels. Shapes are tiny: the interpreter is slow.
+On a CPU the kernels (sessions/decode_attention.py, sessions/decode_mlp.py) run
+in Mosaic GPU's interpreter, which runs the MLP kernel from JAX 0.12 on: on JAX
+0.10 the tests that run the step skip (the 3.13 leg runs them) and the flag is
+refused in one line. Shapes are the smallest the kernels take (E, F, D and T in
+tiles of 64): the interpreter is slow. The whole decode compiled for h100:1 is
+counted in kernels a token (roofline/compiled/launches.py).
 """
 
 import dataclasses
@@ -14,24 +15,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import stand_in_kernels
 from helpers import need, run_script, s3_in_process
 
-stand_in_kernels.install()  # before decode_kernels imports the kernel modules
+from sessions import decode_kernels, inference, mosaic
+from sessions.config import PRESETS, ModelConfig
+from sessions.decode_layout import decode_weights
+from sessions.errors import UsageError
+from sessions.model import init_params
 
-from sessions import decode_kernels, inference  # noqa: E402
-from sessions.config import PRESETS, ModelConfig  # noqa: E402
-from sessions.decode_layout import decode_weights  # noqa: E402
-from sessions.errors import UsageError  # noqa: E402
-from sessions.model import init_params  # noqa: E402
-
-# The smallest shapes the kernels take: E, F and H·D in tiles of 64.
+# The smallest shapes both kernels take: E, F, D and T in tiles of 64.
 TINY = ModelConfig(
-    vocab=256, embed=64, ff=128, heads=2, head_dim=32, layers=2, seq=64, dtype="bfloat16"
+    vocab=256, embed=64, ff=128, heads=2, head_dim=64, layers=2, seq=64, dtype="bfloat16"
 )
 ONE = dataclasses.replace(TINY, layers=1)  # one layer: quicker to compile twice
-FAMILY = dataclasses.replace(ONE, heads=4, head_dim=16, kv_heads=2, rope=True, gated=True)
+FAMILY = dataclasses.replace(ONE, embed=128, kv_heads=1, rope=True, gated=True)  # GQA: G = 2
 P = 5  # prompt tokens
+SHAPE = ["--embed", "64", "--ff", "128", "--heads", "2", "--head-dim", "64", "--layers", "1"]
+OLD = "--decode-impl pallas on a CPU runs in Mosaic GPU's interpreter, which needs JAX 0.12"
+# Runs the kernels in the interpreter: JAX 0.10's lacks the MLP kernel's primitives
+# (tests/test_decode_mlp.py), so there the step is refused (tested below).
+interpreted = pytest.mark.skipif(
+    mosaic.OLD_INTERPRETER, reason="Mosaic GPU's interpreter runs this kernel from JAX 0.12 on"
+)
 
 
 def setup(cfg, batch, seed=0):
@@ -60,10 +65,11 @@ def both_steps(cfg, batch, live):
     return jax.jit(xla)(w, cache, token, live), jax.jit(ours)(w, cache, token, live), cache
 
 
+@interpreted
 @pytest.mark.parametrize(
     "cfg, batch",
-    [(ONE, 1), (TINY, 3), (FAMILY, 2)],
-    ids=["mha-b1", "mha-two-layers-b3", "gqa-rope-gated-b2"],
+    [(ONE, 1), (TINY, 3), (FAMILY, 2), (dataclasses.replace(ONE, attention=False), 2)],
+    ids=["mha-b1", "mha-two-layers-b3", "gqa-rope-gated-b2", "mlp-only-b2"],
 )
 def test_the_kernel_step_equals_xla_s(cfg, batch):
     """Logits and the slot written within bf16's reach; the rest of the cache bit for bit.
@@ -84,7 +90,7 @@ def test_the_kernel_step_equals_xla_s(cfg, batch):
     assert got.shape == want.shape == (batch, cfg.vocab) and got.dtype == jnp.float32
     tol = (2 * cfg.layers + 3) * 2.0**-8 * float(jnp.abs(want).max())
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=tol)
-    assert len(got_cache) == cfg.layers
+    assert len(got_cache) == len(want_cache) == (cfg.layers if cfg.attention else 0)
     for i, (ours, theirs) in enumerate(zip(got_cache, want_cache, strict=True)):
         for name in ("k", "v"):
             assert ours[name].dtype == theirs[name].dtype
@@ -95,6 +101,7 @@ def test_the_kernel_step_equals_xla_s(cfg, batch):
             np.testing.assert_array_equal(np.delete(a, P, axis=t), np.delete(b, P, axis=t))
 
 
+@interpreted
 def test_a_step_that_is_not_live_writes_nothing():
     """decode_steps runs steps past n that must leave the cache as it was."""
     _, (_, got_cache), before = both_steps(ONE, 2, live=False)
@@ -105,6 +112,7 @@ def test_a_step_that_is_not_live_writes_nothing():
             )
 
 
+@interpreted
 def test_generated_tokens_equal_xla_s():
     """Greedy, a few tokens: --decode-impl pallas gives XLA's tokens (on a CPU its
     kernels run in the interpreter)."""
@@ -126,15 +134,40 @@ def test_generated_tokens_equal_xla_s():
         ({"embed": 48}, 1, {}, "multiples of 64, not --embed 48"),
         ({"ff": 96}, 1, {}, "multiples of 64, not --ff 96"),
         ({"heads": 3, "head_dim": 20}, 1, {}, "not heads x --head-dim 60"),
+        # What the kernels themselves refuse (decode_attention's and decode_mlp's unsupported):
+        ({"heads": 4, "head_dim": 32}, 1, {}, "multiples of 64, not 64, 32, 64"),
+        ({"seq": 96}, 1, {}, "multiples of 64, not 64, 64, 96"),
+        ({"embed": 4096, "heads": 64, "attention": False}, 1, {}, "embed up to 2048, not 4096"),
+        ({"embed": 4096, "heads": 64}, 1, {}, "more than a CTA's shared memory"),
     ],
 )
 def test_what_the_kernels_do_not_run_is_refused_in_one_line(change, batch, kinds, why):
+    """A head_dim of 32 is refused here, not by an AssertionError inside Mosaic GPU."""
     cfg = dataclasses.replace(TINY, **change)
     with pytest.raises(UsageError) as refused:
         decode_kernels.check_supported(cfg, batch, **kinds)
     message = str(refused.value)
     assert why in message and message.startswith("--decode-impl pallas ")
     assert "\n" not in message
+
+
+def test_the_interpreter_of_jax_0_10_is_refused_in_one_line(monkeypatch):
+    """On a CPU the kernels run interpreted, which JAX 0.10's interpreter cannot; a
+    compile for a GPU (interpret false) is not refused."""
+    monkeypatch.setattr(mosaic, "OLD_INTERPRETER", True)
+    with pytest.raises(UsageError) as refused:
+        decode_kernels.check_supported(TINY, 1, interpret=True)
+    assert str(refused.value).startswith(OLD) and "\n" not in str(refused.value)
+    assert decode_kernels.check_supported(TINY, 1, interpret=False) is None
+    monkeypatch.setattr(mosaic, "OLD_INTERPRETER", False)
+    assert decode_kernels.check_supported(TINY, 1, interpret=True) is None
+
+
+@pytest.mark.skipif(not mosaic.OLD_INTERPRETER, reason="JAX 0.12 interprets the kernels")
+def test_s3_refuses_pallas_on_a_cpu_with_jax_0_10(capsys):
+    argv = ["--random-params", "--seq", "64", "--dtype", "bfloat16", "--decode-impl", "pallas"]
+    code, _, err = s3_in_process([*argv, *SHAPE], capsys)
+    assert code == 2 and OLD in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("preset", ["cpu", "course", "gpt2"])
@@ -189,8 +222,7 @@ def test_the_flag_picks_the_step_by_platform():
     ],
 )
 def test_s3_refuses_on_one_line(argv, why, capsys):
-    shape = ["--embed", "64", "--ff", "128", "--heads", "2", "--head-dim", "32", "--layers", "1"]
-    code, _, err = s3_in_process(["--random-params", "--seq", "64", *shape, *argv], capsys)
+    code, _, err = s3_in_process(["--random-params", "--seq", "64", *SHAPE, *argv], capsys)
     assert code == 2 and why in err and len(err.strip().splitlines()) == 1, err
 
 
@@ -215,15 +247,15 @@ def test_target_compiles_the_kernels_for_the_chip(monkeypatch):
         return real(*args, interpret=interpret, **kwargs)
 
     monkeypatch.setattr(decode_kernels, "kernel_decode_step", spy)
-    shape = ["--embed", "64", "--ff", "128", "--heads", "2", "--head-dim", "32", "--layers", "1"]
     flags = ["--target", "h100:1", "--seq", "64", "--batches", "1", "--decode-impl", "pallas"]
-    args = infer_flags([*flags, *shape])
+    args = infer_flags([*flags, *SHAPE])
     target, devices = programs.devices_for("h100:1")
     serving = serving_config(args, platform=target.chip.platform)
     planned = plan_inference(serving, None, args.batches, target, devices, lambda *a: None)
     assert planned.plans and seen and not any(seen)
 
 
+@interpreted
 def test_s3_decodes_with_the_kernels_interpreted_on_a_cpu(tmp_path, capsys, monkeypatch):
     """s3 --decode-impl pallas on a CPU times the kernels' step, interpreted: its
     decode is stopped where it starts, the step it asked for recorded."""
@@ -235,11 +267,10 @@ def test_s3_decodes_with_the_kernels_interpreted_on_a_cpu(tmp_path, capsys, monk
         raise Asked(args[-1])
 
     monkeypatch.setattr(inference, "repeatable_decode", spy)
-    shape = ["--embed", "64", "--ff", "128", "--heads", "2", "--head-dim", "32", "--layers", "1"]
     flags = ["--random-params", "--seq", "64", "--dtype", "bfloat16", "--batches", "1"]
     more = ["--new-tokens", "2", "--decode-impl", "pallas", "--run-dir", str(tmp_path)]
     with pytest.raises(Asked) as asked:
-        s3_in_process([*flags, *shape, *more], capsys)
+        s3_in_process([*flags, *SHAPE, *more], capsys)
     assert asked.value.args == ("pallas-interpret",)
     assert "decode pallas-interpret" in capsys.readouterr().out
 
@@ -315,7 +346,9 @@ def test_the_bench_says_whether_ours_is_no_slower():
     assert no_slower([{"xla": table["xla"]}]) is None
 
 
-@pytest.mark.parametrize("impl, calls", [(None, 0), ("pallas-interpret", 1)])
+@pytest.mark.parametrize(
+    "impl, calls", [(None, 0), pytest.param("pallas-interpret", 1, marks=interpreted)]
+)
 def test_the_decode_program_runs_the_step_it_is_asked_for(impl, calls, monkeypatch):
     """inference.decode_steps traces the kernels' step once (its loop's body) for
     impl "pallas-interpret" and never for XLA's."""
@@ -334,3 +367,38 @@ def test_the_decode_program_runs_the_step_it_is_asked_for(impl, calls, monkeypat
     args = (w, cache, tokens, logits, P, 1, jax.random.key(0), 1.0, ONE, True, impl)
     jax.eval_shape(inference.decode_steps, *args)
     assert seen == [True] * calls
+
+
+# Kernels a token that are no layer's, in the whole decode program (inference.decode_steps)
+# compiled for h100:1 with our step, counted by hand from its optimized HLO (JAX 0.10.2):
+#   the loop's own (XLA's step has them too): pick the token from the last logits (a
+#   reduce), write it into the tokens (a dynamic-update-slice), keep the logits where the
+#   step is live (a select), step the counter (an add), and the loop's condition (a compare): 5
+#   the embedding: token row + position row, one fusion: 1
+#   the attention kernel's [pos, live] operand, put together once a token (a concatenate): 1
+#   the head: the last layer's partials settled (an add), the final norm's sum of squares
+#   (a reduce), the norm and the unembedding (a matrix-vector product): 3
+# Not one to fill zeros: the first kernel gets P = 0 pending partials, an empty array.
+REST = 5 + 1 + 1 + 3
+
+
+def test_the_whole_decode_compiled_for_the_chip_launches_two_kernels_a_layer():
+    """GPT-2's shapes (bf16, batch 1) at 2 layers, the whole decode program
+    (inference.decode_steps, impl "pallas") compiled for h100:1: 2 kernels a layer
+    (attention half, MLP half: the contract) plus REST that are no layer's, counted by
+    roofline/compiled/launches.py in the loop's body and condition. GPT-2's 12 layers
+    then launch 2·12 + 10 = 34 a token (XLA's step: 164, docs/h100-run)."""
+    need("gpu")
+    from roofline.compiled.launches import kernels_per_token
+    from sessions.plan import programs
+    from sessions.plan.infer_on_target import plan_decode_batch
+
+    L = 2  # GPT-2 has 12: a layer adds the same 2 kernels, so 2 compile in less time
+    cfg = dataclasses.replace(PRESETS["gpt2"].model, dtype="bfloat16", layers=L)
+    target, devices = programs.devices_for("h100:1")
+    _, mesh = programs.target_mesh(None, target, devices)
+    plan, compiled = plan_decode_batch(cfg, 1, mesh, target, lambda *a: None, impl="pallas")
+    assert plan is not None, compiled
+    per_token, kinds = kernels_per_token(compiled)
+    assert kinds.get("pallas") == 2 * L, kinds  # our kernels: one custom call each
+    assert per_token == 2 * L + REST, kinds
