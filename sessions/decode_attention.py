@@ -35,7 +35,7 @@ the same head, or, at D = 64, a second product with weight rows TMA'd in swapped
 The cache is written in place: its arrays enter as JAX refs (jax.new_ref), aliased to
 the kernel's outputs, and only slot pos is stored to (scalar stores: a column of cache k
 is strided by T, narrower than a TMA box), by pl.kernel on a plgpu.Mesh (plgpu.kernel
-takes no refs in JAX 0.10). x_now stays whole in SMEM, bounding E (unsupported).
+takes no refs in JAX 0.10). x_now stays whole in SMEM, bounding E (attention_refusal).
 """
 
 import jax
@@ -51,7 +51,7 @@ SWIZZLED = (plgpu.TilingTransform((8, TILE)), plgpu.SwizzleTransform(128))
 SMEM_BYTES = 227 * 1024  # an H100's shared memory a CTA may have (CUDA guide, sm_90)
 
 
-def unsupported(cfg, batch):
+def attention_refusal(cfg, batch):
     """Why this kernel cannot run cfg's attention at `batch` rows (one line), or None. Its
     SMEM: x_now [64, E], q [64, G*D], k, v twice [64, D], six 64 x 64 tiles, 4 KB spare."""
     E, D, T, G = cfg.embed, cfg.head_dim, cfg.seq, cfg.heads // cfg.n_kv_heads

@@ -72,9 +72,9 @@ def check_supported(
             "--decode-impl pallas on a CPU runs in Mosaic GPU's interpreter, "
             "which needs JAX 0.12 or later"
         )
-    kernels = [decode_mlp.unsupported(cfg, batch)]
+    kernels = [decode_mlp.mlp_refusal(cfg, batch)]
     if cfg.attention:
-        kernels.insert(0, decode_attention.unsupported(cfg, batch))
+        kernels.insert(0, decode_attention.attention_refusal(cfg, batch))
     if why := next((w for w in kernels if w), None):
         prefix = "--decode-impl pallas "  # decode_mlp's reasons name the flag already
         raise UsageError(why if why.startswith(prefix) else prefix + why)

@@ -46,7 +46,7 @@ rounds the MLP's output to bf16 first: the two differ by about one bf16 step.
 
 Limits: E and F multiples of 64 (the tile), E ≤ 2048 (the tokens, the normed
 tokens and [8, E] float32 partials sit in SMEM), batch ≤ 8, bfloat16 (see
-unsupported). Mosaic GPU's interpreter runs it from JAX 0.12 on; JAX 0.10's
+mlp_refusal). Mosaic GPU's interpreter runs it from JAX 0.12 on; JAX 0.10's
 lacks plgpu.load and transposed wgmma operands. Compiled for an H100, it builds
 on JAX 0.10 (the chip compilers this course's 3.11 environment has).
 """
@@ -219,7 +219,7 @@ def mlp_body(*refs, gated):
     plgpu.wait_smem_to_gmem(0)
 
 
-def unsupported(cfg, batch):
+def mlp_refusal(cfg, batch):
     """Why this kernel cannot run cfg at `batch`, in one line; None if it can."""
     E, F = cfg.embed, cfg.ff
     if cfg.dtype != "bfloat16":

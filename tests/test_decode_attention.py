@@ -11,7 +11,7 @@ import pytest
 
 from sessions import inference
 from sessions.config import PRESETS, ModelConfig
-from sessions.decode_attention import attention_layer, unsupported
+from sessions.decode_attention import attention_layer, attention_refusal
 from sessions.decode_layout import dense_out_in
 from sessions.model import attention_block, rms_norm
 from tests.helpers import need
@@ -163,10 +163,10 @@ def test_which_models_it_takes():
     # v and a tile each of cache k and v, 64 x 128 each, six 64 x 64 tiles, all bf16; the
     # cos/sin table and 4 KB of headroom: 201,728 bytes of an H100's 232,448.
     for name in ("cpu", "course", "gpt2"):
-        assert unsupported(PRESETS[name].model, 8) is None, name
+        assert attention_refusal(PRESETS[name].model, 8) is None, name
     cfg = PRESETS["gpt2"].model
-    assert unsupported(cfg, 9) == "batches of at most 8 rows, not 9"
-    assert "multiples of 64" in unsupported(PRESETS["tiny"].model, 1)
+    assert attention_refusal(cfg, 9) == "batches of at most 8 rows, not 9"
+    assert "multiples of 64" in attention_refusal(PRESETS["tiny"].model, 1)
     # The 1.2B shape (16 heads of 128, E 2048): x_now alone, 64 x 2048 bf16, is 256 KB.
     big = ModelConfig(embed=2048, ff=8192, heads=16, head_dim=128, seq=1024)
-    assert "shared memory" in unsupported(big, 1)
+    assert "shared memory" in attention_refusal(big, 1)

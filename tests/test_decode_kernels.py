@@ -134,7 +134,7 @@ def test_generated_tokens_equal_xla_s():
         ({"embed": 48}, 1, {}, "multiples of 64, not --embed 48"),
         ({"ff": 96}, 1, {}, "multiples of 64, not --ff 96"),
         ({"heads": 3, "head_dim": 20}, 1, {}, "not heads x --head-dim 60"),
-        # What the kernels themselves refuse (decode_attention's and decode_mlp's unsupported):
+        # What the kernels themselves refuse (decode_attention.attention_refusal, decode_mlp.mlp_refusal):
         ({"heads": 4, "head_dim": 32}, 1, {}, "multiples of 64, not 64, 32, 64"),
         ({"seq": 96}, 1, {}, "multiples of 64, not 64, 64, 96"),
         ({"embed": 4096, "heads": 64, "attention": False}, 1, {}, "embed up to 2048, not 4096"),

@@ -16,7 +16,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from sessions import mosaic
 from sessions.config import ModelConfig
 from sessions.decode_layout import dense_out_in
-from sessions.decode_mlp import mlp_layer, unsupported
+from sessions.decode_mlp import mlp_layer, mlp_refusal
 from sessions.model import mlp_block, rms_norm
 from tests.helpers import need
 
@@ -126,15 +126,15 @@ def test_the_kernel_equals_xla_and_a_float64_reference(B, E, F, gated, P, monkey
 
 def test_unsupported_shapes_are_refused_in_one_line():
     gpt2 = ModelConfig(embed=768, ff=3072, heads=12, head_dim=64, dtype="bfloat16")
-    assert unsupported(gpt2, 8) is None
-    assert unsupported(gpt2, 9) == "--decode-impl pallas runs batches up to 8, not 9"
-    assert unsupported(dataclasses.replace(gpt2, dtype="float32"), 1) == (
+    assert mlp_refusal(gpt2, 8) is None
+    assert mlp_refusal(gpt2, 9) == "--decode-impl pallas runs batches up to 8, not 9"
+    assert mlp_refusal(dataclasses.replace(gpt2, dtype="float32"), 1) == (
         "--decode-impl pallas runs bfloat16: add --dtype bfloat16"
     )
-    assert unsupported(dataclasses.replace(gpt2, embed=48, ff=96), 1) == (
+    assert mlp_refusal(dataclasses.replace(gpt2, embed=48, ff=96), 1) == (
         "--decode-impl pallas needs embed and ff multiples of 64, not 48 and 96"
     )
-    assert unsupported(dataclasses.replace(gpt2, embed=4096, ff=11008), 1) == (
+    assert mlp_refusal(dataclasses.replace(gpt2, embed=4096, ff=11008), 1) == (
         "--decode-impl pallas holds the tokens in SMEM: embed up to 2048, not 4096"
     )
 
