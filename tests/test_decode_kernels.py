@@ -231,14 +231,9 @@ def test_s5_refuses_pallas_on_one_line(capsys):
     assert code == 2 and "int8 levers" in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_target_compiles_the_kernels_for_the_chip(monkeypatch):
-    """s3 --target h100:1 --decode-impl pallas traces the kernels' step with
-    interpret=False (this machine has no GPU, but the program is for one)."""
-    need("gpu")
-    from sessions.plan import programs
-    from sessions.plan.infer_on_target import plan_inference
-    from sessions.run.cli import infer_flags, serving_config
-
+def spy_on_the_step(monkeypatch):
+    """A list that gets each trace's `interpret` as decode_kernels.kernel_decode_step is
+    traced (the step itself still runs)."""
     seen = []
     real = decode_kernels.kernel_decode_step
 
@@ -247,6 +242,18 @@ def test_target_compiles_the_kernels_for_the_chip(monkeypatch):
         return real(*args, interpret=interpret, **kwargs)
 
     monkeypatch.setattr(decode_kernels, "kernel_decode_step", spy)
+    return seen
+
+
+def test_target_compiles_the_kernels_for_the_chip(monkeypatch):
+    """s3 --target h100:1 --decode-impl pallas traces the kernels' step with
+    interpret=False (this machine has no GPU, but the program is for one)."""
+    need("gpu")
+    from sessions.plan import programs
+    from sessions.plan.infer_on_target import plan_inference
+    from sessions.run.cli import infer_flags, serving_config
+
+    seen = spy_on_the_step(monkeypatch)
     flags = ["--target", "h100:1", "--seq", "64", "--batches", "1", "--decode-impl", "pallas"]
     args = infer_flags([*flags, *SHAPE])
     target, devices = programs.devices_for("h100:1")
@@ -352,14 +359,7 @@ def test_the_bench_says_whether_ours_is_no_slower():
 def test_the_decode_program_runs_the_step_it_is_asked_for(impl, calls, monkeypatch):
     """inference.decode_steps traces the kernels' step once (its loop's body) for
     impl "pallas-interpret" and never for XLA's."""
-    seen = []
-    real = decode_kernels.kernel_decode_step
-
-    def spy(*args, interpret, **kwargs):
-        seen.append(interpret)
-        return real(*args, interpret=interpret, **kwargs)
-
-    monkeypatch.setattr(decode_kernels, "kernel_decode_step", spy)
+    seen = spy_on_the_step(monkeypatch)
     jax.clear_caches()  # a trace of the same shapes, cached, would never call the spy
     w = decode_weights(init_params(ONE, jax.random.key(0)), ONE)
     tokens, logits = jnp.zeros((1, ONE.seq), jnp.int32), jnp.zeros((1, ONE.vocab), jnp.float32)
