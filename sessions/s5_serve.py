@@ -30,8 +30,9 @@ from roofline.flops import model_line
 from roofline.hardware import find_chip, local_roofs
 from roofline.plan.serving import plan_serving, serving_lines, serving_summary
 from roofline.timing import time_calls
-from sessions import data, decode_quality, inference, quantize, sharding, train
+from sessions import data, inference, quantize, sharding
 from sessions.config import PUBLISHED, TrainConfig
+from sessions.decode_quality import greedy_agreement, val_loss, validation_batches
 from sessions.errors import UsageError, run_main
 from sessions.plan import programs, serve_on_target
 from sessions.run.accelerator import check_accelerator_visible
@@ -45,6 +46,7 @@ from sessions.run.levers import (
     widening_line,
 )
 from sessions.run.serving import inference_config, load_params, prompt_for
+from sessions.train import train_briefly
 
 REPEATS = 3  # each timing: one uncounted call (it compiles), then the median of 3
 # The levers: (weights, cache), each "full" (the compute dtype) or "int8".
@@ -101,14 +103,14 @@ def main(argv=None):
     # the share of a greedy continuation's tokens it picks as full precision does.
     corpus = data.open_corpus(serving.corpus, cfg.seq)
     tc = TrainConfig(batch=meta["batch"], seed=meta["seed"]) if meta else TrainConfig(batch=4)
-    val = decode_quality.validation_batches(corpus.val, cfg, tc)
+    val = validation_batches(corpus.val, cfg, tc)
     prompts = jnp.asarray(val[0]["inputs"][:16, : len(prompt)])  # 16 prompts of validation text
     quality = {}
     for w, c in LEVERS:
         int8 = {"int8_weights": w == "int8", "int8_cache": c == "int8"}
         quality[w, c] = (
-            decode_quality.val_loss(params, cfg, val, **int8),
-            decode_quality.greedy_agreement(params, cfg, prompts, n, **int8),
+            val_loss(params, cfg, val, **int8),
+            greedy_agreement(params, cfg, prompts, n, **int8),
         )
     for line in quality_lines(quality, n, unit):
         print(line)
@@ -140,7 +142,7 @@ def main(argv=None):
         B = args.batches[-1]
         for K in (H, H // 2, 1):
             gqa = dataclasses.replace(base, kv_heads=K)
-            gqa_params, loss = train.train_briefly(gqa, steps, corpus.train, val)
+            gqa_params, loss = train_briefly(gqa, steps, corpus.train, val)
             gqa_weights = inference.decode_weights(gqa_params, gqa)
             step, got = timed_decode(gqa_params, gqa_weights, gqa, prompt, B, n, False, roofs)
             trained.append(
