@@ -1,7 +1,7 @@
 """Attention by hand: one query first, then a whole packed batch.
 
 Position s reads every position t <= s, weighted by how well its query
-matches their keys (sessions/attention.py):
+matches their keys (sessions/model/attention.py):
 
     scores[t] = q . k[t] / sqrt(D)          for t <= s (causal)
     out       = sum_t softmax(scores)[t] * v[t]

@@ -12,9 +12,9 @@ batch["targets"][0] shows it at once.
 import jax
 import numpy as np
 
-from sessions import data
-from sessions.config import ModelConfig, TrainConfig
-from sessions.train import init_state, make_optimizer, make_train_step
+from sessions.model.config import ModelConfig, TrainConfig
+from sessions.train import data
+from sessions.train.step import init_state, make_optimizer, make_train_step
 
 
 def broken_train(steps=40, seed=0):

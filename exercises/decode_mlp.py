@@ -4,7 +4,7 @@ A decode step multiplies a few tokens x [B, E] by each weight; before the MLP's
 first matrix the residual goes through RMSNorm. Written in XLA that is two
 kernels, and the normalised x makes a round trip through memory between them.
 Fused, one kernel reads x once, normalises it where it sits and multiplies:
-sessions/decode_mlp.py does this, the whole MLP half of a layer in one kernel.
+sessions/kernels/decode_mlp.py does this, the whole MLP half of a layer in one kernel.
 
 Mosaic GPU (jax.experimental.pallas.mosaic_gpu, "plgpu") is Pallas' backend for
 NVIDIA's Hopper GPUs. A kernel is a function of refs: its inputs and outputs in
@@ -32,7 +32,7 @@ def norm_matvec(x, scale, w, interpret, eps=1e-6):
     x [B, E] bfloat16, scale [E] bfloat16, w [F, E] bfloat16 (decode's layout,
     [out, in]) -> h float32 [B, F], the einsum "BE,FE->BF" of the normalised x.
 
-    The norm is the model's (rms_norm in sessions/model.py): in float32,
+    The norm is the model's (rms_norm in sessions/model/transformer.py): in float32,
     x * rsqrt(mean over E of x^2 + eps) * scale, rounded to bfloat16; the product
     sums over E in float32. All of it inside the kernel: x, scale and w copied
     into SMEM by TMA, the norm and the product in registers, h written back.

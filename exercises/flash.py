@@ -14,7 +14,7 @@ the same sums, counted in the new units.
 
 Causal attention adds a skip: query block i holds rows i·Bq ... (i+1)·Bq - 1,
 which see no key past the last of them, so the key blocks after it are never
-loaded. (sessions/flash.py is the Pallas kernel built on these three ideas.)
+loaded. (sessions/kernels/flash.py is the Pallas kernel built on these three ideas.)
 """
 
 import math

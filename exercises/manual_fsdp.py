@@ -15,7 +15,7 @@ the bytes move. The collective matmul splits the product by shards of E,
 
 and passes the shards around the ring one hop a step, multiplying the shard
 in hand while the next one travels: the transfer hides behind the math.
-(sessions/manual_fsdp.py and sessions/collective_matmul.py are the full versions.)
+(sessions/train/manual_fsdp.py and sessions/shard/collective_matmul.py are the full versions.)
 """
 
 import jax

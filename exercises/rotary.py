@@ -11,7 +11,7 @@ The D dims of a head form D/2 pairs, and pair i turns by pos·θ_i, with
 
 so the first pairs turn fast (θ_0 = 1 radian per token) and the last ones
 slowly. The pairing is LLaMA's "rotate_half", as Hugging Face's LLaMA and
-sessions/rotary.py write it: dims i and i + D/2 form pair i (not 2i and 2i + 1,
+sessions/model/rotary.py write it: dims i and i + D/2 form pair i (not 2i and 2i + 1,
 the interleaved form of Meta's original code; the two differ by a fixed
 permutation of the dims, which the weights absorb). With x1 = x[:D/2],
 x2 = x[D/2:] and a = pos·θ:

@@ -21,8 +21,8 @@ def influence(params, tokens, cfg):
     changes the logits at position s. For session 1's model (cfg.attention
     False) it is the identity; with causal attention it is lower triangular.
 
-    params: sessions.model.init_params(cfg, key); tokens: int [B, S].
-    Hint: set column t to (token + 1) % cfg.vocab, run sessions.model.forward
+    params: sessions.model.transformer.init_params(cfg, key); tokens: int [B, S].
+    Hint: set column t to (token + 1) % cfg.vocab, run sessions.model.transformer.forward
     again and compare the logits [B, S, V] position by position (a change
     above 1e-4 counts); jax.jit(jax.vmap(...)) over t runs all S changed
     batches in one compiled call.
@@ -38,7 +38,7 @@ def bigram_entropy(tokens):
     frequencies and p(a) the row sums,
         H = -sum over a, b of p(a, b) * log(p(a, b) / p(a)).
     Session 1's model cannot go below this on the data it was counted on;
-    compare it with sessions.data.unigram_entropy (a model that sees nothing).
+    compare it with sessions.train.data.unigram_entropy (a model that sees nothing).
     Hint: np.bincount of tokens[:-1] * 256 + tokens[1:], with minlength 65536.
     """
     raise NotImplementedError

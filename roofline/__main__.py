@@ -7,7 +7,7 @@
     python -m roofline decode --preset llama3-8b --chip h100 --batches 1,8,64 --context 8192
     python -m roofline compare runs/profile_s2                # a trace, read back
 
-A preset of predict and decode is a published model's (sessions/config.py PUBLISHED:
+A preset of predict and decode is a published model's (sessions/model/config.py PUBLISHED:
 its own config.json) where one has that name, else a course preset (PRESETS: our bytes,
 V=256): `gpt2` is GPT-2's 124M with its 50,257 tokens; the first line says which.
 
@@ -32,9 +32,9 @@ from roofline.measured.table import report_lines
 from roofline.measured.trace import read_trace
 from roofline.plan.serving import plan_serving, serving_lines, serving_summary
 from roofline.predict import predict_train_step, train_step_lines, training_run, training_run_lines
-from sessions.attention import IMPLEMENTATIONS
-from sessions.config import PRESETS, PUBLISHED, ModelConfig
 from sessions.errors import UsageError
+from sessions.model.attention import IMPLEMENTATIONS
+from sessions.model.config import PRESETS, PUBLISHED, ModelConfig
 from sessions.run.cli import (
     MODEL_FLAGS,
     ArgumentParser,
@@ -167,7 +167,7 @@ def preset_source(name):
     """Which preset a name is, and where its shapes come from: the first line's words."""
     if name in PUBLISHED:
         return f"{name}, published: {PUBLISHED[name].source}"
-    return f"{name}, a course preset (sessions/config.py: our bytes)"
+    return f"{name}, a course preset (sessions/model/config.py: our bytes)"
 
 
 def table_chip(name):
@@ -227,7 +227,9 @@ def serving_plan_lines(args):
     levers = {k: getattr(args, k) for k in ("batches", "chips", "weights", "cache")}
     levers["kernels_per_layer"] = args.kernels_per_layer
     plan = plan_serving(cfg, chip, context=context, prompt=prompt, **levers)
-    source = PUBLISHED[args.preset].source if args.preset in PUBLISHED else "sessions/config.py"
+    source = (
+        PUBLISHED[args.preset].source if args.preset in PUBLISHED else "sessions/model/config.py"
+    )
     heading = f"decode: {preset_source(args.preset)}"
     return serving_lines(plan, heading), serving_summary(plan, preset=args.preset, source=source)
 

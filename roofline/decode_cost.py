@@ -74,7 +74,7 @@ def check_format(option, value):
 
 def output_channels(cfg):
     """The scales of int8 weights a decode step reads, one per output channel of
-    each matmul weight in decode's [*out, *in] layout (sessions/decode_layout.py):
+    each matmul weight in decode's [*out, *in] layout (sessions/inference/layout.py):
     per layer wq H·D, wk and wv K·D each, wo E, w_in F (and w_gate F), w_out E;
     and the output projection's V."""
     E, F, H, K, D = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim

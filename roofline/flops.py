@@ -33,7 +33,7 @@ def count_params(tree):
 
 
 def param_count(cfg):
-    """P for a ModelConfig, counted from its shapes (sessions/model.py's params):
+    """P for a ModelConfig, counted from its shapes (sessions/model/transformer.py's params):
 
     embedding V·E (tied: also the output projection; untied: V·E more for it),
     learned positions S·E (rotary positions have none),
@@ -174,7 +174,7 @@ def train_bytes(cfg, batch, opt_states=2):
     Activations (compute dtype, cfg.dtype): `activations_per_token` values per
     token, plus the softmax probabilities [B, H, S, S] unless attention runs in
     a flash kernel (cuDNN's, Pallas splash), which recomputes them instead, plus
-    the logits [B, S, V] (compute dtype too: sessions/model.py's unembed); each
+    the logits [B, S, V] (compute dtype too: sessions/model/transformer.py's unembed); each
     written in the forward pass and read in the backward pass (x2).
 
     Everything else a compiler might spill between kernels is not counted:
@@ -182,7 +182,7 @@ def train_bytes(cfg, batch, opt_states=2):
     (`compiled.cost_analysis()["bytes accessed"]`) adds every operand of every
     kernel and is usually several times larger."""
     P = param_count(cfg)
-    param_bytes = 4  # float32 master weights (sessions/model.py)
+    param_bytes = 4  # float32 master weights (sessions/model/transformer.py)
     act_bytes = 2 if cfg.dtype == "bfloat16" else 4
     tokens = batch * cfg.seq
     kept = tokens * activations_per_token(cfg) * act_bytes

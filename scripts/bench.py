@@ -3,8 +3,8 @@ MFU and memory, held against the per-op prediction and the whole-step bound
 of the same compiled step on this chip's roofs (roofline/measured/compare.py), and how
 steady the step is over windows of steps run as training runs them. With
 --compare naive, also the same step written as plainly as possible
-(harness/naive_step.py), in the same run, and the ratio; with --compare flax,
-the same model and step as Flax NNX writes them (sessions/flax_model.py), and
+(scripts/harness/naive_step.py), in the same run, and the ratio; with --compare flax,
+the same model and step as Flax NNX writes them (sessions/model/flax_model.py), and
 the ratio.
 
     python scripts/bench.py                            # course shapes, batch 32 on a CPU
@@ -18,7 +18,6 @@ import time
 
 import jax
 
-from harness.naive_step import make_naive_step
 from roofline.calibrate import measured
 from roofline.flops import napkin_train_flops, train_flops
 from roofline.hardware import local_peak_flops
@@ -27,13 +26,14 @@ from roofline.memory import step_memory
 from roofline.predict import utilisation
 from roofline.timing import Timing, steadiness, time_calls
 from roofline.units import ms
-from sessions import data
-from sessions.attention import IMPLEMENTATIONS
-from sessions.config import PRESETS
+from scripts.harness.naive_step import make_naive_step
 from sessions.errors import run_main
-from sessions.meter import run_utilisation
+from sessions.model.attention import IMPLEMENTATIONS
+from sessions.model.config import PRESETS
 from sessions.run.cli import FAMILY, ArgumentParser, positive_int, resolve
-from sessions.train import init_state, make_optimizer, make_train_step
+from sessions.train import data
+from sessions.train.meter import run_utilisation
+from sessions.train.step import init_state, make_optimizer, make_train_step
 
 
 def parse_args(argv):
@@ -187,7 +187,7 @@ def compare_flax(cfg, optimizer, fresh, batch, compiled, args):
     call by call in turn, so that both see the same load on a shared machine."""
     from flax import nnx  # imported only when asked for
 
-    from sessions import flax_model
+    from sessions.model import flax_model
 
     model = flax_model.from_params(fresh()["params"], cfg)
     opt = flax_model.make_flax_optimizer(model, optimizer)

@@ -19,7 +19,7 @@ in bfloat16 two programs that round in different orders may break a tie of
 the greedy argmax differently.
 
 With --decode-impl xla,pallas, goals 2 and 3 set XLA's decode step beside ours
-(sessions/decode_kernels.py, two Mosaic GPU kernels a layer), batch by batch:
+(sessions/inference/kernel_step.py, two Mosaic GPU kernels a layer), batch by batch:
 tokens/s, MBU and the kernels a token launches, read off the compiled program.
 Ours runs bfloat16 at batches up to 8 (larger ones print "-"); on a CPU it runs in
 Mosaic GPU's interpreter, far slower than XLA's: a check that it runs, not a speed.
@@ -39,17 +39,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harness.naive_step import uncached_generate
 from roofline import decode_cost
 from roofline.compiled.launches import kernels_per_token
 from roofline.hardware import local_roofs
 from roofline.timing import time_calls
-from sessions import decode_kernels, inference, sharding
-from sessions.config import PRESETS
-from sessions.data import text_to_tokens
+from scripts.harness.naive_step import uncached_generate
 from sessions.errors import UsageError, run_main
+from sessions.inference import kernel_step, kv_cache, layout
 from sessions.model import init_params
+from sessions.model.config import PRESETS
 from sessions.run.cli import PROMPT, ArgumentParser, positive_int, resolve, train_flags
+from sessions.shard import sharding
+from sessions.train.data import text_to_tokens
 
 
 def parse_args(argv):
@@ -88,10 +89,10 @@ def against_uncached(args, prompt):
     n = min(args.new_tokens, cfg.seq - len(prompt))
     # Best of the repeats, for both: the least disturbed run of each on a shared machine.
     old = time_calls(lambda: uncached_generate(params, cfg, prompt, n), repeats=args.repeats)
-    new = time_calls(lambda: inference.generate(params, cfg, prompt[None], n), repeats=args.repeats)
+    new = time_calls(lambda: kv_cache.generate(params, cfg, prompt[None], n), repeats=args.repeats)
     same = (
         uncached_generate(params, cfg, prompt, n)
-        == inference.generate(params, cfg, prompt[None], n)[0].tolist()
+        == kv_cache.generate(params, cfg, prompt[None], n)[0].tolist()
     )
     print(f"1. {args.preset} preset, batch 1, {len(prompt)}-byte prompt + {n} new tokens, greedy")
     print(f"   uncached (old generate)  {n / old.best:>10,.0f} tokens/s  (best of {old})")
@@ -103,23 +104,23 @@ def against_uncached(args, prompt):
 def decode_seconds(weights, params, cfg, prompt, batch, n, mesh, repeats, impl=None):
     """Seconds per decode step for `batch` copies of the prompt, n steps from its end:
     the fastest of `repeats` (the least disturbed on a shared machine), as
-    sessions/s3_infer.py runs them. impl: the step (decode_kernels.IMPLS)."""
+    sessions/s3_infer.py runs them. impl: the step (kernel_step.IMPLS)."""
     prompts = jax.device_put(np.tile(prompt, (batch, 1)), sharding.batch_sharding(mesh))
-    logits, cache = inference.prefill(params, prompts, cfg)
+    logits, cache = kv_cache.prefill(params, prompts, cfg)
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - len(prompt))))
     key = jax.random.key(0)
     start = len(prompt)
-    decode = inference.repeatable_decode(weights, cache, tokens, logits, start, n, key, cfg, impl)
+    decode = kv_cache.repeatable_decode(weights, cache, tokens, logits, start, n, key, cfg, impl)
     return time_calls(decode, repeats=repeats).best / n
 
 
 def kernels_a_token(weights, cfg, batch, impl):
     """Kernels one decode step launches, read off its compiled program."""
     T, V = cfg.seq, cfg.vocab
-    cache = inference.init_cache(cfg, batch)
+    cache = kv_cache.init_cache(cfg, batch)
     tokens, logits = jnp.zeros((batch, T), jnp.int32), jnp.zeros((batch, V), jnp.float32)
     args = (weights, cache, tokens, logits, 1, 1, jax.random.key(0), 1.0, cfg, False, impl)
-    return kernels_per_token(inference.decode_steps.lower(*args).compile())[0]
+    return kernels_per_token(kv_cache.decode_steps.lower(*args).compile())[0]
 
 
 def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
@@ -128,7 +129,7 @@ def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
         return side_by_side(cfg, params, prompt, batches, args, roofs, mesh)
     peak, bandwidth = roofs
     n = min(args.new_tokens, cfg.seq - len(prompt))
-    weights = inference.decode_weights(params, cfg)  # laid out for decode, once per model
+    weights = layout.decode_weights(params, cfg)  # laid out for decode, once per model
     print(
         f"   {'batch':>5} {'ms/step':>9} {'tokens/s':>10} {'roof tok/s':>10} {'MBU':>6} {'MFU':>6}"
     )
@@ -152,10 +153,8 @@ def side_by_side(cfg, params, prompt, batches, args, roofs, mesh):
     impl (those it runs). Appends {impl: {batch: (Achieved, kernels)}} to args.tables."""
     peak, bandwidth = roofs
     n = min(args.new_tokens, cfg.seq - len(prompt))
-    weights = inference.decode_weights(params, cfg)
-    impls = {
-        name: decode_kernels.impl_for(name, jax.default_backend()) for name in args.decode_impl
-    }
+    weights = layout.decode_weights(params, cfg)
+    impls = {name: kernel_step.impl_for(name, jax.default_backend()) for name in args.decode_impl}
     cells = f"{'ms/step':>8} {'tokens/s':>10} {'MBU':>6} {'kernels':>7}"
     print(f"   {'batch':>5}" + "".join(f" | {name:>6} {cells}" for name in impls))
     table = {name: {} for name in impls}
@@ -163,7 +162,7 @@ def side_by_side(cfg, params, prompt, batches, args, roofs, mesh):
     for b in batches:
         line = f"   {b:>5}"
         for name, impl in impls.items():
-            if impl and b > decode_kernels.MAX_BATCH:  # ours takes batches up to 8
+            if impl and b > kernel_step.MAX_BATCH:  # ours takes batches up to 8
                 line += f" | {name:>6} {'-':>8} {'-':>10} {'-':>6} {'-':>7}"
                 continue
             step_s = decode_seconds(weights, params, cfg, prompt, b, n, mesh, args.repeats, impl)
@@ -203,7 +202,7 @@ def main(argv=None):
     print(f"{jax.devices()[0].device_kind}, JAX {jax.__version__}, {dtype} (goal 1: float32)")
     if "pallas" in args.decode_impl:  # what our kernels do not run, refused before any work
         for preset in (args.mbu_preset, args.preset):
-            decode_kernels.check_supported(
+            kernel_step.check_supported(
                 dataclasses.replace(PRESETS[preset].model, dtype=dtype),
                 1,
                 interpret=jax.devices()[0].platform != "gpu",  # impl_for's choice

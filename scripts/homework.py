@@ -12,7 +12,7 @@ line per exercise: pass, fail with the first line of the failure, or not
 started; the numbers an exercise measured; and the machine it ran on. A
 Discord message holds 2,000 characters, so a longer report is split into
 numbered parts, each to be pasted as one message; --post sends them, in order,
-through the course's Discord webhook (harness/discord.py). Exit status 0
+through the course's Discord webhook (scripts/harness/discord.py). Exit status 0
 only when every exercise passes; 2 when posting fails or is refused.
 """
 
@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 
-from harness import discord, grading
+from scripts.harness import discord, grading
 
 
 def main(argv=None):

@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 
-from harness import rungs
+from scripts.harness import rungs
 
 
 def main(argv=None):

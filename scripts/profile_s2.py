@@ -21,7 +21,7 @@ import sys
 
 from roofline.measured.record import METADATA, load_metadata
 from roofline.measured.trace import read_trace
-from sessions.config import PRESETS
+from sessions.model.config import PRESETS
 from sessions.run.cli import ArgumentParser, positive_int
 
 

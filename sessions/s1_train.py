@@ -17,10 +17,10 @@ import time
 
 import jax
 
-from sessions import data
 from sessions.errors import run_main
 from sessions.run.cli import ArgumentParser, add_shape_flags, resolve
-from sessions.train import init_state, make_optimizer, make_train_step
+from sessions.train import data
+from sessions.train.step import init_state, make_optimizer, make_train_step
 
 
 def main(argv=None):

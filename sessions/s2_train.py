@@ -30,18 +30,25 @@ from roofline.hardware import local_peak_flops
 from roofline.measured.compare import profile_table
 from roofline.measured.profile import TraceWindow
 from roofline.memory import allocator_peak, step_memory
-from sessions import data, sample, sharding
 from sessions.errors import run_main
-from sessions.manual_fsdp import check_collectives, collectives_line, make_manual_step
-from sessions.meter import Meter
+from sessions.inference import sample
 from sessions.plan import programs, train_on_target
-from sessions.prefetch import Prefetcher, Synchronous
 from sessions.run import checkpoint, multihost, preemption
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import PROMPT, make_folder, resolve, train_flags
 from sessions.run.report import header_lines, plot_loss, summarize, summary_lines
-from sessions.shapes import abstract_batch, abstract_state
-from sessions.train import compile_ahead, make_evaluator, make_train_step
+from sessions.shard import sharding
+from sessions.train import data
+from sessions.train.manual_fsdp import check_collectives, collectives_line, make_manual_step
+from sessions.train.meter import Meter
+from sessions.train.prefetch import Prefetcher, Synchronous
+from sessions.train.step import (
+    abstract_batch,
+    abstract_state,
+    compile_ahead,
+    make_evaluator,
+    make_train_step,
+)
 
 
 def main(argv=None):
@@ -84,7 +91,7 @@ def main(argv=None):
     checkpoints = checkpoint.open_for_run(directory, every, resume, cfg, tc, corpus.unit, named)
 
     # The state as shapes first (jax.ShapeDtypeStruct, each with its weight's
-    # sharding: sessions/shapes.py); then every device builds, or restores, only
+    # sharding: sessions/inference/shapes.py); then every device builds, or restores, only
     # its own shards.
     optimizer, init, abstract = abstract_state(cfg, tc, mesh)
     shardings = jax.tree.map(lambda x: x.sharding, abstract)
@@ -114,7 +121,7 @@ def main(argv=None):
     # The step: forward, backward and AdamW as one program, compiled before the
     # loop from shapes alone (--no-jit: op by op, as session 1 ran).
     jit = not args.no_jit
-    if args.collectives == "manual":  # every collective written out (sessions/manual_fsdp.py)
+    if args.collectives == "manual":  # every collective written out (sessions/train/manual_fsdp.py)
         step_fn = make_manual_step(cfg, optimizer, tc.clip, shardings, batch_sharding, jit=jit)
     else:
         step_fn = make_train_step(

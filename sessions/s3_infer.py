@@ -28,14 +28,15 @@ from roofline import decode_cost
 from roofline.flops import model_line
 from roofline.hardware import local_roofs
 from roofline.timing import time_calls
-from sessions import decode_kernels, inference, sharding
 from sessions.errors import UsageError, run_main
+from sessions.inference import kernel_step, kv_cache, layout
+from sessions.inference.sample import sample_tokens, show
 from sessions.plan import infer_on_target, programs
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import NEW_TOKENS, infer_flags, make_folder, serving_config
 from sessions.run.report import decode_table_lines, plot_decode
 from sessions.run.serving import inference_config, load_params, prompt_for
-from sessions.sample import sample_tokens, show
+from sessions.shard import sharding
 
 # Each timing below: one uncounted call first (it compiles), then the median of
 # REPEATS calls, each waited for with block_until_ready, since JAX returns before
@@ -66,12 +67,12 @@ def main(argv=None):
     # As many new tokens as asked; by default NEW_TOKENS, or as many as the context
     # holds after the prompt (a prompt that fills it leaves none: an error).
     n = args.new_tokens or min(NEW_TOKENS, cfg.seq - P)
-    inference.check_lengths(cfg, P, max(n, 1))
+    kv_cache.check_lengths(cfg, P, max(n, 1))
     # --decode-impl pallas: our kernels, compiled for a GPU, elsewhere interpreted (slowly).
-    impl = decode_kernels.impl_for(args.decode_impl, devices[0].platform)
+    impl = kernel_step.impl_for(args.decode_impl, devices[0].platform)
     for B in args.batches if impl else []:  # what they do not run, refused before any work
         interpret = impl == "pallas-interpret"
-        decode_kernels.check_supported(cfg, B, devices=len(devices), interpret=interpret)
+        kernel_step.check_supported(cfg, B, devices=len(devices), interpret=interpret)
     mesh = sharding.make_mesh(sizes, devices)
     with jax.set_mesh(mesh):
         params, source = load_params(serving.checkpoint_dir, args.seed, cfg, meta, mesh)
@@ -88,8 +89,8 @@ def main(argv=None):
         print(f"{bandwidth / 1e9:.1f} GB/s ({roofs.bandwidth_source})")
 
         # Every decode step reads every weight, so they are laid out for it once:
-        # in the compute dtype, each matmul weight [out, in] (sessions/decode_layout.py).
-        weights = inference.decode_weights(params, cfg)
+        # in the compute dtype, each matmul weight [out, in] (sessions/inference/layout.py).
+        weights = layout.decode_weights(params, cfg)
         key = jax.random.key(0)
         rows = []  # (roofline DecodeStep, Achieved, prefill seconds) per batch
         for B in args.batches:
@@ -98,7 +99,7 @@ def main(argv=None):
 
             # Prefill: the B·P prompt tokens through the model in one pass, like a training
             # forward pass: compute-bound, with the model's causal attention.
-            prefill = functools.partial(inference.prefill, params, prompts, cfg)
+            prefill = functools.partial(kv_cache.prefill, params, prompts, cfg)
             prefill_s = time_calls(prefill, repeats=REPEATS).median
             logits, cache = prefill()
             # What it returns: the logits [B, V] for position P, and the cache, one
@@ -109,10 +110,10 @@ def main(argv=None):
 
             # Decode: one token per row per step, [B, 1] through the model, reading
             # every weight and the cache: memory-bound until B is large. decode_loop
-            # queues ceil(n / STEPS) calls of one compiled program of inference.STEPS
+            # queues ceil(n / STEPS) calls of one compiled program of kv_cache.STEPS
             # steps, without waiting for any; each call of `decode` runs the n steps
             # from the prompt's end again.
-            decode = inference.repeatable_decode(
+            decode = kv_cache.repeatable_decode(
                 weights, cache, tokens, logits, P, n, key, cfg, impl
             )
             step_s = time_calls(decode, repeats=REPEATS).median / n

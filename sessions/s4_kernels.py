@@ -17,7 +17,7 @@ the reference on this machine, then compile them for a chip it may lack:
 The checks run on the CPU's 8 simulated devices when there is no accelerator
 (our kernel then runs interpreted: slow, the same arithmetic); on a GPU or TPU
 the kernel runs compiled. Each check prints the precision its matmuls ran in and
-the tolerance that follows from it (sessions/precision.py): a GPU or a TPU rounds
+the tolerance that follows from it (sessions/kernels/precision.py): a GPU or a TPU rounds
 float32 matmuls more than a CPU unless asked.
 """
 
@@ -38,14 +38,16 @@ import jax.numpy as jnp
 from roofline.compiled.program import collectives_table
 from roofline.compiled.schedule import schedule_line, schedule_summary
 from roofline.plan.targets import missing_extras
-from sessions import collective_matmul, flash, manual_fsdp, precision, sharding
-from sessions.attention import einsum_attention
 from sessions.errors import UsageError, run_main
+from sessions.kernels import flash, precision
+from sessions.kernels.precision import biggest
+from sessions.model.attention import einsum_attention
 from sessions.plan import programs
 from sessions.plan.attention_on_target import SEQUENCES, attention_on_target, attention_table_lines
 from sessions.plan.collective_matmul_on_target import programs_on
-from sessions.precision import biggest
 from sessions.run.accelerator import check_accelerator_visible
+from sessions.shard import collective_matmul, sharding
+from sessions.train import manual_fsdp
 
 VENDOR = {"gpu": "cudnn", "tpu": "splash"}  # the chip maker's (or JAX's) flash kernel
 NAMES = ("forward == einsum attention", *(f"d{x} == einsum attention's" for x in "qkv"))

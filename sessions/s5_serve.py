@@ -30,10 +30,11 @@ from roofline.flops import model_line
 from roofline.hardware import find_chip, local_roofs
 from roofline.plan.serving import plan_serving, serving_lines, serving_summary
 from roofline.timing import time_calls
-from sessions import data, inference, quantize, sharding
-from sessions.config import PUBLISHED, TrainConfig
-from sessions.decode_quality import greedy_agreement, val_loss, validation_batches
 from sessions.errors import UsageError, run_main
+from sessions.inference import kv_cache, layout
+from sessions.inference.quality import greedy_agreement, val_loss, validation_batches
+from sessions.model import quantize
+from sessions.model.config import PUBLISHED, TrainConfig
 from sessions.plan import programs, serve_on_target
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import NEW_TOKENS, serving_config
@@ -46,7 +47,9 @@ from sessions.run.levers import (
     widening_line,
 )
 from sessions.run.serving import inference_config, load_params, prompt_for
-from sessions.train import train_briefly
+from sessions.shard import sharding
+from sessions.train import data
+from sessions.train.step import train_briefly
 
 REPEATS = 3  # each timing: one uncounted call (it compiles), then the median of 3
 # The levers: (weights, cache), each "full" (the compute dtype) or "int8".
@@ -58,9 +61,9 @@ def timed_decode(params, weights, cfg, prompt, B, n, int8_cache, roofs):
     `weights` (full or int8), the cache full or int8, timed as session 3 times decode."""
     P = len(prompt)
     prompts = jnp.asarray(np.tile(prompt, (B, 1)), jnp.int32)
-    logits, cache = inference.prefill(params, prompts, cfg, int8_cache)
+    logits, cache = kv_cache.prefill(params, prompts, cfg, int8_cache)
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T]: room for n more
-    decode = inference.repeatable_decode(
+    decode = kv_cache.repeatable_decode(
         weights, cache, tokens, logits, P, n, jax.random.key(0), cfg
     )
     step_s = time_calls(decode, repeats=REPEATS).median / n
@@ -88,7 +91,7 @@ def main(argv=None):
     if unit == "token":  # a checkpoint keeps no corpus: s5 validates on the platform's own
         raise UsageError("s5_serve.py measures quality on bytes; this checkpoint is of token files")
     n = args.new_tokens or min(NEW_TOKENS, cfg.seq - len(prompt))
-    inference.check_lengths(cfg, len(prompt), max(n, 1))
+    kv_cache.check_lengths(cfg, len(prompt), max(n, 1))
     one_device = sharding.make_mesh(sharding.parse_mesh(None, 1), jax.devices()[:1])
     params, source = load_params(serving.checkpoint_dir, args.seed, cfg, meta, one_device)
     print(f"session 5 | 1 x {jax.devices()[0].device_kind} | {source}")
@@ -117,9 +120,9 @@ def main(argv=None):
 
     # 2. What each lever buys: every weight once a step, in int8 a quarter of float32's
     # bytes (plus a scale per output channel), and each sequence's cache. The weights
-    # are laid out for decode once ([out, in], sessions/decode_layout.py), then quantized.
-    full = inference.decode_weights(params, cfg)
-    weights = {"full": full, "int8": quantize.quantize_decode_weights(full)}
+    # are laid out for decode once ([out, in], sessions/inference/layout.py), then quantized.
+    full = layout.decode_weights(params, cfg)
+    weights = {"full": full, "int8": layout.quantize_decode_weights(full)}
     rows = []
     for w, c in LEVERS:
         for B in args.batches:
@@ -143,7 +146,7 @@ def main(argv=None):
         for K in (H, H // 2, 1):
             gqa = dataclasses.replace(base, kv_heads=K)
             gqa_params, loss = train_briefly(gqa, steps, corpus.train, val)
-            gqa_weights = inference.decode_weights(gqa_params, gqa)
+            gqa_weights = layout.decode_weights(gqa_params, gqa)
             step, got = timed_decode(gqa_params, gqa_weights, gqa, prompt, B, n, False, roofs)
             trained.append(
                 {

@@ -16,11 +16,11 @@ import functools
 import jax
 
 from sessions.model import init_params
-from sessions.sharding import tree_shardings
+from sessions.shard.sharding import tree_shardings
 
 
 def broken_init(cfg, key, mesh):
-    """Parameters on the mesh with sessions/sharding.py's rules, the slow way."""
+    """Parameters on the mesh with sessions/shard/sharding.py's rules, the slow way."""
     params = init_params(cfg, key)  # every weight, whole, on the default device
     shardings = tree_shardings(jax.eval_shape(lambda: params), mesh)
     return jax.device_put(params, shardings)  # then cut up and moved
@@ -30,10 +30,10 @@ def make_sharded_init(cfg, mesh):
     """An initialiser whose outputs are born sharded: key -> params.
 
     Return a jax.jit-ed function of the key alone, computing
-    init_params(cfg, key), whose out_shardings are sessions/sharding.py's
+    init_params(cfg, key), whose out_shardings are sessions/shard/sharding.py's
     rules for the mesh, so each device computes only its own shards.
     Hint: jax.eval_shape(functools.partial(init_params, cfg), key) gives the
-    ShapeDtypeStructs; sessions.sharding.tree_shardings(shapes, mesh) the
+    ShapeDtypeStructs; sessions.shard.sharding.tree_shardings(shapes, mesh) the
     NamedShardings; jax.jit(..., out_shardings=those).
     """
     init = functools.partial(init_params, cfg)

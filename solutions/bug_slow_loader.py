@@ -1,7 +1,7 @@
 """Find the bug: a loader slower than the step, which no prefetch depth hides.
 
 broken_run() feeds a quick step (a few milliseconds) from a loader that
-needs load_s per batch, through sessions/prefetch.py's Prefetcher, 8 batches
+needs load_s per batch, through sessions/train/prefetch.py's Prefetcher, 8 batches
 deep. It runs at one step per load_s all the same: a prefetcher hides
 loading only while loading one batch is faster than one step. A deeper
 queue just takes longer to drain; in the steady state the train waits for
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sessions.prefetch import Prefetcher
+from sessions.train.prefetch import Prefetcher
 
 
 def broken_run(steps=20, load_s=0.02, depth=8):

@@ -9,7 +9,7 @@ each sequence's token costs f FLOPs:
 
     bytes per step = W + B·C            seconds >= max(bytes / bandwidth, B·f / peak)
 
-(sessions/inference.py is the decoder, roofline/decode_cost.py the roofline.)
+(sessions/inference/kv_cache.py is the decoder, roofline/decode_cost.py the roofline.)
 """
 
 import jax
@@ -63,7 +63,7 @@ def decode_attention(q, k, v, k_cache, v_cache, pos):
     position pos (an int, the same for every row); k_cache, v_cache:
     [B, T, H, D], positions 0..pos-1 filled, the rest unused. Write k and v
     into the caches at pos, then attend: the new query over positions
-    0..pos (its own included), as sessions/attention.py does over a whole
+    0..pos (its own included), as sessions/model/attention.py does over a whole
     sequence. Return the output and both updated caches.
     Hint: k_cache.at[:, pos].set(k); scores = jnp.einsum("BHD,BTHD->BHT",
     q, k_cache) / sqrt(D), masked to -inf where t > pos; softmax over T;

@@ -4,7 +4,7 @@ The training step is dispatched asynchronously: it returns while the device
 works. If the next batch is then cut and copied in the same thread, the
 device waits meanwhile. A background thread that keeps `depth` batches
 ready hides the loading whenever one batch loads faster than one step runs
-(sessions/prefetch.py is the course's full version).
+(sessions/train/prefetch.py is the course's full version).
 """
 
 import queue

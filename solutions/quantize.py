@@ -1,6 +1,6 @@
 """int8 weights with one scale per output channel, and the bound on their error.
 
-A decode weight W [out, in] (rows are outputs, sessions/decode_layout.py) is
+A decode weight W [out, in] (rows are outputs, sessions/inference/layout.py) is
 stored as int8 values and one float32 scale per row, set by the row's own
 largest magnitude (absmax):
 
@@ -20,7 +20,7 @@ its weights to 0; with its own scale, each row uses all 255 levels.
 
 The product is computed in the compute dtype without making Ŵ: the scale of
 row o is the same for every i, so it factors out of the sum over in,
-ŷ = (q·x) * scale, one multiply per output (sessions/quantize.py does this for
+ŷ = (q·x) * scale, one multiply per output (sessions/model/quantize.py does this for
 every matmul of the decode step).
 """
 

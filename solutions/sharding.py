@@ -22,7 +22,7 @@ from sessions.model import init_params
 
 
 def param_shapes(cfg):
-    """The param tree of sessions.model.init_params(cfg, key) as jax.ShapeDtypeStructs.
+    """The param tree of sessions.model.transformer.init_params(cfg, key) as jax.ShapeDtypeStructs.
 
     Nothing is allocated: jax.eval_shape traces the initialiser with shapes.
     Hint: jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0)).
@@ -41,7 +41,7 @@ def param_specs(shapes):
     Hint: jax.tree_util.tree_map_with_path(fn, shapes); a path's last
     jax.tree_util.DictKey holds the weight's name (path[-1].key).
     """
-    rules = {  # the same table as sessions/sharding.py's PARAM_SPECS
+    rules = {  # the same table as sessions/shard/sharding.py's PARAM_SPECS
         "embed": P("tp", "fsdp"),
         "pos": P(None, "fsdp"),
         "wq": P("fsdp", "tp", None),
@@ -57,10 +57,10 @@ def param_specs(shapes):
 
 
 def init_sharded(cfg, key, mesh):
-    """sessions.model.init_params(cfg, key), each weight built directly in shards.
+    """sessions.model.transformer.init_params(cfg, key), each weight built directly in shards.
 
     mesh: a jax.sharding.Mesh with axes "fsdp" and "tp" (e.g.
-    sessions.sharding.make_mesh({"data": 1, "fsdp": 2, "tp": 4})). Returns
+    sessions.shard.sharding.make_mesh({"data": 1, "fsdp": 2, "tp": 4})). Returns
     the param tree whose arrays carry NamedSharding(mesh, spec) with the
     specs of param_specs(param_shapes(cfg)).
     Hint: jax.jit(functools.partial(init_params, cfg), out_shardings=tree of

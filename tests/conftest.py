@@ -21,7 +21,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 import pytest
 
-from sessions.config import PRESETS, ModelConfig, TrainConfig
+from sessions.model.config import PRESETS, ModelConfig, TrainConfig
 
 # What JAX warns when a cache entry cannot be read (jax/_src/compiler.py, _cache_read).
 TORN_READ = "Error reading persistent compilation cache entry"
@@ -73,7 +73,7 @@ def checkpoint_dir(tmp_path_factory):
     """What `s2_train.py --preset tiny --checkpoint-every N` leaves: one orbax checkpoint
     (s3's and s5's tests serve it)."""
     from sessions.run.checkpoint import Checkpoints  # orbax: only for the tests that serve
-    from sessions.train import init_state, make_optimizer
+    from sessions.train.step import init_state, make_optimizer
 
     tiny, tc = PRESETS["tiny"].model, TrainConfig(batch=2, steps=1)
     state = init_state(jax.random.key(0), cfg=tiny, optimizer=make_optimizer(tc, tc.steps))

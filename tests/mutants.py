@@ -51,7 +51,7 @@ NAMES_TEST = "tests/test_exercises/test_exercise_names.py"
 HOMEWORK_TEST = "tests/test_exercises/test_homework.py"
 DISCORD_TEST = f"{HOMEWORK_TEST}::test_every_part_fits_discord_at_the_boundary"
 WRITE = "                meter.write(record)\n"
-CMATMUL = "sessions/collective_matmul.py"
+CMATMUL = "sessions/shard/collective_matmul.py"
 CMATMUL_TEST = "tests/test_collective_matmul.py"
 TRUTH = "tests/test_trace_truth.py"
 PLANS = "tests/test_step_plans.py"
@@ -66,21 +66,21 @@ MUTANTS = [
     Mutant(
         "clip",
         "gradient clipping removed from the optimizer",
-        "sessions/train.py",
+        "sessions/train/step.py",
         (("        optax.clip_by_global_norm(tc.clip),\n", ""),),
         ("tests/test_train.py::test_clipping_bounds_a_huge_gradient",),
     ),
     Mutant(
         "decay-mask",
         "weight decay on norm scales instead of matrices",
-        "sessions/train.py",
+        "sessions/train/step.py",
         (("lambda w: w.ndim >= 2", "lambda w: w.ndim < 2"),),
         ("tests/test_train.py::test_weight_decay_shrinks_matrices_and_spares_norm_scales",),
     ),
     Mutant(
         "w_in-rule",
         "w_in split as P('tp', 'fsdp'), a legal but wrong layout",
-        "sessions/sharding.py",
+        "sessions/shard/sharding.py",
         (('"w_in": P("fsdp", "tp")', '"w_in": P("tp", "fsdp")'),),
         ("tests/test_multichip.py::test_the_layout_by_hand[fsdp=4,tp=2]",),
     ),
@@ -111,28 +111,28 @@ MUTANTS = [
     Mutant(
         "discord-2100",
         "Discord parts of up to 2,100 characters",
-        "harness/grading.py",
+        "scripts/harness/grading.py",
         (("DISCORD_LIMIT = 2000", "DISCORD_LIMIT = 2100"),),
         (DISCORD_TEST,),
     ),
     Mutant(
         "discord-code-points",
         "message length counted in code points, not UTF-16 units",
-        "harness/grading.py",
+        "scripts/harness/grading.py",
         (('return len(text.encode("utf-16-le")) // 2', "return len(text)"),),
         (DISCORD_TEST,),
     ),
     Mutant(
         "exercise-topic-undeclared",
         "an exercise named after no module and not declared a topic",
-        "harness/grading.py",
+        "scripts/harness/grading.py",
         (('    "jit_fusion": ', '    "jit_fusions": '),),
         (f"{NAMES_TEST}::test_each_exercise_is_named_after_a_module_or_a_declared_topic",),
     ),
     Mutant(
         "homework-drops-session",
         "homework.py's session list loses session 3: its exercises are graded by none",
-        "harness/grading.py",
+        "scripts/harness/grading.py",
         (
             (
                 '    "3": ("test_session_3.py", '
@@ -148,7 +148,7 @@ MUTANTS = [
     Mutant(
         "homework-title-unnumbered",
         "the Discord report's title names the session's concept but not its number",
-        "harness/grading.py",
+        "scripts/harness/grading.py",
         (('return f"session {session}: {what}" if session.isdigit() else what', "return what"),),
         (f"{HOMEWORK_TEST}::test_homework_n_is_session_n",),
     ),
@@ -164,7 +164,7 @@ MUTANTS = [
     Mutant(
         "positions-reversed",
         "position s gets pos[S-1-s]",
-        "sessions/positions.py",
+        "sessions/model/positions.py",
         (("jnp.ones((B,), x.dtype), pos)", "jnp.ones((B,), x.dtype), pos[::-1])"),),
         (
             "tests/test_model.py::test_zero_blocks_are_the_identity_and_position_s_gets_pos_s",
@@ -174,7 +174,7 @@ MUTANTS = [
     Mutant(
         "mlp-residual",
         "the MLP's residual connection dropped",
-        "sessions/model.py",
+        "sessions/model/transformer.py",
         (("x + mlp_block(", "mlp_block("),),
         (
             "tests/test_model.py::test_zero_blocks_are_the_identity_and_position_s_gets_pos_s",
@@ -220,14 +220,14 @@ MUTANTS = [
     Mutant(
         "step-time",
         "a log interval's step time divided by one step too many",
-        "sessions/meter.py",
+        "sessions/train/meter.py",
         (("seconds / (done - self.last_step)", "seconds / (done - self.last_step + 1)"),),
         ("tests/test_train.py::test_the_meter_s_numbers_by_hand",),
     ),
     Mutant(
         "mfu-one-device",
         "MFU against one device's peak on several devices",
-        "sessions/meter.py",
+        "sessions/train/meter.py",
         (("datasheet_peak=peak_flops, chips=n_devices)", "datasheet_peak=peak_flops)"),),
         ("tests/test_train.py::test_the_meter_s_numbers_by_hand",),
     ),
@@ -281,28 +281,28 @@ MUTANTS = [
     Mutant(
         "state-bytes",
         "bytes per device counted as if every device held everything",
-        "sessions/sharding.py",
+        "sessions/shard/sharding.py",
         (("math.prod(s.shard_shape(x.shape))", "math.prod(x.shape)"),),
         ("tests/test_cli.py::test_s2_runs_end_to_end_and_every_number_it_prints_is_right",),
     ),
     Mutant(
         "cache-copy",
         "the cache written before it is read: XLA copies it every step",
-        "sessions/inference.py",
+        "sessions/inference/kv_cache.py",
         (("after = 0 * out[:, :1, :1, :1]", "after = 0"),),
         (f"{INFERENCE}::test_the_decode_loop_copies_no_weight_and_no_cache",),
     ),
     Mutant(
         "decode-weight-rule",
         "decode's transposed weights split by the untransposed rule",
-        "sessions/decode_layout.py",
+        "sessions/inference/layout.py",
         (("return P(*(spec[i] for i in order))", "return P(*spec)"),),
         (f"{INFERENCE}::test_sharded_equals_one_device",),
     ),
     Mutant(
         "int8-widened",
         "each int8 weight converted to bf16 in a buffer of its own before its matmul",
-        "sessions/decode_layout.py",
+        "sessions/inference/layout.py",
         (
             (
                 "w = w if scale is None else w.values.astype(x.dtype)",
@@ -317,7 +317,7 @@ MUTANTS = [
     Mutant(
         "int8-v-scale",
         "the int8 cache's value scales left out of attention",
-        "sessions/quantize.py",
+        "sessions/model/quantize.py",
         (('probs[..., :T] * cache["v_scale"][:, :, None, None]', "probs[..., :T]"),),
         (f"{INT8}::test_int8_cache_attention_equals_attention_over_the_dequantized_cache",),
     ),
@@ -377,7 +377,7 @@ MUTANTS = [
     Mutant(
         "decode-trip",
         "decode's loop over a traced count (a GPU waits on the host each token)",
-        "sessions/inference.py",
+        "sessions/inference/kv_cache.py",
         (
             (
                 "return jax.lax.fori_loop(0, STEPS, step, (tokens, cache, logits))",
@@ -410,7 +410,7 @@ MUTANTS = [
     Mutant(
         "stdlib-skips",
         "the stdlib corpus keeps the generated codec tables and the docs",
-        "sessions/data.py",
+        "sessions/train/data.py",
         (('STDLIB_SKIPPED |= {"encodings", "pydoc_data", "__pycache__"}', "pass"),),
         (
             "tests/test_data.py::test_stdlib_holds_out_whole_files_the_same_way_every_time",
@@ -420,28 +420,28 @@ MUTANTS = [
     Mutant(
         "stdlib-order",
         "the stdlib's files in the order the file system lists them",
-        "sessions/data.py",
+        "sessions/train/data.py",
         (("    return sorted(found)", "    return found[::-1]"),),
         ("tests/test_data.py::test_stdlib_holds_out_whole_files_the_same_way_every_time",),
     ),
     Mutant(
         "passes-warning",
         "the warning at exactly the threshold, not past it",
-        "sessions/data.py",
+        "sessions/train/data.py",
         (("    if passes > MAX_PASSES:", "    if passes >= MAX_PASSES:"),),
         ("tests/test_data.py::test_passes_in_the_header_and_a_warning_past_the_threshold",),
     ),
     Mutant(
         "vocab-edge",
         "a token equal to the vocabulary let through (an embedding lookup past the table)",
-        "sessions/data.py",
+        "sessions/train/data.py",
         (("        if largest >= vocab:", "        if largest > vocab:"),),
         ("tests/test_token_runs.py::test_bad_token_input_is_one_line_before_any_step",),
     ),
     Mutant(
         "chip-corpus",
         "a GPU or TPU defaults to the docs, which its default run passes over 35 times",
-        "sessions/defaults.py",
+        "sessions/run/defaults.py",
         (("(DOCS if on_cpu else STDLIB)", "DOCS"),),
         ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
     ),
@@ -521,7 +521,7 @@ MUTANTS = [
     Mutant(
         "chip-passes",
         "the course preset's 2,000 steps again: 9.3 passes over the smallest stdlib seen",
-        "sessions/config.py",
+        "sessions/model/config.py",
         (("TrainConfig(steps=450, batch=256,", "TrainConfig(steps=2000, batch=256,"),),
         ("tests/test_data.py::test_every_preset_s_default_run_stays_below_the_threshold",),
     ),
@@ -535,7 +535,7 @@ MUTANTS = [
     Mutant(
         "pod-rows",
         "a process loads one range from its first block to its last (a pod's are scattered)",
-        "sessions/sharding.py",
+        "sessions/shard/sharding.py",
         (
             (
                 "return np.concatenate([np.arange(start, stop) for start, stop in sorted(blocks)])",
@@ -856,7 +856,7 @@ MUTANTS = [
         "bf16-scatter",
         "the token embedding looked up in the bf16 table: its gradient summed in bf16 "
         "(the H100's atomics, 0.12x PyTorch)",
-        "sessions/model.py",
+        "sessions/model/transformer.py",
         (
             (
                 'x = lookup(p["embed"], tokens).astype(cfg.dtype)',
@@ -873,7 +873,7 @@ MUTANTS = [
         "bf16-scatter-forward",
         "forward hands the lookup the params it cast to bf16: the embedding's gradient "
         "summed in bf16 again, whatever embed does",
-        "sessions/model.py",
+        "sessions/model/transformer.py",
         (("    x = embed(params, tokens, cfg)\n", "    x = embed(p, tokens, cfg)\n"),),
         (
             f"{EMBED_GRAD}::test_the_step_s_lookup_gradient_is_the_float64_sum",
@@ -884,7 +884,7 @@ MUTANTS = [
     Mutant(
         "flax-embed-dtype",
         "Flax's Embed given the compute dtype: it casts its table before the lookup",
-        "sessions/flax_model.py",
+        "sessions/model/flax_model.py",
         (
             (
                 "nnx.Embed(V, E, embedding_init=",
@@ -896,7 +896,7 @@ MUTANTS = [
     Mutant(
         "fsdp-ends-cast",
         "manual FSDP gathers the embedding in bf16 for its lookup",
-        "sessions/manual_fsdp.py",
+        "sessions/train/manual_fsdp.py",
         (
             (
                 'gather_weights({name: w for name, w in params.items() if name != "layers"})',
@@ -957,7 +957,7 @@ MUTANTS = [
         "positions-reduce",
         "the positions' gradient a reduction over the batch: the H100 step transposes its "
         "residual stream at every norm",
-        "sessions/positions.py",
+        "sessions/model/positions.py",
         (
             (
                 '    return x + jnp.einsum("B,SE->BSE", jnp.ones((B,), x.dtype), pos)\n',
@@ -969,7 +969,7 @@ MUTANTS = [
     Mutant(
         "picked-by-index",
         "the target's logit picked by take_along_axis: a scatter into [B, S, V] in the backward",
-        "sessions/train.py",
+        "sessions/train/step.py",
         (
             (
                 "jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)",
@@ -982,7 +982,7 @@ MUTANTS = [
         "f32-logits",
         "the logits written in float32 (preferred_element_type): twice the bytes of the "
         "step's largest array",
-        "sessions/quantize.py",
+        "sessions/model/quantize.py",
         (
             (
                 'return jnp.einsum("BSE,VE->BSV", x, table)\n',
@@ -997,7 +997,7 @@ MUTANTS = [
     Mutant(
         "reference-at-default",
         "the float32 reference compiled at the chip's default precision (TF32 on a GPU)",
-        "sessions/precision.py",
+        "sessions/kernels/precision.py",
         (('    with jax.default_matmul_precision("highest"):\n', "    if True:\n"),),
         (f"{S4}::test_the_references_are_compiled_at_precision_highest",),
     ),
@@ -1017,7 +1017,7 @@ MUTANTS = [
     Mutant(
         "cpu-tolerance-everywhere",
         "float32's tolerance on every chip: session 4 fails on a GPU with no bug",
-        "sessions/precision.py",
+        "sessions/kernels/precision.py",
         (
             (
                 "    return FLOAT32 if major.isdigit() and int(major) < 8 else TF32\n",
@@ -1032,7 +1032,7 @@ MUTANTS = [
     Mutant(
         "tolerance-ignores-scores",
         "the tolerance blind to how large the scores are that the chip rounds",
-        "sessions/precision.py",
+        "sessions/kernels/precision.py",
         (
             (
                 "    return floor + 2 * u * (1 + max_score) * scale",
@@ -1045,7 +1045,7 @@ MUTANTS = [
         "gpu-sums-like-cpu",
         "a GPU's float32 sums taken to round as the reference's: its online softmax held to "
         "1e-5, below float32's own error there (5e-5)",
-        "sessions/precision.py",
+        "sessions/kernels/precision.py",
         (('    order = 0.0 if device.platform == "cpu" else', "    order = 0.0 if True else"),),
         (f"{S4}::test_each_chip_s_matmul_precision_and_tolerances_by_hand",),
     ),
@@ -1053,7 +1053,7 @@ MUTANTS = [
         "flash-acc-not-rescaled",
         "the kernel's running output not rescaled when a key block raises the max: caught "
         "within a TPU's bf16 tolerance too",
-        "sessions/flash.py",
+        "sessions/kernels/flash.py",
         (
             (
                 "        return m_new, total, acc * rescale + pv\n",
@@ -1131,24 +1131,24 @@ MUTANTS = [
     Mutant(
         "concept-imports-cli",
         "a concept module reaches into the scripts' flags (sessions/run/cli.py)",
-        "sessions/sample.py",
+        "sessions/inference/sample.py",
         (("import jax\n", "import jax\n\nfrom sessions.run.cli import PROMPT  # noqa: F401\n"),),
         (f"{LAYERS}::test_concepts_import_neither_plumbing_nor_planning",),
     ),
     Mutant(
         "concept-errors-from-run",
         "a concept takes its UsageError from the plumbing again (sessions/run/cli.py has it)",
-        "sessions/attention.py",
+        "sessions/model/attention.py",
         (("from sessions.errors import UsageError", "from sessions.run.cli import UsageError"),),
         (f"{LAYERS}::test_concepts_import_neither_plumbing_nor_planning",),
     ),
     Mutant(
         "stale-path",
         "a docstring names a file that is gone (generate.py, in sessions/)",
-        "sessions/sample.py",
+        "sessions/inference/sample.py",
         (
             (
-                "with the cached decoder of sessions/inference.py",
+                "with the cached decoder of sessions/inference/kv_cache.py",
                 "with " + os.path.join("sessions", "generate.py"),
             ),
         ),
@@ -1217,7 +1217,7 @@ MUTANTS = [
     Mutant(
         "rope-neighbours",
         "RoPE pairing neighbours (2i, 2i + 1), not the halves (i, i + D/2) it documents",
-        "sessions/rotary.py",
+        "sessions/model/rotary.py",
         (
             (
                 "x1, x2 = x32[..., : D // 2], x32[..., D // 2 :]",
@@ -1232,14 +1232,14 @@ MUTANTS = [
     Mutant(
         "rope-not-a-rotation",
         "RoPE's second half turned the wrong way: q·k then depends on more than m - n",
-        "sessions/rotary.py",
+        "sessions/model/rotary.py",
         (("x2 * cos + x1 * sin", "x2 * cos - x1 * sin"),),
         (f"{FAMILY}::test_rope_scores_depend_only_on_the_distance",),
     ),
     Mutant(
         "rope-decode-at-zero",
         "the decode step turns its token's q and k as if at position 0",
-        "sessions/inference.py",
+        "sessions/inference/kv_cache.py",
         (
             (
                 "x, new = block(layer, x, cfg, attend, dense=dense_out_in, start=pos)",
@@ -1254,7 +1254,7 @@ MUTANTS = [
     Mutant(
         "gqa-heads-interleaved",
         "query head h reads KV head h % K, not h // G",
-        "sessions/attention.py",
+        "sessions/model/attention.py",
         (
             (
                 "    q = q.reshape(B, S, K, H // K, D)\n",
@@ -1269,7 +1269,7 @@ MUTANTS = [
     Mutant(
         "gqa-cache-interleaved",
         "the cached decode's query head h reads cached head h % K",
-        "sessions/inference.py",
+        "sessions/inference/kv_cache.py",
         (
             (
                 "q = q.reshape(B, S, K, H // K, D).transpose(0, 2, 3, 1, 4)",
@@ -1281,7 +1281,7 @@ MUTANTS = [
     Mutant(
         "kv-heads-over-tp",
         "the KV heads' split over tp left unchecked",
-        "sessions/sharding.py",
+        "sessions/shard/sharding.py",
         (('        ("kv_heads", model_cfg.n_kv_heads, sizes["tp"], "tp"),\n', ""),),
         (
             f"{FAMILY}::test_kv_heads_split_over_tp",

@@ -7,11 +7,11 @@ import jax
 import numpy as np
 import pytest
 
-from sessions import sharding
-from sessions.attention import einsum_attention, splash_attention, splash_kernel
-from sessions.attention_choice import choose
-from sessions.config import ModelConfig
 from sessions.errors import UsageError
+from sessions.model.attention import einsum_attention, splash_attention, splash_kernel
+from sessions.model.attention_choice import choose
+from sessions.model.config import ModelConfig
+from sessions.shard import sharding
 
 
 def test_attention_kernel_follows_the_target():

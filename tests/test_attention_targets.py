@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from helpers import need
 
-from sessions import sharding
 from sessions.plan import programs
 from sessions.plan.attention_on_target import (
     HEADS,
@@ -17,6 +16,7 @@ from sessions.plan.attention_on_target import (
     attention_program,
     attention_table_lines,
 )
+from sessions.shard import sharding
 
 
 @pytest.fixture(scope="module")

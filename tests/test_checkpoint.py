@@ -17,11 +17,11 @@ import orbax.checkpoint as ocp
 import pytest
 from helpers import PYTHON, REPO, run_python, run_script, s2_in_process, subprocess_env
 
-from sessions import shapes, sharding
-from sessions.config import PRESETS
 from sessions.errors import UsageError
+from sessions.model.config import PRESETS
 from sessions.run.checkpoint import Checkpoints, make_local, newest_meta
-from sessions.train import init_state, make_optimizer
+from sessions.shard import sharding
+from sessions.train.step import init_state, make_optimizer
 
 RUN = [
     "--preset",
@@ -176,7 +176,7 @@ def _state(mesh_text, seed=0):
     cfg, tc = _tiny()
     mesh = sharding.make_mesh(sharding.parse_mesh(mesh_text, 8))
     init = functools.partial(init_state, cfg=cfg, optimizer=make_optimizer(tc, tc.steps))
-    abstract = shapes.abstract_sharded(init, jax.random.key(seed), mesh)
+    abstract = sharding.abstract_sharded(init, jax.random.key(seed), mesh)
     state, _ = sharding.init_sharded(init, jax.random.key(seed), mesh)
     return state, abstract
 

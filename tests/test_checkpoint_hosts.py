@@ -22,7 +22,7 @@ import jax
 jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
                            process_id=int(sys.argv[2]))
 from sessions.run.checkpoint import Checkpoints
-from sessions.config import ModelConfig, TrainConfig
+from sessions.model.config import ModelConfig, TrainConfig
 from sessions.errors import UsageError
 try:
     Checkpoints(sys.argv[3], 1, ModelConfig(), TrainConfig()).close()

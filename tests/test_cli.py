@@ -12,10 +12,10 @@ import pytest
 from helpers import REPO, hand_flops, hand_params, run_python, run_script, s2_in_process
 
 from roofline import calibrate
-from sessions.config import PRESETS
-from sessions.meter import format_record
+from sessions.model.config import PRESETS
 from sessions.run.cli import resolve, train_flags
 from sessions.run.report import summary_lines
+from sessions.train.meter import format_record
 
 REQUIRED = {"step", "loss", "tokens_per_sec", "tflops_per_device", "mfu"}
 
@@ -213,7 +213,7 @@ def test_a_diverging_run_stops_with_the_step_and_advice(tmp_path, capsys):
 
 def test_unreadable_data_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     """Permission denied, simulated: as root (CI), chmod 000 would not stop a read."""
-    from sessions import data
+    from sessions.train import data
 
     path = tmp_path / "corpus.txt"
     path.write_text("x" * 1000)

@@ -1,4 +1,4 @@
-"""The collective matmul (sessions/collective_matmul.py): the same product as
+"""The collective matmul (sessions/shard/collective_matmul.py): the same product as
 gathering the weight first, on 8 and on 4 simulated CPU devices, gradients
 included; and, compiled for a TPU slice this machine lacks (tpu-v5e:2x4), a
 program whose permutes run while the matmuls do, as the reader of a compiled
@@ -18,9 +18,9 @@ from roofline.compiled.hlo import parse
 from roofline.compiled.kinds import classify_hlo
 from roofline.compiled.program import collectives
 from roofline.compiled.schedule import schedule_line, schedule_summary
-from sessions import sharding
-from sessions.collective_matmul import GPT2_MLP, allgather_matmul, collective_matmul
 from sessions.plan.collective_matmul_on_target import programs_on
+from sessions.shard import sharding
+from sessions.shard.collective_matmul import GPT2_MLP, allgather_matmul, collective_matmul
 
 B, S, E, F = 8, 6, 24, 40  # B and E split 8 ways; pairwise different, so a swap fails
 MESHES = ["fsdp=8", "fsdp=4", "data=2,fsdp=4", "fsdp=4,tp=2"]

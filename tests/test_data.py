@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from sessions import data
 from sessions.errors import UsageError
-from sessions.prefetch import Prefetcher, Synchronous
 from sessions.run.cli import resolve, train_flags
+from sessions.train import data
+from sessions.train.prefetch import Prefetcher, Synchronous
 
 TOKENS = np.arange(1000, dtype=np.uint8)
 

@@ -1,6 +1,6 @@
-"""The attention half of a decode layer as one Mosaic GPU kernel (sessions/decode_attention.py):
+"""The attention half of a decode layer as one Mosaic GPU kernel (sessions/kernels/decode_attention.py):
 run in Mosaic GPU's interpreter on this CPU against XLA's attention half of
-inference.decode_step, and compiled for an H100 without one."""
+kv_cache.decode_step, and compiled for an H100 without one."""
 
 import re
 
@@ -9,12 +9,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sessions import inference
-from sessions.config import PRESETS, ModelConfig
-from sessions.decode_attention import attention_layer, attention_refusal
-from sessions.decode_layout import dense_out_in
-from sessions.model import attention_block, rms_norm
+from sessions.inference import kv_cache
+from sessions.inference.kernel_step import rope_tables
+from sessions.inference.layout import dense_out_in
+from sessions.kernels.decode_attention import attention_layer, attention_refusal
+from sessions.model.config import PRESETS, ModelConfig
+from sessions.model.transformer import attention_block, rms_norm
 from tests.helpers import need
+
+
+def rope_at(pos, cfg):
+    """The cos and sin tables a RoPE layer's kernel takes at pos (None without RoPE)."""
+    return rope_tables(pos, cfg.head_dim, cfg.rope_base) if cfg.rope else None
 
 
 def make(B, E, H, K, D, T, P, rope, seed=0):
@@ -38,13 +44,13 @@ def make(B, E, H, K, D, T, P, rope, seed=0):
 
 
 def xla_half(layer, cache, x, pending, pos, live, cfg):
-    """XLA's attention half (inference.decode_step's): the residual summed in float32, one
+    """XLA's attention half (kv_cache.decode_step's): the residual summed in float32, one
     pending sum after another, the norm, attention over the cache, and the cache write."""
     x32 = x.astype(jnp.float32)
     for p in pending:
         x32 = x32 + p
     x_now = x32.astype(cfg.dtype)
-    attend = inference._attend_with_cache(cache, pos, live)
+    attend = kv_cache._attend_with_cache(cache, pos, live)
     normed = rms_norm(x_now[:, None], layer["attn_norm"])
     out, written = attention_block(layer, normed, cfg, attend, dense=dense_out_in, start=pos)
     return x_now, out[:, 0], written
@@ -95,7 +101,7 @@ def test_the_kernel_equals_xla_in_the_interpreter(B, E, H, K, D, T, P, rope, pos
     cfg, layer, cache, x, pending = make(B, E, H, K, D, T, P, rope)
     pos = jnp.int32(pos)
     live = jnp.bool_(live)
-    got = jax.jit(lambda *a: attention_layer(*a, cfg, interpret=True))(
+    got = jax.jit(lambda *a: attention_layer(*a, cfg, rope=rope_at(a[4], cfg), interpret=True))(
         layer, cache, x, pending, pos, live
     )
     x_now, partials, written = got
@@ -141,7 +147,8 @@ def compiled_for_h100():
     args = jax.tree.map(spec, (layer, cache, x, pending, jnp.int32(0), jnp.bool_(True)))
 
     def half(layer, cache, x, pending, pos, live):
-        return attention_layer(layer, cache, x, pending, pos, live, cfg, interpret=False)
+        rope = rope_at(pos, cfg)
+        return attention_layer(layer, cache, x, pending, pos, live, cfg, rope=rope, interpret=False)
 
     return jax.jit(half, donate_argnums=(1,)).lower(*args).compile().as_text()
 

@@ -1,7 +1,7 @@
-"""The decode step in kernels (sessions/decode_kernels.py) against XLA's
-(inference.decode_step, sessions/inference.py), and `--decode-impl`, on a CPU.
+"""The decode step in kernels (sessions/inference/kernel_step.py) against XLA's
+(kv_cache.decode_step, sessions/inference/kv_cache.py), and `--decode-impl`, on a CPU.
 
-On a CPU the kernels (sessions/decode_attention.py, sessions/decode_mlp.py) run
+On a CPU the kernels (sessions/kernels/decode_attention.py, sessions/kernels/decode_mlp.py) run
 in Mosaic GPU's interpreter, which runs the MLP kernel from JAX 0.12 on: on JAX
 0.10 the tests that run the step skip (the 3.13 leg runs them) and the flag is
 refused in one line. Shapes are the smallest the kernels take (E, F, D and T in
@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 from helpers import need, run_script, s3_in_process
 
-from sessions import decode_kernels, inference, mosaic
-from sessions.config import PRESETS, ModelConfig
-from sessions.decode_layout import decode_weights
 from sessions.errors import UsageError
+from sessions.inference import kernel_step, kv_cache
+from sessions.inference.layout import decode_weights
+from sessions.kernels import mosaic
 from sessions.model import init_params
+from sessions.model.config import PRESETS, ModelConfig
 
 # The smallest shapes both kernels take: E, F, D and T in tiles of 64.
 TINY = ModelConfig(
@@ -43,7 +44,7 @@ def setup(cfg, batch, seed=0):
     """(decode weights, params, logits of the prompt, the prefilled cache, prompts)."""
     params = init_params(cfg, jax.random.key(seed))
     prompts = jax.random.randint(jax.random.key(seed + 1), (batch, P), 0, cfg.vocab)
-    logits, cache = inference.prefill(params, prompts, cfg)
+    logits, cache = kv_cache.prefill(params, prompts, cfg)
     return decode_weights(params, cfg), params, logits, cache, prompts
 
 
@@ -54,10 +55,10 @@ def both_steps(cfg, batch, live):
     token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     def xla(w, cache, token, live):
-        return inference.decode_step(w, cache, token, jnp.int32(P), cfg, live)
+        return kv_cache.decode_step(w, cache, token, jnp.int32(P), cfg, live)
 
     def ours(w, cache, token, live):
-        return decode_kernels.kernel_decode_step(
+        return kernel_step.kernel_decode_step(
             w, cache, token, jnp.int32(P), cfg, live, interpret=True
         )
 
@@ -117,8 +118,8 @@ def test_generated_tokens_equal_xla_s():
     """Greedy, a few tokens: --decode-impl pallas gives XLA's tokens (on a CPU its
     kernels run in the interpreter)."""
     _, params, _, _, prompts = setup(TINY, 2)
-    want = inference.generate(params, TINY, prompts, 3)
-    got = inference.generate(params, TINY, prompts, 3, decode_impl="pallas")
+    want = kv_cache.generate(params, TINY, prompts, 3)
+    got = kv_cache.generate(params, TINY, prompts, 3, decode_impl="pallas")
     assert got.shape == (2, P + 3)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
@@ -145,7 +146,7 @@ def test_what_the_kernels_do_not_run_is_refused_in_one_line(change, batch, kinds
     """A head_dim of 32 is refused here, not by an AssertionError inside Mosaic GPU."""
     cfg = dataclasses.replace(TINY, **change)
     with pytest.raises(UsageError) as refused:
-        decode_kernels.check_supported(cfg, batch, **kinds)
+        kernel_step.check_supported(cfg, batch, **kinds)
     message = str(refused.value)
     assert why in message and message.startswith("--decode-impl pallas ")
     assert "\n" not in message
@@ -156,11 +157,11 @@ def test_the_interpreter_of_jax_0_10_is_refused_in_one_line(monkeypatch):
     compile for a GPU (interpret false) is not refused."""
     monkeypatch.setattr(mosaic, "OLD_INTERPRETER", True)
     with pytest.raises(UsageError) as refused:
-        decode_kernels.check_supported(TINY, 1, interpret=True)
+        kernel_step.check_supported(TINY, 1, interpret=True)
     assert str(refused.value).startswith(OLD) and "\n" not in str(refused.value)
-    assert decode_kernels.check_supported(TINY, 1, interpret=False) is None
+    assert kernel_step.check_supported(TINY, 1, interpret=False) is None
     monkeypatch.setattr(mosaic, "OLD_INTERPRETER", False)
-    assert decode_kernels.check_supported(TINY, 1, interpret=True) is None
+    assert kernel_step.check_supported(TINY, 1, interpret=True) is None
 
 
 @pytest.mark.skipif(not mosaic.OLD_INTERPRETER, reason="JAX 0.12 interprets the kernels")
@@ -174,7 +175,7 @@ def test_s3_refuses_pallas_on_a_cpu_with_jax_0_10(capsys):
 def test_the_course_s_presets_qualify_in_bfloat16(preset):
     cfg = dataclasses.replace(PRESETS[preset].model, dtype="bfloat16")
     for batch in (1, 8):
-        assert decode_kernels.check_supported(cfg, batch) is None
+        assert kernel_step.check_supported(cfg, batch) is None
 
 
 def test_the_step_refuses_as_it_is_traced():
@@ -185,7 +186,7 @@ def test_the_step_refuses_as_it_is_traced():
     token = jnp.zeros((1,), jnp.int32)
     with pytest.raises(UsageError, match="runs bfloat16"):
         jax.eval_shape(
-            lambda: decode_kernels.kernel_decode_step(w, cache, token, 0, cfg, interpret=True)
+            lambda: kernel_step.kernel_decode_step(w, cache, token, 0, cfg, interpret=True)
         )
 
 
@@ -195,22 +196,22 @@ def test_the_step_refuses_a_mesh_as_it_is_traced():
     mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
     with jax.set_mesh(mesh), pytest.raises(UsageError, match="not a mesh of 2"):
         jax.eval_shape(
-            lambda: decode_kernels.kernel_decode_step(w, cache, token, 0, ONE, interpret=True)
+            lambda: kernel_step.kernel_decode_step(w, cache, token, 0, ONE, interpret=True)
         )
 
 
 def test_the_flag_picks_the_step_by_platform():
-    assert decode_kernels.impl_for("xla", "gpu") is None
-    assert decode_kernels.impl_for("pallas", "gpu") == "pallas"
-    assert decode_kernels.impl_for("pallas", "cpu") == "pallas-interpret"
+    assert kernel_step.impl_for("xla", "gpu") is None
+    assert kernel_step.impl_for("pallas", "gpu") == "pallas"
+    assert kernel_step.impl_for("pallas", "cpu") == "pallas-interpret"
     xla = object()
-    assert decode_kernels.step_function(None, xla) is xla
-    interpreted = decode_kernels.step_function("pallas-interpret", xla)
-    compiled = decode_kernels.step_function("pallas", xla)
+    assert kernel_step.step_function(None, xla) is xla
+    interpreted = kernel_step.step_function("pallas-interpret", xla)
+    compiled = kernel_step.step_function("pallas", xla)
     assert interpreted.keywords == {"interpret": True}
     assert compiled.keywords == {"interpret": False}
     with pytest.raises(ValueError):
-        decode_kernels.step_function("xla", xla)
+        kernel_step.step_function("xla", xla)
 
 
 @pytest.mark.parametrize(
@@ -232,16 +233,16 @@ def test_s5_refuses_pallas_on_one_line(capsys):
 
 
 def spy_on_the_step(monkeypatch):
-    """A list that gets each trace's `interpret` as decode_kernels.kernel_decode_step is
+    """A list that gets each trace's `interpret` as kernel_step.kernel_decode_step is
     traced (the step itself still runs)."""
     seen = []
-    real = decode_kernels.kernel_decode_step
+    real = kernel_step.kernel_decode_step
 
     def spy(*args, interpret, **kwargs):
         seen.append(interpret)
         return real(*args, interpret=interpret, **kwargs)
 
-    monkeypatch.setattr(decode_kernels, "kernel_decode_step", spy)
+    monkeypatch.setattr(kernel_step, "kernel_decode_step", spy)
     return seen
 
 
@@ -273,7 +274,7 @@ def test_s3_decodes_with_the_kernels_interpreted_on_a_cpu(tmp_path, capsys, monk
     def spy(*args):
         raise Asked(args[-1])
 
-    monkeypatch.setattr(inference, "repeatable_decode", spy)
+    monkeypatch.setattr(kv_cache, "repeatable_decode", spy)
     flags = ["--random-params", "--seq", "64", "--dtype", "bfloat16", "--batches", "1"]
     more = ["--new-tokens", "2", "--decode-impl", "pallas", "--run-dir", str(tmp_path)]
     with pytest.raises(Asked) as asked:
@@ -357,19 +358,19 @@ def test_the_bench_says_whether_ours_is_no_slower():
     "impl, calls", [(None, 0), pytest.param("pallas-interpret", 1, marks=interpreted)]
 )
 def test_the_decode_program_runs_the_step_it_is_asked_for(impl, calls, monkeypatch):
-    """inference.decode_steps traces the kernels' step once (its loop's body) for
+    """kv_cache.decode_steps traces the kernels' step once (its loop's body) for
     impl "pallas-interpret" and never for XLA's."""
     seen = spy_on_the_step(monkeypatch)
     jax.clear_caches()  # a trace of the same shapes, cached, would never call the spy
     w = decode_weights(init_params(ONE, jax.random.key(0)), ONE)
     tokens, logits = jnp.zeros((1, ONE.seq), jnp.int32), jnp.zeros((1, ONE.vocab), jnp.float32)
-    cache = inference.init_cache(ONE, 1)
+    cache = kv_cache.init_cache(ONE, 1)
     args = (w, cache, tokens, logits, P, 1, jax.random.key(0), 1.0, ONE, True, impl)
-    jax.eval_shape(inference.decode_steps, *args)
+    jax.eval_shape(kv_cache.decode_steps, *args)
     assert seen == [True] * calls
 
 
-# Kernels a token that are no layer's, in the whole decode program (inference.decode_steps)
+# Kernels a token that are no layer's, in the whole decode program (kv_cache.decode_steps)
 # compiled for h100:1 with our step, counted by hand from its optimized HLO (JAX 0.10.2):
 #   the loop's own (XLA's step has them too): pick the token from the last logits (a
 #   reduce), write it into the tokens (a dynamic-update-slice), keep the logits where the
@@ -384,7 +385,7 @@ REST = 5 + 1 + 1 + 3
 
 def test_the_whole_decode_compiled_for_the_chip_launches_two_kernels_a_layer():
     """GPT-2's shapes (bf16, batch 1) at 2 layers, the whole decode program
-    (inference.decode_steps, impl "pallas") compiled for h100:1: 2 kernels a layer
+    (kv_cache.decode_steps, impl "pallas") compiled for h100:1: 2 kernels a layer
     (attention half, MLP half: the contract) plus REST that are no layer's, counted by
     roofline/compiled/launches.py in the loop's body and condition. GPT-2's 12 layers
     then launch 2·12 + 10 = 34 a token (XLA's step: 164, docs/h100-run)."""

@@ -1,4 +1,4 @@
-"""The MLP half of the decode kernel (sessions/decode_mlp.py): in Mosaic GPU's
+"""The MLP half of the decode kernel (sessions/kernels/decode_mlp.py): in Mosaic GPU's
 interpreter against XLA's decode path and a float64 reference, and compiled for
 an H100 this machine lacks."""
 
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from sessions import mosaic
-from sessions.config import ModelConfig
-from sessions.decode_layout import dense_out_in
-from sessions.decode_mlp import mlp_layer, mlp_refusal
-from sessions.model import mlp_block, rms_norm
+from sessions.inference.layout import dense_out_in
+from sessions.kernels import mosaic
+from sessions.kernels.decode_mlp import mlp_layer, mlp_refusal
+from sessions.model.config import ModelConfig
+from sessions.model.transformer import mlp_block, rms_norm
 from tests.helpers import need
 
 BF16 = jnp.bfloat16
@@ -38,7 +38,7 @@ def config(E, F, gated):
 
 def layer_and_inputs(cfg, B, P, seed=0):
     """A layer in the decode layout (w_in, w_gate [F, E], w_out [E, F], drawn with
-    model.init_params' std; the norm's scale not all ones), tokens x [B, E] and P
+    transformer.init_params' std; the norm's scale not all ones), tokens x [B, E] and P
     pending partials [P, B, E] float32 of the size a layer's output has. NumPy
     draws them: no JAX program to compile for the inputs."""
     E, F = cfg.embed, cfg.ff
@@ -97,7 +97,7 @@ def test_the_kernel_equals_xla_and_a_float64_reference(B, E, F, gated, P, monkey
     expected = np.asarray(jnp.asarray(total).astype(BF16))
     np.testing.assert_array_equal(np.asarray(x_now).view(np.uint16), expected.view(np.uint16))
 
-    # XLA's MLP on the same x_now, as inference.decode_step runs it.
+    # XLA's MLP on the same x_now, as kv_cache.decode_step runs it.
     normed = rms_norm(jnp.asarray(expected)[:, None], layer["mlp_norm"])
     out = f64(mlp_block(layer, normed, cfg, dense=dense_out_in)[:, 0])
     # float64 reference of each CTA's share, with XLA's roundings: h rounded to

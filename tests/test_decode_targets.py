@@ -19,12 +19,13 @@ from helpers import need, s3_in_process
 from roofline.compiled.program import collectives
 from roofline.decode_cost import decode_step_cost, decode_step_cost_per_device, weight_bytes
 from roofline.flops import param_count
-from sessions import inference, shapes, sharding
-from sessions.config import PRESETS
-from sessions.data import text_to_tokens
+from sessions.inference import kv_cache, shapes
+from sessions.model.config import PRESETS
 from sessions.plan import programs
 from sessions.plan.infer_on_target import plan_inference
 from sessions.run.cli import PROMPT, infer_flags, serving_config
+from sessions.shard import sharding
+from sessions.train.data import text_to_tokens
 
 
 def plan(target_text, mesh, batches, preset="course", *flags):
@@ -83,7 +84,7 @@ def test_tensor_parallel_decode_all_reduces_activations(tpu_tp):
         # Heads and F split four ways: each layer's attention and MLP outputs are
         # partial sums of the [B, 1, E] residual stream (bf16), all-reduced every step;
         # so is the token's embedding, looked up in a table split over V. Per step: the
-        # compiled program runs inference.STEPS of them, and counts them all.
+        # compiled program runs kv_cache.STEPS of them, and counts them all.
         assert found["all-reduce"].count == 2 * cfg.layers + 1
         assert found["all-reduce"].output_bytes == pytest.approx(
             (2 * cfg.layers + 1) * p.batch * cfg.embed * 2, rel=0.01
@@ -331,11 +332,11 @@ def test_the_gpu_decode_programs_never_wait_on_the_host(gpt2_h100):
     mesh = sharding.make_mesh(sharding.parse_mesh(None, 1), devices=np.array(devices))
     args, static = shapes.abstract_decode_inputs(cfg, 1, mesh)
     with jax.set_mesh(mesh):
-        lowered = inference.decode_steps.lower(*args, **{**static, "greedy": False})
+        lowered = kv_cache.decode_steps.lower(*args, **{**static, "greedy": False})
         sampling = programs.compile_for(lowered, target.chip, lambda *a: None)
     for program in (planned.compiled, sampling):
         text = program.as_text()
-        assert trip_counts_known(text) == [inference.STEPS], trip_counts_known(text)
+        assert trip_counts_known(text) == [kv_cache.STEPS], trip_counts_known(text)
         assert not re.search(r" conditional\(", text)
 
 

@@ -1,4 +1,4 @@
-"""harness/discord.py and homework.py --post, against a local stand-in for Discord's webhook
+"""scripts/harness/discord.py and homework.py --post, against a local stand-in for Discord's webhook
 endpoint: 204 per message, 429 with retry_after, 400, 404, no answer. Every request has a
 timeout, the server thread is joined with one, and each test has a deadline, so no test here
 can hang, even on code that sleeps through a retry_after of an hour."""
@@ -16,7 +16,7 @@ import time
 import pytest
 from helpers import REPO, run_script
 
-from harness import discord, grading
+from scripts.harness import discord, grading
 
 TOKEN = "s3cr3t-T0KEN_x"  # the part of the URL that must never be printed
 FAST = 0.05  # seconds: the retry_after the stand-in asks for

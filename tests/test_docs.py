@@ -355,7 +355,7 @@ def test_the_readme_is_at_most_200_lines():
 
 
 def test_each_session_has_a_row_with_its_guide_and_homework():
-    from harness import grading
+    from scripts.harness import grading
 
     rows = sessions_table(read(README))
     scripts = sorted(os.path.basename(p) for p in glob.glob(f"{REPO}/sessions/s[0-9]_*.py"))

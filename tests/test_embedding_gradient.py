@@ -3,7 +3,7 @@
 The lookup `table[tokens]` is a gather; its gradient is a scatter-add, each
 position's gradient added into its token's row. Cast to bf16 before the lookup,
 that sum ran on the first H100 run as bf16 atomics: 0.12x PyTorch's tokens/s,
-and the updates of frequent bytes lost (docs/h100-run, sessions/model.py's
+and the updates of frequent bytes lost (docs/h100-run, sessions/model/transformer.py's
 embed). tests/test_step_plans.py reads the course step compiled for h100:1 and
 a TPU; these tests hold the same property on any machine: in numbers against a
 float64 sum, and in the program this CPU compiles.
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from roofline.compiled.scatters import scatters
-from sessions import model
-from sessions.config import PRESETS, TrainConfig
-from sessions.train import loss_fn, make_optimizer, make_train_step
+from sessions.model import transformer
+from sessions.model.config import PRESETS, TrainConfig
+from sessions.train.step import loss_fn, make_optimizer, make_train_step
 from solutions.bug_bf16_scatter import broken_embedding_grad
 
 CFG = dataclasses.replace(PRESETS["tiny"].model, dtype="bfloat16")  # E=48, S=64
@@ -49,15 +49,15 @@ def test_the_step_s_lookup_gradient_is_the_float64_sum(key, monkeypatch):
     bits), an update below half the sum's last place is lost and each add is
     off by up to 2^-9 of the sum: the row off by about 1e-2 of its size."""
     batch = skewed_batch()
-    params = model.init_params(CFG, key)
-    real_embed = model.embed
+    params = transformer.init_params(CFG, key)
+    real_embed = transformer.embed
 
     def loss(table, probe):
         def lookup(p, tokens, cfg, start=0):
             p = {**p, "embed": table.astype(p["embed"].dtype)}  # as forward handed it
             return real_embed(p, tokens, cfg, start) + probe
 
-        monkeypatch.setattr(model, "embed", lookup)
+        monkeypatch.setattr(transformer, "embed", lookup)
         return loss_fn(params, batch, CFG)
 
     probe = jnp.zeros((B, CFG.seq, CFG.embed), jnp.bfloat16)
@@ -92,7 +92,7 @@ def bf16_step_hlo(key):
     """The tiny bf16 training step (loss, gradient, AdamW) compiled on this CPU."""
     optimizer = make_optimizer(TrainConfig(), total_steps=10)
     state = jax.eval_shape(
-        lambda: {"params": (p := model.init_params(CFG, key)), "opt": optimizer.init(p)}
+        lambda: {"params": (p := transformer.init_params(CFG, key)), "opt": optimizer.init(p)}
     )
     batch = jax.eval_shape(skewed_batch)
     step = make_train_step(CFG, optimizer)

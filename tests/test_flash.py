@@ -1,4 +1,4 @@
-"""Our flash attention (sessions/flash.py) against the einsum reference: online
+"""Our flash attention (sessions/kernels/flash.py) against the einsum reference: online
 softmax, the Pallas kernel interpreted on this CPU forward and backward, the
 causal skip, and the kernel compiled for a TPU (Mosaic) and an NVIDIA GPU (Triton)."""
 
@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sessions import sharding
-from sessions.attention import einsum_attention, pallas_attention
-from sessions.attention_choice import choose
-from sessions.config import ModelConfig
 from sessions.errors import UsageError
-from sessions.flash import flash_attention, online_softmax
+from sessions.kernels.flash import flash_attention, online_softmax
+from sessions.model.attention import einsum_attention, pallas_attention
+from sessions.model.attention_choice import choose
+from sessions.model.config import ModelConfig
+from sessions.shard import sharding
 from tests.helpers import need, run_script
 
 
@@ -128,7 +128,7 @@ def test_pallas_runs_on_every_platform_and_says_its_tiles():
     cfg = ModelConfig(heads=2, head_dim=64, seq=48, dtype="bfloat16")
     assert choose("pallas", "tpu", cfg, 8) == (
         "pallas",
-        "our Pallas flash kernel (sessions/flash.py, Mosaic), tiles 64 x 64 (queries x keys)",
+        "our Pallas flash kernel (sessions/kernels/flash.py, Mosaic), tiles 64 x 64 (queries x keys)",
     )
     _, note = choose("pallas", "gpu", dataclasses.replace(cfg, seq=1024), 8)
     assert note.endswith("Triton), tiles 128 x 128 (queries x keys)")
@@ -181,6 +181,8 @@ def test_the_step_compiled_for_a_chip_runs_our_kernel(target, platform, lowering
     argv = ["--preset", "tiny", "--head-dim", "64", "--attention-impl", "pallas"]
     code, printed, err = run_script("sessions/s2_train.py", [*argv, "--target", target], capsys)
     assert code == 0, err
-    assert f"our Pallas flash kernel (sessions/flash.py, {lowering}), tiles 64 x 64" in printed
+    assert (
+        f"our Pallas flash kernel (sessions/kernels/flash.py, {lowering}), tiles 64 x 64" in printed
+    )
     # One call per layer's forward (L=2); the backward is plain JAX.
     assert f"custom kernels: {KERNEL_CALLS[platform]} x2" in printed

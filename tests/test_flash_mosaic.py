@@ -1,4 +1,4 @@
-"""Our Mosaic GPU flash forward (sessions/flash_mosaic.py): in Mosaic GPU's
+"""Our Mosaic GPU flash forward (sessions/kernels/flash_mosaic.py): in Mosaic GPU's
 interpreter on this CPU against float64 NumPy attention and the einsum path's
 gradients, the causal skip, its refusals, and compiled for an H100 (and not for
 an A100: Mosaic GPU is Hopper's)."""
@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sessions.attention import einsum_attention
 from sessions.errors import UsageError
-from sessions.flash import flash_attention
+from sessions.kernels.flash import flash_attention
+from sessions.model.attention import einsum_attention
 from tests.helpers import need
 
 
@@ -143,7 +143,7 @@ def test_compiled_for_an_h100_the_forward_is_one_mosaic_gpu_kernel():
 
 
 def test_an_a100_cannot_compile_it(capfd):
-    # What sessions/flash.py's note says: Mosaic GPU lowers for sm_90 and later only.
+    # What sessions/kernels/flash.py's note says: Mosaic GPU lowers for sm_90 and later only.
     need("gpu")
     # A shape no other test compiles: Mosaic GPU reuses a kernel it has compiled in
     # this process, for an H100 too, even where jax.clear_caches() has run.

@@ -9,12 +9,12 @@ import pytest
 from flax import nnx
 
 from roofline.compiled.scatters import scatters
-from sessions import flax_model
-from sessions.config import TrainConfig
 from sessions.errors import UsageError
-from sessions.model import forward, init_params
-from sessions.sharding import PARAM_SPECS, make_mesh
-from sessions.train import cross_entropy, make_optimizer, make_train_step
+from sessions.model import flax_model, forward, init_params
+from sessions.model.config import TrainConfig
+from sessions.model.transformer import cross_entropy
+from sessions.shard.sharding import PARAM_SPECS, make_mesh
+from sessions.train.step import make_optimizer, make_train_step
 
 
 def tokens(cfg, B=2, S=12, seed=1):
@@ -120,7 +120,7 @@ def test_one_flax_training_step_equals_ours(cfg, key):
 
 def test_the_flax_lookup_sums_its_gradient_in_float32(cfg, key):
     """nnx.Embed given a compute dtype casts its table before the lookup, and
-    its gradient then sums in bf16 (sessions/model.py, embed). The Flax model
+    its gradient then sums in bf16 (sessions/model/transformer.py, embed). The Flax model
     in bf16, its gradient compiled here: every scatter sums in float32."""
     cfg = dataclasses.replace(cfg, dtype="bfloat16")
     graphdef, state = nnx.split(flax_model.from_params(init_params(cfg, key), cfg))

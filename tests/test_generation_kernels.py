@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from roofline.plan.targets import missing_extras
-from sessions import attention, attention_choice, inference
-from sessions.config import ModelConfig
-from sessions.model import init_params
-from sessions.sample import sample_text as generate_text
+from sessions.inference import kv_cache
+from sessions.inference.sample import sample_text as generate_text
+from sessions.model import attention, attention_choice, init_params
+from sessions.model.config import ModelConfig
 
 # Small and with sizes that differ pairwise; T = 256 leaves room after a
 # 128-token prompt. Splash's interpreter takes the head dim as it comes.
@@ -51,8 +51,8 @@ def prompts(length, batch=2):
 def test_generate_on_a_kernel_config_gives_the_reference_tokens(params, kernel, length):
     cfg = KERNELS[kernel]
     reference = dataclasses.replace(cfg, attention_impl="einsum")
-    out = inference.generate(params, cfg, prompts(length), N_NEW)
-    want = inference.generate(params, reference, prompts(length), N_NEW)
+    out = kv_cache.generate(params, cfg, prompts(length), N_NEW)
+    want = kv_cache.generate(params, reference, prompts(length), N_NEW)
     np.testing.assert_array_equal(out, want)
     assert len(np.unique(np.asarray(want[:, length:]))) > 2, "a degenerate continuation"
 

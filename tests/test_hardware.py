@@ -18,12 +18,12 @@ from roofline.hardware import (
     local_peak_flops,
     local_roofs,
 )
-from sessions.defaults import Defaults, capability_defaults, configs_for
 from sessions.errors import UsageError, run_main
-from sessions.meter import format_record, make_record
 from sessions.run import accelerator
 from sessions.run.accelerator import check_accelerator_visible
+from sessions.run.defaults import Defaults, capability_defaults, configs_for
 from sessions.run.report import summarize, summary_lines
+from sessions.train.meter import format_record, make_record
 
 T, G, GiB, MiB = 1e12, 1e9, 2**30, 2**20
 

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 from helpers import REPO, s3_in_process
 
-from harness.naive_step import uncached_generate
 from roofline.decode_cost import kv_cache_bytes
-from sessions import inference, sharding
+from scripts.harness.naive_step import uncached_generate
 from sessions.errors import UsageError
+from sessions.inference import kv_cache, layout
+from sessions.inference.sample import sample_text as generate_text
 from sessions.model import forward, init_params
-from sessions.sample import sample_text as generate_text
+from sessions.shard import sharding
 
 B, P = 2, 5
 
@@ -37,7 +38,7 @@ def params(cfg, key):
 
 
 def test_greedy_equals_the_uncached_argmax_at_every_position(cfg, params):
-    out = inference.generate(params, cfg, prompts(cfg), cfg.seq - P)
+    out = kv_cache.generate(params, cfg, prompts(cfg), cfg.seq - P)
     assert out.shape == (B, cfg.seq) and out.dtype == jnp.int32
     np.testing.assert_array_equal(out[:, :P], prompts(cfg))
     assert len(np.unique(np.asarray(out[:, P:]))) > 3, "a degenerate continuation tests little"
@@ -55,10 +56,10 @@ def test_each_decode_step_gives_the_model_s_logits(cfg, params):
     """Teacher-forced: fed the same tokens, the cache's logits equal forward's at every position."""
     tokens = prompts(cfg, length=cfg.seq, seed=2)
     expected = forward(params, tokens, cfg)  # [B, S, V]
-    logits, cache = inference.prefill(params, tokens[:, :P], cfg)
+    logits, cache = kv_cache.prefill(params, tokens[:, :P], cfg)
     np.testing.assert_allclose(logits, expected[:, P - 1], atol=1e-3, rtol=1e-3)
-    step = jax.jit(inference.decode_step, static_argnames="cfg")  # pos traced: one compile
-    w = inference.decode_weights(params, cfg)
+    step = jax.jit(kv_cache.decode_step, static_argnames="cfg")  # pos traced: one compile
+    w = layout.decode_weights(params, cfg)
     for pos in range(P, cfg.seq):
         logits, cache = step(w, cache, tokens[:, pos], pos, cfg=cfg)
         np.testing.assert_allclose(logits, expected[:, pos], atol=1e-3, rtol=1e-3, err_msg=pos)
@@ -69,11 +70,11 @@ def test_a_timed_decode_call_repeats_the_same_slots(cfg, params):
     the n tokens after the prompt (the first as generate does, with the same key)
     and writes only those slots, however often it runs."""
     key, n = jax.random.key(3), cfg.seq - P - 2
-    logits, cache = inference.prefill(params, prompts(cfg), cfg)
+    logits, cache = kv_cache.prefill(params, prompts(cfg), cfg)
     tokens = jnp.pad(prompts(cfg), ((0, 0), (0, cfg.seq - P)))
-    w = inference.decode_weights(params, cfg)
-    call = inference.repeatable_decode(w, cache, tokens, logits, P, n, key, cfg)
-    expected = inference.generate(params, cfg, prompts(cfg), n, key=key, temperature=1.0)
+    w = layout.decode_weights(params, cfg)
+    call = kv_cache.repeatable_decode(w, cache, tokens, logits, P, n, key, cfg)
+    expected = kv_cache.generate(params, cfg, prompts(cfg), n, key=key, temperature=1.0)
     np.testing.assert_array_equal(call()[0][:, : P + n], expected)
     for _ in range(2):  # the cache and tokens were donated: each call takes the last's
         out = np.asarray(call()[0])
@@ -84,58 +85,58 @@ def test_a_timed_decode_call_repeats_the_same_slots(cfg, params):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cache_bytes_equal_the_napkin(cfg, params, dtype):
     c = dataclasses.replace(cfg, dtype=dtype)
-    _, cache = inference.prefill(params, prompts(c), c)
+    _, cache = kv_cache.prefill(params, prompts(c), c)
     assert {x.dtype for x in jax.tree.leaves(cache)} == {jnp.dtype(dtype)}
     per_value = 4 if dtype == "float32" else 2
     napkin = 2 * c.layers * B * c.seq * c.heads * c.head_dim * per_value
-    assert inference.cache_bytes(cache) == napkin == kv_cache_bytes(c, B)
+    assert kv_cache.cache_bytes(cache) == napkin == kv_cache_bytes(c, B)
 
 
 def test_sampling_is_reproducible_from_its_key(cfg, params):
     def sample(seed):
         key = jax.random.key(seed)
-        return inference.generate(params, cfg, prompts(cfg), 8, key=key, temperature=1.0)
+        return kv_cache.generate(params, cfg, prompts(cfg), 8, key=key, temperature=1.0)
 
     first = sample(0)
     np.testing.assert_array_equal(first, sample(0))
     assert not np.array_equal(first, sample(1))
-    greedy = inference.generate(params, cfg, prompts(cfg), 8)
+    greedy = kv_cache.generate(params, cfg, prompts(cfg), 8)
     assert not np.array_equal(first, greedy)
     # Near-uniform: a fresh draw per step gives many bytes; one key reused for every step, one.
-    hot = inference.generate(params, cfg, prompts(cfg), 8, key=jax.random.key(0), temperature=1e6)
+    hot = kv_cache.generate(params, cfg, prompts(cfg), 8, key=jax.random.key(0), temperature=1e6)
     assert len(np.unique(np.asarray(hot[0, P:]))) > 4
 
 
 def test_one_compile_per_shape(cfg, params):
     """Prompt lengths and step counts are arguments of the decode loop, not shapes."""
-    inference.generate(params, cfg, prompts(cfg), 3)
-    before = inference.decode_steps._cache_size()
+    kv_cache.generate(params, cfg, prompts(cfg), 3)
+    before = kv_cache.decode_steps._cache_size()
     for length, n in ((P, 4), (P + 2, 1), (1, cfg.seq - 1)):
-        inference.generate(params, cfg, prompts(cfg, length=length), n)
-    assert inference.decode_steps._cache_size() == before
+        kv_cache.generate(params, cfg, prompts(cfg, length=length), n)
+    assert kv_cache.decode_steps._cache_size() == before
 
 
 @pytest.mark.parametrize("n", [3, 11])
 def test_a_call_s_steps_past_n_change_nothing(cfg, params, n):
-    """decode_steps always runs inference.STEPS steps (its loop's count is a
+    """decode_steps always runs kv_cache.STEPS steps (its loop's count is a
     constant); those from n on must leave every token, cache slot and the
     logits as they were. Against n steps taken by hand, from a cache and tokens
     marked past the prompt: n=3 stops mid-context; n=11 fills the context
     (P + 11 = T), so the steps past it would write at clamped positions, over
     the last real slot."""
-    assert n < inference.STEPS and P + n <= cfg.seq
-    w = inference.decode_weights(params, cfg)
-    logits, cache = inference.prefill(params, prompts(cfg), cfg)
+    assert n < kv_cache.STEPS and P + n <= cfg.seq
+    w = layout.decode_weights(params, cfg)
+    logits, cache = kv_cache.prefill(params, prompts(cfg), cfg)
     mark = [{"k": c["k"].at[..., P:].set(7.0), "v": c["v"].at[:, :, P:].set(7.0)} for c in cache]
     tokens = jnp.full((B, cfg.seq), -1, jnp.int32).at[:, :P].set(prompts(cfg))
-    step = jax.jit(inference.decode_step, static_argnames="cfg")
+    step = jax.jit(kv_cache.decode_step, static_argnames="cfg")
     want_tokens, want_cache, want_logits = tokens, mark, logits
     for pos in range(P, P + n):
         token = jnp.argmax(want_logits, axis=-1).astype(jnp.int32)
         want_tokens = want_tokens.at[:, pos].set(token)
         want_logits, want_cache = step(w, want_cache, token, pos, cfg=cfg)
     copy = functools.partial(jax.tree.map, jnp.copy)  # decode_steps donates cache and tokens
-    got_tokens, got_cache, got_logits = inference.decode_steps(
+    got_tokens, got_cache, got_logits = kv_cache.decode_steps(
         w, copy(mark), copy(tokens), logits, P, n, jax.random.key(0), 0.0, cfg=cfg, greedy=True
     )
     np.testing.assert_array_equal(got_tokens, want_tokens)  # -1 from P + n on
@@ -153,12 +154,12 @@ def test_the_decode_loop_copies_no_weight_and_no_cache(cfg, params):
     in the compiled loop is of one token's activations: smaller than any
     weight and than one layer's cache."""
     batch = 2
-    weights = inference.decode_weights(params, cfg)
+    weights = layout.decode_weights(params, cfg)
     tokens = jnp.zeros((batch, cfg.seq), jnp.int32)
     logits = jnp.zeros((batch, cfg.vocab), jnp.float32)
-    compiled = inference.decode_steps.lower(
+    compiled = kv_cache.decode_steps.lower(
         weights,
-        inference.init_cache(cfg, batch),
+        kv_cache.init_cache(cfg, batch),
         tokens,
         logits,
         P,
@@ -192,20 +193,20 @@ def test_sharded_equals_one_device(cfg, key):
 
     def sample(params, tokens):
         n = c.seq - P
-        return inference.generate(params, c, tokens, n, key=jax.random.key(5), temperature=0.5)
+        return kv_cache.generate(params, c, tokens, n, key=jax.random.key(5), temperature=0.5)
 
     expected = sample(init(key), prompts(c, batch=batch))
     mesh = sharding.make_mesh(sizes)
     with jax.set_mesh(mesh):
         params, _ = sharding.init_sharded(init, key, mesh)
         tokens = jax.device_put(prompts(c, batch=batch), sharding.batch_sharding(mesh))
-        _, cache = inference.prefill(params, tokens, c)
+        _, cache = kv_cache.prefill(params, tokens, c)
         for layer in cache:  # rows over data x fsdp = 4, heads over tp = 2
             k, v = layer["k"], layer["v"]
             assert k.sharding.shard_shape(k.shape) == (1, 1, c.head_dim, c.seq)
             assert v.sharding.shard_shape(v.shape) == (1, 1, c.seq, c.head_dim)
         # Decode's transposed weights keep their splits: heads and F over tp, E over fsdp.
-        layer = inference.decode_weights(params, c)["layers"][0]
+        layer = layout.decode_weights(params, c)["layers"][0]
         E, F, H, D = c.embed, c.ff, c.heads, c.head_dim
         assert layer["wq"].sharding.shard_shape(layer["wq"].shape) == (H // 2, D, E // 2)
         assert layer["wo"].sharding.shard_shape(layer["wo"].shape) == (E // 2, H // 2, D)
@@ -219,7 +220,7 @@ def test_the_text_helper_slides_past_the_context(cfg, params):
     """s2_train's closing sample: more bytes than the context holds, and its
     first window is the cached decoder's own continuation."""
     text = generate_text(params, cfg, "abc", 2 * cfg.seq, jax.random.key(0), temperature=0.0)
-    first = inference.generate(params, cfg, jnp.array([list(b"abc")]), cfg.seq - 3)
+    first = kv_cache.generate(params, cfg, jnp.array([list(b"abc")]), cfg.seq - 3)
     window = bytes(np.asarray(first[0]).astype(np.uint8).tolist()).decode("utf-8", "replace")
     assert text.startswith(window[:-1])  # a byte sequence cut at the end decodes differently
     assert len(text.encode("utf-8")) >= 3 + 2 * cfg.seq  # "\ufffd" for a bad byte is 3 bytes
@@ -229,7 +230,7 @@ def test_the_benchmark_s_baseline_does_the_same_work(cfg, params):
     """scripts/bench_decode.py's ratio compares equal work: the old uncached
     generator's greedy tokens are the cached decoder's."""
     prompt, n = np.asarray(prompts(cfg)[0]), cfg.seq - P
-    cached = inference.generate(params, cfg, prompt[None], n)[0].tolist()
+    cached = kv_cache.generate(params, cfg, prompt[None], n)[0].tolist()
     assert uncached_generate(params, cfg, prompt.tolist(), n) == cached
 
 
@@ -239,7 +240,7 @@ def test_the_benchmark_s_baseline_does_the_same_work(cfg, params):
 )
 def test_bad_lengths_are_usage_errors(cfg, params, shape, n_new, why):
     with pytest.raises(UsageError, match=why):
-        inference.generate(params, cfg, jnp.zeros(shape, jnp.int32), n_new)
+        kv_cache.generate(params, cfg, jnp.zeros(shape, jnp.int32), n_new)
 
 
 TINY = ["--random-params", "--preset", "tiny"]

@@ -1,4 +1,4 @@
-"""int8 weights and the int8 KV cache (sessions/quantize.py) against float64
+"""int8 weights and the int8 KV cache (sessions/model/quantize.py) against float64
 references and hand-derived bounds; decode through them against the full step
 on the dequantized weights and cache; their bytes counted by hand.
 The compiled programs for a chip are checked in tests/test_int8_targets.py."""
@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sessions import decode_quality, inference, quantize
-from sessions.decode_layout import INPUT_DIMS, decode_weights, dense_out_in, out_in_order
-from sessions.model import forward, init_params
-from sessions.train import cross_entropy
+from sessions.inference import kv_cache, layout, quality
+from sessions.inference.layout import INPUT_DIMS, decode_weights, dense_out_in, out_in_order
+from sessions.model import forward, init_params, quantize
+from sessions.model.transformer import cross_entropy
 
 B, P = 2, 5
 EPS32 = 2.0**-24  # float32's unit roundoff
@@ -60,7 +60,7 @@ def test_every_matmul_weight_and_the_embedding_become_int8(cfg, params):
     projection's channels), as Int8 with one scale per output channel; the norm
     scales and the positional table as they were."""
     w = decode_weights(params, cfg)
-    w8 = quantize.quantize_decode_weights(w)
+    w8 = layout.quantize_decode_weights(w)
     assert isinstance(w8["embed"], quantize.Int8)
     assert w8["embed"].scale.shape == (cfg.vocab,)
     for layer, layer8 in zip(w["layers"], w8["layers"], strict=True):
@@ -145,7 +145,7 @@ def test_int8_cache_attention_equals_attention_over_the_dequantized_cache(K):
         "v_scale": jnp.asarray(v_scale, jnp.float32),
     }
     f32 = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
-    got = inference.cached_attention(*f32, cache, pos)
+    got = kv_cache.cached_attention(*f32, cache, pos)
     want = attention_reference(
         q, k, v, k8, np.float32(k_scale), v8, np.float32(v_scale), pos
     )  # the scales as the cache holds them
@@ -157,10 +157,10 @@ def test_the_int8_write_quantizes_each_token_and_head_in_its_slots(cfg):
     half a step of their scale, max |x| / 127 by hand; every other slot as it
     was; and a write that is not live changes nothing."""
     c = dataclasses.replace(cfg, seq=8)
-    cache = inference.init_cache(c, B, int8=True)[0]
+    cache = kv_cache.init_cache(c, B, int8=True)[0]
     rng = np.random.default_rng(3)
     k, v = rng.standard_normal((2, B, 2, c.heads, c.head_dim)).astype(np.float32)
-    written = inference.write(cache, jnp.asarray(k), jnp.asarray(v), 3)
+    written = kv_cache.write(cache, jnp.asarray(k), jnp.asarray(v), 3)
     k_scale = np.abs(k).max(-1) / 127  # [B, S, H]
     v_scale = np.abs(v).max(-1) / 127
     np.testing.assert_allclose(written["k_scale"][..., 3:5], k_scale.transpose(0, 2, 1), 1e-6)
@@ -181,9 +181,7 @@ def test_the_int8_write_quantizes_each_token_and_head_in_its_slots(cfg):
             np.delete(np.asarray(written[name]), [3, 4], axis=axis),
             np.delete(np.asarray(cache[name]), [3, 4], axis=axis),
         )
-    dead = inference.write(
-        written, jnp.asarray(k) + 1, jnp.asarray(v) + 1, 3, live=jnp.bool_(False)
-    )
+    dead = kv_cache.write(written, jnp.asarray(k) + 1, jnp.asarray(v) + 1, 3, live=jnp.bool_(False))
     for name in written:
         np.testing.assert_array_equal(dead[name], written[name])
 
@@ -219,16 +217,16 @@ def test_int8_decode_equals_the_full_step_on_the_dequantized_weights_and_cache(c
     of each dot's sum of |terms|: 5e-5 at most for these logits of up to 34. Each
     slot written (by prefill, then by each step) holds its key and value within
     half a step of the full-precision ones."""
-    w8 = quantize.quantize_decode_weights(decode_weights(params, cfg))
+    w8 = layout.quantize_decode_weights(decode_weights(params, cfg))
     reference = dequantized(w8)
     tokens = prompts(cfg, length=cfg.seq, seed=2)
-    logits8, cache8 = inference.prefill(params, tokens[:, :P], cfg, int8_cache=True)
-    logits, cache = inference.prefill(params, tokens[:, :P], cfg)
+    logits8, cache8 = kv_cache.prefill(params, tokens[:, :P], cfg, int8_cache=True)
+    logits, cache = kv_cache.prefill(params, tokens[:, :P], cfg)
     np.testing.assert_array_equal(logits8, logits)  # prefill computes in full precision
     for layer8, layer in zip(dense_copy(cache8), cache, strict=True):
         assert within_half_a_step(jnp.swapaxes(layer8["k"], 2, 3), jnp.swapaxes(layer["k"], 2, 3))
         assert within_half_a_step(layer8["v"], layer["v"])
-    step = jax.jit(inference.decode_step, static_argnames="cfg")
+    step = jax.jit(kv_cache.decode_step, static_argnames="cfg")
     for pos in range(P, cfg.seq):
         want, written = step(reference, dense_copy(cache8), tokens[:, pos], pos, cfg=cfg)
         got, cache8 = step(w8, cache8, tokens[:, pos], pos, cfg=cfg)
@@ -243,20 +241,20 @@ def test_generate_passes_int8_through_with_one_compile_per_kind(cfg, params):
     int8 cache and int8 decode steps, taken by hand; then other prompt lengths
     and counts compile nothing more."""
     n = 6
-    out = inference.generate(params, cfg, prompts(cfg), n, int8_weights=True, int8_cache=True)
-    w8 = quantize.quantize_decode_weights(decode_weights(params, cfg))
-    logits, cache = inference.prefill(params, prompts(cfg), cfg, int8_cache=True)
-    step = jax.jit(inference.decode_step, static_argnames="cfg")
+    out = kv_cache.generate(params, cfg, prompts(cfg), n, int8_weights=True, int8_cache=True)
+    w8 = layout.quantize_decode_weights(decode_weights(params, cfg))
+    logits, cache = kv_cache.prefill(params, prompts(cfg), cfg, int8_cache=True)
+    step = jax.jit(kv_cache.decode_step, static_argnames="cfg")
     expected = [prompts(cfg)]
     for pos in range(P, P + n):
         expected.append(jnp.argmax(logits, axis=-1)[:, None])
         logits, cache = step(w8, cache, expected[-1][:, 0].astype(jnp.int32), pos, cfg=cfg)
     np.testing.assert_array_equal(out, jnp.concatenate(expected, axis=1))
-    before = inference.decode_steps._cache_size()
+    before = kv_cache.decode_steps._cache_size()
     for length, n in ((P + 2, 3), (1, 9)):
         kinds = {"int8_weights": True, "int8_cache": True}
-        inference.generate(params, cfg, prompts(cfg, length=length), n, **kinds)
-    assert inference.decode_steps._cache_size() == before
+        kv_cache.generate(params, cfg, prompts(cfg, length=length), n, **kinds)
+    assert kv_cache.decode_steps._cache_size() == before
 
 
 def test_int8_bytes_by_hand(cfg, params):
@@ -265,15 +263,15 @@ def test_int8_bytes_by_hand(cfg, params):
     scale, per layer q, k, v [H, D] scales, o [E], the MLP's [F] and [E]; the
     embedding [V, E] and its V row scales; norms and positions in float32."""
     L, E, F, H, D, V, T = cfg.layers, cfg.embed, cfg.ff, cfg.heads, cfg.head_dim, cfg.vocab, cfg.seq
-    cache = inference.init_cache(cfg, B, int8=True)
-    assert inference.cache_bytes(cache) == 2 * L * B * T * H * (D + 4)
-    w8 = quantize.quantize_decode_weights(decode_weights(params, cfg))
+    cache = kv_cache.init_cache(cfg, B, int8=True)
+    assert kv_cache.cache_bytes(cache) == 2 * L * B * T * H * (D + 4)
+    w8 = layout.quantize_decode_weights(decode_weights(params, cfg))
     layer = 4 * E * H * D + 2 * E * F + 4 * (3 * H * D + E + F + E) + 2 * E * 4
     assert quantize.stored_bytes(w8) == L * layer + V * E + 4 * V + T * E * 4 + E * 4
 
 
 def test_the_full_decode_path_s_validation_loss_is_the_model_s(cfg, params):
-    """decode_quality.val_loss teacher-forces decode_step over every position: in
+    """quality.val_loss teacher-forces decode_step over every position: in
     full precision, the loss of the model's forward pass, by NumPy's log-softmax;
     with int8 weights and cache, another number (the path it claims to measure)."""
     tokens = prompts(cfg, length=cfg.seq + 1, seed=4)
@@ -282,10 +280,10 @@ def test_the_full_decode_path_s_validation_loss_is_the_model_s(cfg, params):
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     expected = -np.take_along_axis(logp, np.asarray(tokens[:, 1:])[..., None], -1).mean()
-    assert decode_quality.val_loss(params, cfg, batches) == pytest.approx(expected, rel=1e-5)
+    assert quality.val_loss(params, cfg, batches) == pytest.approx(expected, rel=1e-5)
     # int8 weights: the loss of the model whose weights are their round trip, put
     # back in training's layout (float32: the rounding order moves it by ~1e-6).
-    w = dequantized(quantize.quantize_decode_weights(decode_weights(params, cfg)))
+    w = dequantized(layout.quantize_decode_weights(decode_weights(params, cfg)))
 
     def back(path, x):
         order = out_in_order(path, x.ndim)
@@ -293,14 +291,14 @@ def test_the_full_decode_path_s_validation_loss_is_the_model_s(cfg, params):
 
     round_trip = jax.tree_util.tree_map_with_path(back, w)
     expected8 = cross_entropy(forward(round_trip, tokens[:, :-1], cfg), tokens[:, 1:])
-    int8 = decode_quality.val_loss(params, cfg, batches, int8_weights=True)
+    int8 = quality.val_loss(params, cfg, batches, int8_weights=True)
     assert int8 == pytest.approx(float(expected8), rel=1e-5) and int8 != pytest.approx(expected)
 
 
 def test_greedy_agreement_counts_the_positions_that_match(cfg, params):
-    full = inference.generate(params, cfg, prompts(cfg), 8)
-    int8 = inference.generate(params, cfg, prompts(cfg), 8, int8_weights=True)
+    full = kv_cache.generate(params, cfg, prompts(cfg), 8)
+    int8 = kv_cache.generate(params, cfg, prompts(cfg), 8, int8_weights=True)
     same = np.asarray(full[:, P:] == int8[:, P:])
-    assert decode_quality.greedy_agreement(params, cfg, prompts(cfg), 8) == 1.0
-    agreement = decode_quality.greedy_agreement(params, cfg, prompts(cfg), 8, int8_weights=True)
+    assert quality.greedy_agreement(params, cfg, prompts(cfg), 8) == 1.0
+    agreement = quality.greedy_agreement(params, cfg, prompts(cfg), 8, int8_weights=True)
     assert agreement == same.sum() / same.size

@@ -11,7 +11,7 @@ compiled once per module. Tests that need a chip's compiler skip without it
 
 A step's bytes are read off the compiled program op by op (roofline/compiled/op_work.py:
 each op's operands and result, a slice as the slice), each op times the times it
-runs in one call of inference.STEPS steps, over STEPS. That is what the compiled
+runs in one call of kv_cache.STEPS steps, over STEPS. That is what the compiled
 program moves; XLA's own cost analysis is no help here: the NVIDIA compiler gives
 none deviceless, and the TPU's counts each slice of an array it streams to its
 on-chip memory as a read of the whole array (4.6x the bytes, docs/results.md).
@@ -25,11 +25,12 @@ from helpers import need
 from roofline.compiled.op_work import program_work
 from roofline.compiled.program import matmul_dtypes
 from roofline.compiled.widened import widened_copies
-from sessions import inference, quantize, shapes, sharding
-from sessions.config import PRESETS, ModelConfig
-from sessions.decode_layout import decode_weights
+from sessions.inference import kv_cache, layout, shapes
+from sessions.inference.layout import decode_weights
 from sessions.model import init_params
+from sessions.model.config import PRESETS, ModelConfig
 from sessions.plan import programs
+from sessions.shard import sharding
 
 SHAPE = ModelConfig(
     embed=2048, ff=8192, heads=16, head_dim=128, layers=2, seq=1024, dtype="bfloat16"
@@ -37,18 +38,18 @@ SHAPE = ModelConfig(
 
 
 def compile_decode(target_text, cfg, batch, int8_weights, int8_cache):
-    """The decode loop (inference.decode_steps) compiled for one device of the target."""
+    """The decode loop (kv_cache.decode_steps) compiled for one device of the target."""
     target, devices = programs.devices_for(target_text)
     mesh = sharding.make_mesh(sharding.parse_mesh(None, 1), devices=np.array(devices[:1]))
     args, static = shapes.abstract_decode_inputs(cfg, batch, mesh, int8_weights, int8_cache)
     with jax.set_mesh(mesh):
-        lowered = inference.decode_steps.lower(*args, **static)
+        lowered = kv_cache.decode_steps.lower(*args, **static)
         return programs.compile_for(lowered, target.chip, lambda *a: None).as_text()
 
 
 def bytes_per_step(hlo_text):
     """HBM bytes of one decode step: every op's, times its runs in one call, over STEPS."""
-    return sum(w.hbm_bytes * w.count for w in program_work(hlo_text)) / inference.STEPS
+    return sum(w.hbm_bytes * w.count for w in program_work(hlo_text)) / kv_cache.STEPS
 
 
 def read_once_per_call(hlo_text):
@@ -137,12 +138,12 @@ def test_the_cpu_backend_converts_every_int8_array_to_float32():
     the loop, so XLA hoists it out), each int8 cache array every step; the steps
     then read float32. The criterion finds exactly these copies."""
     cfg, batch = PRESETS["cpu"].model, 4
-    w8 = quantize.quantize_decode_weights(decode_weights(init_params(cfg, jax.random.key(0)), cfg))
-    cache = inference.init_cache(cfg, batch, int8=True)
+    w8 = layout.quantize_decode_weights(decode_weights(init_params(cfg, jax.random.key(0)), cfg))
+    cache = kv_cache.init_cache(cfg, batch, int8=True)
     tokens = jax.numpy.zeros((batch, cfg.seq), jax.numpy.int32)
     logits = jax.numpy.zeros((batch, cfg.vocab), jax.numpy.float32)
     text = (
-        inference.decode_steps.lower(
+        kv_cache.decode_steps.lower(
             w8, cache, tokens, logits, 0, 1, jax.random.key(0), 1.0, cfg=cfg, greedy=True
         )
         .compile()
@@ -150,7 +151,7 @@ def test_the_cpu_backend_converts_every_int8_array_to_float32():
     )
     copies = widened_copies(text, smallest_int8_array(cfg, batch))
     weights = 6 * cfg.layers + 1  # six matmul weights a layer and the embedding
-    assert sorted(c.runs for c in copies) == [1] * weights + [inference.STEPS] * 2 * cfg.layers
+    assert sorted(c.runs for c in copies) == [1] * weights + [kv_cache.STEPS] * 2 * cfg.layers
     assert all(c.written.startswith("f32[") for c in copies)
 
 

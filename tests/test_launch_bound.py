@@ -11,7 +11,7 @@ from roofline.chips import CHIPS
 from roofline.decode_cost import DecodeStep, decode_step_cost
 from roofline.launch_bound import estimated_kernels, launch_bound, launch_cost
 from roofline.plan.serving import plan_serving, serving_lines
-from sessions.config import PRESETS, PUBLISHED
+from sessions.model.config import PRESETS, PUBLISHED
 
 H100 = CHIPS["h100"]
 # The course preset's decode at batch 1 on an H100, 90.77 us a token (check.json's 9.0774e-05 s,

@@ -184,14 +184,14 @@ def test_plumbing_never_imports_planning():
 
 def test_a_planted_plumbing_import_in_a_concept_is_caught():
     planted = {
-        "sessions/model.py": "from sessions.run import cli\nfrom sessions.run.report import x\n",
-        "sessions/train.py": "def f():\n    from sessions.plan.programs import devices_for\n",
-        "sessions/data.py": "from sessions.errors import UsageError\n",
+        "sessions/model/transformer.py": "from sessions.run import cli\nfrom sessions.run.report import x\n",
+        "sessions/train/step.py": "def f():\n    from sessions.plan.programs import devices_for\n",
+        "sessions/train/data.py": "from sessions.errors import UsageError\n",
     }
     found = layer_offenders(planted, ("sessions/run/", "sessions/plan/"))
     assert found == {
-        "sessions/model.py": ["sessions/run/cli.py", "sessions/run/report.py"],
-        "sessions/train.py": ["sessions/plan/programs.py"],
+        "sessions/model/transformer.py": ["sessions/run/cli.py", "sessions/run/report.py"],
+        "sessions/train/step.py": ["sessions/plan/programs.py"],
     }
 
 
@@ -208,9 +208,9 @@ def test_roofline_library_imports_nothing_from_sessions():
 # choices and the errors it reports; never the model or the training step.
 ENTRY_POINT_MAY_IMPORT = {
     "sessions/run/cli.py",
-    "sessions/config.py",
+    "sessions/model/config.py",
     "sessions/errors.py",
-    "sessions/attention.py",
+    "sessions/model/attention.py",
 }
 
 
@@ -221,8 +221,13 @@ def test_roofline_s_command_line_takes_configs_and_flags_never_the_step():
 
 
 def test_a_planted_sessions_import_in_roofline_is_caught():
-    planted = "def f():\n    from sessions.config import ModelConfig\n    return ModelConfig\n"
-    assert sessions_imports(imported(planted)) == ["sessions.config", "sessions.config.ModelConfig"]
+    planted = (
+        "def f():\n    from sessions.model.config import ModelConfig\n    return ModelConfig\n"
+    )
+    assert sessions_imports(imported(planted)) == [
+        "sessions.model.config",
+        "sessions.model.config.ModelConfig",
+    ]
 
 
 def is_script(module):
@@ -353,9 +358,9 @@ NOT_OURS = {
     "roofline/xplane.proto": "the name xspace.py gives the protocol buffer it builds in memory",
     "docs/resources/webhook": "Discord's developer documentation, cited by discord.py",
     "docs/topics/rate-limits": "Discord's developer documentation, cited by discord.py",
-    "docs/api_compatibility.md": "jax-ml/jax's documentation, cited by sessions/flash.py",
-    "docs/pallas/CHANGELOG.md": "jax-ml/jax's documentation, cited by sessions/flash.py",
-    "docs/pallas/gpu/reference.md": "jax-ml/jax's documentation, cited by sessions/flash.py",
+    "docs/api_compatibility.md": "jax-ml/jax's documentation, cited by sessions/kernels/flash.py",
+    "docs/pallas/CHANGELOG.md": "jax-ml/jax's documentation, cited by sessions/kernels/flash.py",
+    "docs/pallas/gpu/reference.md": "jax-ml/jax's documentation, cited by sessions/kernels/flash.py",
 }
 FOLDER_NAMES = r"sessions|roofline|scripts|harness|tests|exercises|solutions|docs|\.ci"
 PATH = re.compile(rf"(?<![\w/.-])((?:{FOLDER_NAMES})(?:/[\w.*-]+)+/?)")
@@ -369,8 +374,8 @@ def named_paths(text):
 def test_the_path_reader_finds_what_a_comment_names():
     text = "see sessions/run/cli.py, (roofline/compiled/hlo.py) and jax/tests/x.py, not x/roofline/a.py"
     assert named_paths(text) == {"sessions/run/cli.py", "roofline/compiled/hlo.py"}
-    text = "logs in `docs/h100-run/`, harness/grading.py; [a link](../docs/chips.md) is a link's"
-    assert named_paths(text) == {"docs/h100-run/", "harness/grading.py"}
+    text = "logs in `docs/h100-run/`, scripts/harness/grading.py; [a link](../docs/chips.md) is a link's"
+    assert named_paths(text) == {"docs/h100-run/", "scripts/harness/grading.py"}
 
 
 def test_every_path_named_in_the_code_and_docs_exists():

@@ -1,4 +1,4 @@
-"""FSDP written by hand (sessions/manual_fsdp.py) against the partitioner's:
+"""FSDP written by hand (sessions/train/manual_fsdp.py) against the partitioner's:
 the same losses step for step, and a compiled program that holds the
 collectives the source writes and no others."""
 
@@ -13,10 +13,11 @@ from helpers import need, run_script, s2_in_process
 from roofline.compiled.hlo import parse
 from roofline.compiled.program import collectives, collectives_table
 from roofline.compiled.scatters import scatters
-from sessions import data, shapes, sharding
-from sessions.config import PRESETS
-from sessions.manual_fsdp import make_manual_step
-from sessions.train import init_state, make_optimizer, make_train_step
+from sessions.model.config import PRESETS
+from sessions.shard import sharding
+from sessions.train import data
+from sessions.train.manual_fsdp import make_manual_step
+from sessions.train.step import init_state, make_optimizer, make_train_step
 
 PRESET = PRESETS["tiny"]
 CFG = PRESET.model
@@ -175,12 +176,12 @@ def test_tpu_gathers_the_weights_again_in_the_backward(tmp_path, capsys):
 def test_the_manual_step_in_bf16_sums_the_lookup_s_gradient_in_float32():
     """The shards are cast to bf16 before their all-gathers (half the bytes sent),
     but the embedding is gathered in float32 for its lookup, whose gradient is a
-    scatter-add (sessions/model.py, embed). Compiled here, never run."""
+    scatter-add (sessions/model/transformer.py, embed). Compiled here, never run."""
     cfg = dataclasses.replace(CFG, dtype="bfloat16", layers=1)
     mesh = sharding.make_mesh(sharding.parse_mesh("fsdp=8", 8))
     with jax.set_mesh(mesh):
         init = functools.partial(init_state, cfg=cfg, optimizer=OPTIMIZER)
-        state = shapes.abstract_sharded(init, jax.random.key(TC.seed), mesh)
+        state = sharding.abstract_sharded(init, jax.random.key(TC.seed), mesh)
         shardings = jax.tree.map(lambda x: x.sharding, state)
         rows = sharding.batch_sharding(mesh)
         batch = jax.ShapeDtypeStruct((TC.batch, cfg.seq), "int32", sharding=rows)

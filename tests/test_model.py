@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sessions.attention import attention, einsum_attention, fused_attention
 from sessions.model import forward, init_params
-from sessions.train import cross_entropy
+from sessions.model.attention import attention, einsum_attention, fused_attention
+from sessions.model.transformer import cross_entropy
 
 B, S = 2, 6
 

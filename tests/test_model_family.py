@@ -12,16 +12,18 @@ import pytest
 
 from roofline.flops import activations_per_token, count_params, param_count, train_flops
 from roofline.measured.compare import xla_cost
-from sessions import data, inference, sharding
-from sessions.attention import IMPLEMENTATIONS, attention_mask, einsum_attention
-from sessions.config import PRESETS, ModelConfig, TrainConfig
 from sessions.errors import UsageError
+from sessions.inference import kv_cache, layout
 from sessions.model import forward, init_params
-from sessions.rotary import rotate
+from sessions.model.attention import IMPLEMENTATIONS, attention_mask, einsum_attention
+from sessions.model.config import PRESETS, ModelConfig, TrainConfig
+from sessions.model.rotary import rotate
 from sessions.run.checkpoint import Checkpoints
 from sessions.run.cli import infer_flags, serving_config
 from sessions.run.serving import inference_config, load_params
-from sessions.train import init_state, loss_fn, make_optimizer, make_train_step
+from sessions.shard import sharding
+from sessions.train import data
+from sessions.train.step import init_state, loss_fn, make_optimizer, make_train_step
 
 model = jax.jit(forward, static_argnames="cfg")
 
@@ -57,7 +59,7 @@ def random_tokens(cfg, batch=2, seed=2):
 
 def numpy_rope(x, positions, base):
     """x float64 [B, S, N, D] at `positions` [S]: dims i and i + D/2 of each head turned
-    by positions·base^(-2i/D), pair by pair (the halves pairing of sessions/rotary.py)."""
+    by positions·base^(-2i/D), pair by pair (the halves pairing of sessions/model/rotary.py)."""
     D = x.shape[-1]
     out = np.empty_like(x)
     for i in range(D // 2):
@@ -132,7 +134,7 @@ def grouped_query(q, k, v):
 
 
 def todays_attention(q, k, v, segment_ids=None):
-    """sessions/attention.py's einsum attention as it was before grouping: H heads of keys."""
+    """sessions/model/attention.py's einsum attention as it was before grouping: H heads of keys."""
     D = q.shape[-1]
     scores = jnp.einsum("BSHD,BTHD->BHST", q, k, preferred_element_type=jnp.float32)
     scores = scores * D**-0.5
@@ -185,7 +187,7 @@ def test_one_kv_head_is_hand_written_multi_query_attention(impl):
 
 
 def plain_llama(params, tokens, cfg):
-    """The LLaMA block written out in float64 NumPy, per sessions/model.py's docstring:
+    """The LLaMA block written out in float64 NumPy, per sessions/model/transformer.py's docstring:
     no positional table; per layer x + attention(norm(x)) with q and k turned by their
     positions and G query heads per KV head, then x + w_out(silu(x·w_gate) * x·w_in);
     the final norm; logits through unembed [E, V]."""
@@ -228,7 +230,7 @@ OPTIONS = {
     "untied": {"tied": False},
     "llama": {"kv_heads": 2, **LLAMA},
 }
-decode_step = jax.jit(inference.decode_step, static_argnames="cfg")  # pos traced: one compile
+decode_step = jax.jit(kv_cache.decode_step, static_argnames="cfg")  # pos traced: one compile
 
 
 def teacher_forced(params, cfg, positions, P=5, mesh=None):
@@ -238,8 +240,8 @@ def teacher_forced(params, cfg, positions, P=5, mesh=None):
     tokens = random_tokens(cfg)
     if mesh is not None:
         tokens = jax.device_put(tokens, sharding.batch_sharding(mesh))
-    logits, cache = inference.prefill(params, tokens[:, :P], cfg)
-    steps, w = [logits], inference.decode_weights(params, cfg)
+    logits, cache = kv_cache.prefill(params, tokens[:, :P], cfg)
+    steps, w = [logits], layout.decode_weights(params, cfg)
     for pos in range(P, P + positions):
         logits, cache = decode_step(w, cache, tokens[:, pos], pos, cfg=cfg)
         steps.append(logits)
@@ -273,7 +275,7 @@ def test_the_llama_block_decodes_alike_on_a_mesh():
         logits, tokens, cache = teacher_forced(placed, cfg, n, P, mesh)
         k = cache[0]["k"]
         assert k.sharding.shard_shape(k.shape) == (1, 1, cfg.head_dim, cfg.seq)
-        w = inference.decode_weights(placed, cfg)
+        w = layout.decode_weights(placed, cfg)
         E, F, V = cfg.embed, cfg.ff, cfg.vocab
         gate, unembed = w["layers"][0]["w_gate"], w["unembed"]
         assert gate.sharding.shard_shape(gate.shape) == (F // 2, E // 2)
@@ -364,7 +366,7 @@ def test_the_llama_block_learns():
     cfg, tc = dataclasses.replace(TINY, **OPTIONS["llama"]), PRESETS["tiny"].train
     optimizer = make_optimizer(tc, tc.steps)
     params = numpy_params(cfg)  # init_params' draws would cost seconds of compiling
-    state = {"params": params, "opt": optimizer.init(params)}  # as train.init_state builds it
+    state = {"params": params, "opt": optimizer.init(params)}  # as step.init_state builds it
     train, _ = data.split(data.default_corpus(), cfg.seq)
     batch = functools.partial(data.get_batch, train, batch=tc.batch, seq=cfg.seq, seed=tc.seed)
     untrained = float(loss_fn(state["params"], batch(0), cfg))

@@ -12,9 +12,10 @@ import pytest
 from helpers import run_python
 from jax.sharding import NamedSharding
 
-from sessions import data, sharding
-from sessions.config import PRESETS
-from sessions.train import init_state, make_optimizer, make_train_step
+from sessions.model.config import PRESETS
+from sessions.shard import sharding
+from sessions.train import data
+from sessions.train.step import init_state, make_optimizer, make_train_step
 
 PRESET = PRESETS["tiny"]
 CFG = PRESET.model

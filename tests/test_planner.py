@@ -16,7 +16,7 @@ from roofline import decode_cost
 from roofline.flops import param_count
 from roofline.hardware import find_chip
 from roofline.plan.serving import plan_serving
-from sessions.config import PRESETS, PUBLISHED
+from sessions.model.config import PRESETS, PUBLISHED
 
 H100_PEAK, H100_BW, H100_HBM = 989e12, 3.35e12, 80e9  # bf16 dense FLOP/s, bytes/s, bytes
 A100_PEAK = 312e12

@@ -13,9 +13,9 @@ import pytest
 from jax.experimental import mesh_utils
 from pod_devices import SLICES, mock_tpu_devices, slice_devices
 
-from sessions import sharding
 from sessions.errors import UsageError
-from sessions.topology import device_grid
+from sessions.shard import sharding
+from sessions.shard.topology import device_grid
 
 AXES = ("data", "fsdp", "tp")
 

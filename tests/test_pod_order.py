@@ -21,9 +21,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from pod_devices import slice_devices
 
-from sessions import sharding
-from sessions.config import PRESETS
+from sessions.model.config import PRESETS
 from sessions.run.checkpoint import Checkpoints
+from sessions.shard import sharding
 
 TINY = ["--preset", "tiny", "--sample-bytes", "0"]
 

@@ -7,7 +7,7 @@ import os
 from helpers import hand_flops, run_script
 
 from roofline.measured.record import METADATA
-from sessions.config import PRESETS
+from sessions.model.config import PRESETS
 
 
 def test_profile_s2_traces_the_step_on_its_mesh(tmp_path, capsys):

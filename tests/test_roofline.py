@@ -46,9 +46,9 @@ from roofline.measured.table import table_lines
 from roofline.measured.trace import read_trace
 from roofline.memory import step_memory
 from roofline.predict import comm_time, predict, predict_train_step, utilisation
-from sessions.config import PRESETS, PUBLISHED, ModelConfig, TrainConfig
 from sessions.model import init_params
-from sessions.train import init_state, make_optimizer, make_train_step
+from sessions.model.config import PRESETS, PUBLISHED, ModelConfig, TrainConfig
+from sessions.train.step import init_state, make_optimizer, make_train_step
 
 
 @pytest.mark.parametrize("name", ["tiny", "course"])

@@ -12,8 +12,8 @@ from hardware_fakes import FakeDevice, rounded_matmuls, to_bf16, to_tf32
 from helpers import REPO, run_script
 
 from roofline.plan.targets import local_target
-from sessions import flash, precision
-from sessions.attention import einsum_attention
+from sessions.kernels import flash, precision
+from sessions.model.attention import einsum_attention
 from sessions.plan import programs
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -69,7 +69,7 @@ def test_a_failed_check_fails_the_run(capsys, monkeypatch):
     and our kernel's output off by 2e-4, past float32's 1e-4 (its gradients are
     not: a constant added to the output changes none): FAIL printed for both,
     the other checks still run, exit status 1."""
-    from sessions import manual_fsdp
+    from sessions.train import manual_fsdp
 
     def drifting(mesh_text, steps, devices):
         return {"auto": ([6.29, 6.22], ""), "manual": ([6.29, 6.23], "")}
@@ -86,7 +86,7 @@ def test_a_failed_check_fails_the_run(capsys, monkeypatch):
     assert out.rstrip().endswith("a check failed: see FAIL above")
 
 
-# Checks that hold on every chip (sessions/precision.py), and step 5 on the chip itself.
+# Checks that hold on every chip (sessions/kernels/precision.py), and step 5 on the chip itself.
 
 
 def test_each_chip_s_matmul_precision_and_tolerances_by_hand():

@@ -42,7 +42,7 @@ def test_s5_levers_bytes_quality_and_ladder(tmp_path, capsys):
         assert r["mbu"] == pytest.approx(read / r["step_seconds"] / s["bandwidth"])
         assert 0 <= r["greedy_agreement"] <= 1
     # Full precision agrees with itself; its loss through decode is the model's own on
-    # those batches (sessions/decode_quality.py holds that equality), above zero.
+    # those batches (sessions/inference/quality.py holds that equality), above zero.
     assert levers["full", "full", 1]["greedy_agreement"] == 1.0
     assert levers["full", "full", 1]["val_loss"] > 0
     # The ladder: K = H, H/2, 1 at the tiny preset's 4 heads, each cache K/H of the full.

@@ -10,12 +10,12 @@ import pytest
 from helpers import REPO, hand_flops, hand_params, run_python, run_script
 from jax._src import xla_bridge
 
-from harness import rungs
 from roofline import calibrate, timing
 from roofline.hardware import local_peak_flops
 from roofline.memory import largest_batch, usable_fraction
 from roofline.timing import Timing
-from sessions.config import PRESETS
+from scripts.harness import rungs
+from sessions.model.config import PRESETS
 
 
 def test_bench_compares_with_naive_on_equal_numbers(capsys, monkeypatch):

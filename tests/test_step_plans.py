@@ -211,7 +211,7 @@ def test_the_course_step_on_h100_moves_no_residual_stream_around(h100_one):
     """No transpose or copy as big as the residual stream [B, S, E]. When the
     positions' gradient was a reduction over the batch, XLA's GPU layout laid
     the stream out batch-minor and transposed it at every norm: 35 kernels,
-    1.5 ms of the H100's 8.9 ms step (sessions/positions.py)."""
+    1.5 ms of the H100's 8.9 ms step (sessions/model/positions.py)."""
     planned, cfg, tc = h100_one
     stream = tc.batch * cfg.seq * cfg.embed
     module = parse(planned.compiled.as_text())

@@ -18,9 +18,9 @@ from helpers import need, run_python, run_script, s2_in_process
 from roofline.flops import param_count, train_flops
 from roofline.hardware import CHIPS
 from roofline.plan.targets import TargetError, parse_target
-from sessions.config import ModelConfig
 from sessions.errors import UsageError
 from sessions.model import init_params
+from sessions.model.config import ModelConfig
 from sessions.plan import programs
 
 # Chips and targets, with or without the compilers.

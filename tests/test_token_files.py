@@ -11,9 +11,9 @@ import struct
 import numpy as np
 import pytest
 
-from sessions import token_files
 from sessions.errors import UsageError
-from sessions.token_files import Tokens, is_token_path, open_token_files
+from sessions.train import token_files
+from sessions.train.token_files import Tokens, is_token_path, open_token_files
 
 GPT2, LLAMA3 = (20240520, 1, "<u2"), (20240801, 7, "<u4")
 

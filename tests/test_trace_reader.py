@@ -46,7 +46,7 @@ from roofline.measured.compare import local_comparison
 from roofline.measured.profile import TraceWindow, capture
 from roofline.measured.trace import read_trace
 from roofline.measured.trace_ops import latest_run, load_ops
-from sessions.config import ModelConfig
+from sessions.model.config import ModelConfig
 
 # ---------------------------------------------------------------- a GPU's trace
 

@@ -14,17 +14,18 @@ import numpy as np
 import optax
 import pytest
 
-from sessions import data, train
-from sessions import meter as meter_module
-from sessions.config import PRESETS, TrainConfig
 from sessions.errors import TrainingDiverged
-from sessions.meter import Meter, format_record
 from sessions.model import init_params
+from sessions.model.config import PRESETS, TrainConfig
 from sessions.run import preemption
 from sessions.run.report import summarize, summary_lines
-from sessions.shapes import abstract_batch
-from sessions.sharding import batch_sharding, make_mesh
-from sessions.train import (
+from sessions.shard.sharding import batch_sharding, make_mesh
+from sessions.train import data
+from sessions.train import meter as meter_module
+from sessions.train import step as step_module
+from sessions.train.meter import Meter, format_record
+from sessions.train.step import (
+    abstract_batch,
     compile_ahead,
     init_state,
     loss_fn,
@@ -88,7 +89,7 @@ class CompileCounter:
 
 def test_a_step_compiled_ahead_never_compiles_again(cfg):
     """s2_train.py compiles the step from shapes before the loop
-    (train.compile_ahead); twelve steps then compile nothing more, and run
+    (step_module.compile_ahead); twelve steps then compile nothing more, and run
     under the loop's device-to-host guard."""
     tc = TrainConfig(batch=2)
     optimizer, state, make_batch = setup(cfg, tc, 12)
@@ -139,7 +140,7 @@ def test_the_loop_reads_the_loss_only_on_log_steps(monkeypatch, tmp_path):
     """s2_train.py's loop, with every step's loss noting when the host reads it.
     On a CPU, device memory is host memory, so JAX's device-to-host guard (which
     the loop sets, and which fires on GPU and TPU) cannot see a read; here each
-    read is recorded instead. The step compiled ahead (train.compile_ahead) is
+    read is recorded instead. The step compiled ahead (step_module.compile_ahead) is
     the one wrapped: the loop every course run takes.
 
     It once ran op by op (--no-jit) over the 8 devices, and under load aborted
@@ -149,9 +150,9 @@ def test_the_loop_reads_the_loss_only_on_log_steps(monkeypatch, tmp_path):
     arrived", rendezvous.cc, then SIGABRT). pytest's faulthandler prints the
     Python stack of such an abort; -s shows XLA's own line too."""
     reads, calls = [], []
-    real = train.compile_ahead
+    real = step_module.compile_ahead
     monkeypatch.setattr(
-        train, "compile_ahead", lambda *a, **k: RecordingStep(real(*a, **k), calls, reads)
+        step_module, "compile_ahead", lambda *a, **k: RecordingStep(real(*a, **k), calls, reads)
     )
     argv = [*TINY, "--steps", "5", "--log-every", "2", "--run-dir", str(tmp_path)]
     assert run_s2(argv, monkeypatch) == 0
@@ -223,7 +224,7 @@ def test_tiny_preset_learns_well_below_the_unigram_baseline():
     # Mean of the last two logged losses: one batch of a tiny preset is noisy.
     final = np.mean([r["loss"] for r in history[-2:]])
     # Untrained, the model guesses near uniformly, about ln(256) + 1/2 = 6.0 nats
-    # (model.py), far above the byte frequencies of any English text (3.2-3.3).
+    # (transformer.py), far above the byte frequencies of any English text (3.2-3.3).
     assert untrained > unigram + 1, (untrained, unigram)
     assert final < unigram - 0.3, (final, unigram)
 

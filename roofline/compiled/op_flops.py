@@ -38,7 +38,7 @@ ATTENTION_KERNELS = {
     "splash_mha_fwd": 2,
     "splash_mha_dq": 3,
     "splash_mha_dkv": 4,
-    # Our Pallas kernel (sessions/flash.py): Q·K^T and P·V; its backward is plain
+    # Our Pallas kernel (sessions/kernels/flash.py): Q·K^T and P·V; its backward is plain
     # XLA ops, counted as they are. On a TPU the custom call takes the kernel's
     # name; on NVIDIA it is a __gpu$xla.gpu.triton call named in its metadata.
     "flash_forward": 2,

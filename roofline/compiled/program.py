@@ -98,7 +98,7 @@ def collectives(hlo_text, devices, in_loops=None, by_group=False):
     with the same channel_id: counted once. Outside fusions each instruction is
     a collective of its own, whatever its channel: `jax.shard_map` gives every
     collective it writes one channel, and the permutes of a ring written out by
-    hand (sessions/collective_matmul.py) share one; each of them runs."""
+    hand (sessions/shard/collective_matmul.py) share one; each of them runs."""
     module = parse(hlo_text)
     times = module.trip_counts
     fused = fusion_bodies(module)

@@ -4,7 +4,7 @@ A compiled program is scheduled: each computation prints its instructions in
 the order they run, so the text says, for each collective-permute, whether a
 matmul runs between its start and its done (the permute then flies while the
 matmul units work: hidden), how many permutes are in flight at once, and how
-many all-gathers the program still makes. sessions/collective_matmul.py's
+many all-gathers the program still makes. sessions/shard/collective_matmul.py's
 three ways of one FSDP matmul are told apart this way, and so is XLA's own
 collective-matmul loop (a windowed einsum) in a whole training step.
 """
@@ -68,7 +68,7 @@ def schedule_summary(hlo_text):
     by what the fusion holds (roofline/compiled/kinds.py). All-gathers are counted
     as the `--target` report counts them (roofline/compiled/program.py: a TPU
     spreads one over several fusions that share its channel); permutes one a
-    start, as an unrolled chain of them (sessions/collective_matmul.py's ring)
+    start, as an unrolled chain of them (sessions/shard/collective_matmul.py's ring)
     shares one channel."""
     module, kinds = parse(hlo_text), classify_hlo(hlo_text)
     trips = module.trip_counts

@@ -1,17 +1,17 @@
-"""The collective matmuls of sessions/collective_matmul.py, compiled for a chip
+"""The collective matmuls of sessions/shard/collective_matmul.py, compiled for a chip
 this machine may lack: each device of the chip's slice on one fsdp ring, so a
 session script can print what the scheduler made of each
 (roofline/compiled/schedule.py).
 """
 
-from sessions.collective_matmul import (
+from sessions.plan import programs
+from sessions.shard.collective_matmul import (
     GPT2_MLP,
     allgather_matmul,
     auto_matmul,
     collective_matmul,
     compiled_matmul,
 )
-from sessions.plan import programs
 
 
 def programs_on(target_text, shape=GPT2_MLP):

@@ -14,13 +14,14 @@ from roofline.flops import model_line, param_count
 from roofline.launch_bound import launch_bound, launch_cost
 from roofline.plan.decode import DecodePlan, decode_lines, decode_summary, launch_lines
 from roofline.predict import comm_time
-from sessions import decode_kernels, inference, shapes, sharding
-from sessions.attention_choice import KERNEL_PLATFORM
-from sessions.attention_choice import choose as choose_attention
-from sessions.data import text_to_tokens
 from sessions.errors import UsageError
+from sessions.inference import kernel_step, kv_cache, shapes
+from sessions.model.attention_choice import KERNEL_PLATFORM
+from sessions.model.attention_choice import choose as choose_attention
 from sessions.plan import programs
 from sessions.run.serving import inference_config
+from sessions.shard import sharding
+from sessions.train.data import text_to_tokens
 
 
 def plan_inference(serving, mesh_text, batches, target, devices, say=print):
@@ -29,8 +30,8 @@ def plan_inference(serving, mesh_text, batches, target, devices, say=print):
     the default), and return it as DecodePlanned (programs.write_plan writes it)."""
     cfg, _ = inference_config(serving)
     prompt_len = len(text_to_tokens(serving.prompt))
-    inference.check_lengths(cfg, prompt_len, 1)  # the decode program takes any count of steps
-    impl = decode_kernels.impl_for(serving.decode_impl, target.chip.platform)  # --decode-impl
+    kv_cache.check_lengths(cfg, prompt_len, 1)  # the decode program takes any count of steps
+    impl = kernel_step.impl_for(serving.decode_impl, target.chip.platform)  # --decode-impl
     return plan_decode(
         mesh_text, cfg, batches, prompt_len, serving.preset, target, devices, say, impl
     )
@@ -48,7 +49,7 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
         return shapes.abstract_prefill_inputs(cfg, batch, prompt_len, mesh)
 
     compiled, oom, seconds = programs.compile_or_oom(
-        inference.prefill, *inputs_for(mesh), mesh, chip, say
+        kv_cache.prefill, *inputs_for(mesh), mesh, chip, say
     )
     napkin = decode_cost.prefill_flops(cfg, batch, prompt_len) / n
     summary = {
@@ -69,7 +70,7 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     if xla is None or impl in KERNEL_PLATFORM:  # no count, or one blind to the kernel
         einsum = dataclasses.replace(cfg, attention_impl="einsum")
         xla = (
-            programs.count_on_this_cpu(lambda mesh: (inference.prefill, *inputs_for(mesh, einsum)))
+            programs.count_on_this_cpu(lambda mesh: (kv_cache.prefill, *inputs_for(mesh, einsum)))
             / n
         )
         source = "XLA's count before optimisation, lowered for this CPU, attention as einsums"
@@ -96,15 +97,15 @@ def plan_decode_batch(cfg, batch, mesh, target, say, impl=None):
     sequences, or (None, why the compiler refused it)."""
     chip, n = target.chip, target.devices
     inputs, static = shapes.abstract_decode_inputs(cfg, batch, mesh)
-    static = {**static, "impl": impl}  # XLA's step (None) or our kernels' (decode_kernels.py)
+    static = {**static, "impl": impl}  # XLA's step (None) or our kernels' (kernel_step.py)
     compiled, oom, seconds = programs.compile_or_oom(
-        inference.decode_steps, inputs, static, mesh, chip, say
+        kv_cache.decode_steps, inputs, static, mesh, chip, say
     )
     if compiled is None:
         return None, oom
     facts, text = read_program(compiled, n), compiled.as_text()
     # XLA's cost analysis counts a while loop's body once, whatever its trip count (here
-    # the constant inference.STEPS), so the decode program's count is one step's plus
+    # the constant kv_cache.STEPS), so the decode program's count is one step's plus
     # what runs outside the loop: nothing, as the weights come as decode reads them.
     # Its collectives are counted once a trip (roofline/compiled/program.py reads the constant):
     # the loop's, over its steps, are one step's.
@@ -113,7 +114,7 @@ def plan_decode_batch(cfg, batch, mesh, target, say, impl=None):
         xla = (
             programs.count_on_this_cpu(
                 lambda mesh: (
-                    inference.decode_steps,
+                    kv_cache.decode_steps,
                     *shapes.abstract_decode_inputs(cfg, batch, mesh),
                 )
             )
@@ -124,7 +125,7 @@ def plan_decode_batch(cfg, batch, mesh, target, say, impl=None):
             "optimisation, lowered for this CPU, shared by the devices"
         )
     per_step = {
-        kind: Collective(*(x // inference.STEPS for x in c))
+        kind: Collective(*(x // kv_cache.STEPS for x in c))
         for kind, c in collectives(text, n, in_loops=True).items()
     }
     memory = compiled.memory_analysis()
@@ -136,8 +137,8 @@ def plan_decode_batch(cfg, batch, mesh, target, say, impl=None):
     launches = kernel_launches(text)
     decoded = DecodePlan(
         batch=batch,
-        weight_bytes=shapes.held_bytes(inputs[0]),
-        cache_bytes=shapes.held_bytes(inputs[1]),
+        weight_bytes=sharding.held_bytes(inputs[0]),
+        cache_bytes=sharding.held_bytes(inputs[1]),
         argument_bytes=memory.argument_size_in_bytes,
         temp_bytes=memory.temp_size_in_bytes,
         memory_bytes=facts.memory_bytes,

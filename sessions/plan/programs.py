@@ -2,11 +2,12 @@
 
 A compiled program is what the chip would run: XLA's memory plan, its FLOP
 count, the collectives the partitioner inserted and the kernels it chose can
-all be read off it (roofline/compiled/program.py) before anyone rents the chip. Nothing
-is executed and no array is ever allocated: the inputs are
+all be read off it (roofline/compiled/program.py) before anyone rents the chip.
+Nothing is executed and no array is ever allocated: the inputs are
 `jax.ShapeDtypeStruct`s carrying their shardings, built where the session
-scripts build theirs (sessions/shapes.py). sessions/plan/train_on_target.py and infer_on_target.py
-plan training and inference on such a chip (`--target CHIP[:SHAPE]`).
+scripts build theirs (sessions/train/step.py, sessions/inference/shapes.py).
+sessions/plan/train_on_target.py and infer_on_target.py plan training and
+inference on such a chip (`--target CHIP[:SHAPE]`).
 """
 
 import json
@@ -25,12 +26,11 @@ from roofline.plan.targets import (
     missing_extras,
     parse_target,
 )
-from sessions import sharding
 from sessions.errors import UsageError
-from sessions.manual_fsdp import make_manual_step
 from sessions.run.accelerator import unseen_accelerator
-from sessions.shapes import abstract_batch, abstract_state
-from sessions.train import make_train_step
+from sessions.shard import sharding
+from sessions.train.manual_fsdp import make_manual_step
+from sessions.train.step import abstract_batch, abstract_state, make_train_step
 
 DECODE_ROWS = (1, 4, 16, 64)  # decode's default batches, per data x fsdp group of devices
 

@@ -23,9 +23,10 @@ from roofline.compiled.launches import kernel_launches
 from roofline.compiled.op_work import program_work
 from roofline.compiled.widened import widened_copies
 from roofline.flops import model_line
-from sessions import inference, shapes, sharding
+from sessions.inference import kv_cache, shapes
 from sessions.plan import programs
 from sessions.run.serving import inference_config
+from sessions.shard import sharding
 
 LEVERS = [("full", "full"), ("int8", "full"), ("full", "int8"), ("int8", "int8")]
 
@@ -37,7 +38,7 @@ class LeversPlanned(NamedTuple):
 
 def bytes_per_step(hlo_text):
     """HBM bytes of one decode step: every op's, times its runs in one call, over STEPS."""
-    return sum(w.hbm_bytes * w.count for w in program_work(hlo_text)) / inference.STEPS
+    return sum(w.hbm_bytes * w.count for w in program_work(hlo_text)) / kv_cache.STEPS
 
 
 def smallest_int8_array(cfg, batch):
@@ -51,10 +52,10 @@ def float_copies_here(int8_weights, cfg, batch):
     """The ops of the decode loop with int8 weights and cache, compiled for this
     machine, that write an int8 weight or cache out as floats (roofline/compiled/widened.py:
     each with how often it runs a call); none where the dots read int8 themselves."""
-    cache = inference.init_cache(cfg, batch, int8=True)
+    cache = kv_cache.init_cache(cfg, batch, int8=True)
     tokens = jnp.zeros((batch, cfg.seq), jnp.int32)
     logits = jnp.zeros((batch, cfg.vocab), jnp.float32)
-    lowered = inference.decode_steps.lower(
+    lowered = kv_cache.decode_steps.lower(
         int8_weights, cache, tokens, logits, 0, 1, jax.random.key(0), 1.0, cfg=cfg, greedy=True
     )
     return widened_copies(lowered.compile().as_text(), smallest_int8_array(cfg, batch))
@@ -79,7 +80,7 @@ def plan_levers(serving, batches, target, devices, say=print):
         for B in batches:
             args, static = shapes.abstract_decode_inputs(cfg, B, mesh, w == "int8", c == "int8")
             compiled, oom, _ = programs.compile_or_oom(
-                inference.decode_steps, args, static, mesh, chip, say
+                kv_cache.decode_steps, args, static, mesh, chip, say
             )
             if compiled is None:
                 say(f"  {w}/{c} batch {B} does not fit: {oom}")

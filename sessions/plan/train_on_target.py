@@ -15,10 +15,10 @@ from roofline.compiled.op_roofline import predict_ops
 from roofline.compiled.program import read_program
 from roofline.flops import flash_kernel, model_line, param_count
 from roofline.plan.training import plan_lines, plan_summary, training_plan
-from sessions import sharding
 from sessions.errors import UsageError
-from sessions.manual_fsdp import check_collectives, collectives_line
 from sessions.plan import programs
+from sessions.shard import sharding
+from sessions.train.manual_fsdp import check_collectives, collectives_line
 
 
 def too_big(error, target, tc, sizes):
@@ -44,11 +44,11 @@ class Planned(NamedTuple):
 
 
 def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
-    """Compile the step of `run` (sessions.defaults.Resolved) for `target` over the mesh `mesh_text`
-    ('fsdp=4,tp=2', None: all on fsdp), its collectives "auto" (the partitioner's)
-    or "manual" (sessions/manual_fsdp.py), print its report, and return it as
-    Planned. Raises UsageError for a mesh the target cannot hold or a step the
-    compiler refuses for want of memory."""
+    """Compile the step of `run` (sessions.run.defaults.Resolved) for `target` over
+    the mesh `mesh_text` ('fsdp=4,tp=2', None: all on fsdp), its collectives "auto"
+    (the partitioner's) or "manual" (sessions/train/manual_fsdp.py), print its report,
+    and return it as Planned. Raises UsageError for a mesh the target cannot hold or
+    a step the compiler refuses for want of memory."""
     cfg, tc = run.model, run.train
     sizes, mesh = programs.target_mesh(mesh_text, target, devices)
     sharding.check_divisible(cfg, tc.batch, sizes)

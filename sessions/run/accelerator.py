@@ -4,7 +4,7 @@ make before they build anything.
 A machine with an NVIDIA GPU or a TPU on which JAX sees only the CPU (the platform's
 jax extra is not installed) stops before training, naming the file to install;
 JAX_PLATFORMS=cpu says "train on the CPU anyway" (`check_accelerator_visible`). What
-a GPU's generation can do (its defaults by compute capability) is sessions/defaults.py's.
+a GPU's generation can do (its defaults by compute capability) is sessions/run/defaults.py's.
 
 (Not named platform.py: a script run as `python sessions/s2_train.py` has
 sessions/ first on sys.path, and that name would hide the standard library's.)

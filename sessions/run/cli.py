@@ -6,7 +6,7 @@ configs once (library code never sees the flags), and bad input on one line.
     serving = serving_config(args)     # s3's and s5's: Serving(model, shapes, checkpoint_dir, ...)
 
 What a flag leaves open (the preset, dtype, corpus and attention of each platform)
-is decided in sessions/defaults.py; resolve reads the flags and hands it their values.
+is decided in sessions/run/defaults.py; resolve reads the flags and hands it their values.
 """
 
 import argparse
@@ -15,11 +15,11 @@ from typing import NamedTuple
 
 import jax
 
-from sessions.attention import IMPLEMENTATIONS
-from sessions.config import PRESETS, ModelConfig
-from sessions.defaults import configs_for, serving_attention
 from sessions.errors import UsageError
+from sessions.model.attention import IMPLEMENTATIONS
+from sessions.model.config import PRESETS, ModelConfig
 from sessions.run import multihost
+from sessions.run.defaults import configs_for, serving_attention
 
 PROMPT = "The import statement "  # the sample's start, in both sessions' scripts
 NEW_TOKENS = 64  # s3_infer.py's decode steps, where the context holds them after the prompt
@@ -156,7 +156,7 @@ def train_flags(argv=None):
         choices=sorted(IMPLEMENTATIONS),
         help="einsum by hand (default on CPU); fused: the chip's fastest, cuDNN's flash "
         "kernel on NVIDIA, Pallas splash on TPU, else jax.nn.dot_product_attention; "
-        "pallas: our own flash kernel (sessions/flash.py; interpreted on a CPU, slow)",
+        "pallas: our own flash kernel (sessions/kernels/flash.py; interpreted on a CPU, slow)",
     )
     parser.add_argument(
         "--collectives",
@@ -214,7 +214,7 @@ def infer_parser(prog="s3_infer.py", description="Session 3: inference."):
         choices=["xla", "pallas"],
         default="xla",
         help="the decode step: XLA's (default), or ours, two Mosaic GPU kernels a layer "
-        "(sessions/decode_kernels.py; bfloat16, batches up to 8). On a CPU ours runs in "
+        "(sessions/inference/kernel_step.py; bfloat16, batches up to 8). On a CPU ours runs in "
         "Mosaic GPU's interpreter: slow, for stepping through, not for speed",
     )
     # What resolve reads that s3 has no flag for: the model as trained, XLA's attention.
@@ -248,7 +248,7 @@ def given(args, names):  # {name: value} of the flags among `names` that were se
 
 
 def resolve(args, platform=None, **model_overrides):
-    """sessions.defaults.Resolved configs for the chip the step is built for: `platform`
+    """sessions.run.defaults.Resolved configs for the chip the step is built for: `platform`
     ("cpu", "gpu", "tpu"; None: this machine's, whose device also says its compute
     capability). What it reads is each a flag of the command or fixed by its parser's
     set_defaults; model_overrides are ModelConfig fields set over the flags."""
@@ -282,7 +282,7 @@ class Serving(NamedTuple):
     tokenizer: str | None  # a tokenizer.json that writes token ids as text
     preset: str  # the preset's name, as resolve chose it
     corpus: str  # the platform's corpus, as session 2 trains on it: s5 validates on it
-    decode_impl: str  # "xla", or "pallas": our kernels (sessions/decode_kernels.py)
+    decode_impl: str  # "xla", or "pallas": our kernels (sessions/inference/kernel_step.py)
 
 
 def serving_config(args, platform=None):

@@ -3,8 +3,8 @@ JSON --summary-out writes."""
 
 from roofline.flops import model_line
 from roofline.hardware import CHIPS
-from sessions.config import PUBLISHED
 from sessions.errors import UsageError
+from sessions.model.config import PUBLISHED
 from sessions.run.cli import infer_flags, infer_parser, non_negative_int
 
 BATCHES = [1, 8, 64]  # s5's default --batches: one user, a few, many

@@ -9,8 +9,8 @@ import numpy as np
 from roofline.decode_cost import compute_bound_batch, decode_step_cost, flops_per_sequence
 from roofline.flops import model_line, napkin_train_flops, param_count
 from roofline.timing import steadiness
-from sessions import data
-from sessions.meter import impossible_mfu, run_utilisation
+from sessions.train import data
+from sessions.train.meter import impossible_mfu, run_utilisation
 
 
 def header_lines(run, flops, peak, corpus, unigram):

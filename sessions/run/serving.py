@@ -8,14 +8,14 @@ import functools
 
 import jax
 
-from sessions import sharding
-from sessions.config import ModelConfig, TrainConfig
 from sessions.errors import UsageError
+from sessions.inference.sample import check_prompt, load_tokenizer, prompt_tokens
 from sessions.model import init_params
+from sessions.model.config import ModelConfig, TrainConfig
 from sessions.run.checkpoint import Checkpoints, newest_meta
 from sessions.run.cli import PROMPT
-from sessions.sample import check_prompt, load_tokenizer, prompt_tokens
-from sessions.shapes import abstract_state
+from sessions.shard import sharding
+from sessions.train.step import abstract_state
 
 
 def inference_config(serving):

@@ -1,9 +1,9 @@
-"""An exercise is named after the module it practises, or is a declared topic.
+"""An exercise is named after the module or package it practises, or is a declared topic.
 
-exercises/inference.py practises sessions/inference.py; a student who finishes
-it knows which file to read next. An exercise that practises no one module
+exercises/flash.py practises sessions/kernels/flash.py, exercises/inference.py the package
+sessions/inference/ (its KV cache); a student who finishes one knows which file to read next. An exercise that practises no one module
 (a napkin, a find-the-bug drill) keeps a topic name, listed with its reason in
-harness/grading.py's TOPIC_EXERCISES. Every exercise module is graded by a
+scripts/harness/grading.py's TOPIC_EXERCISES. Every exercise module is graded by a
 test file that scripts/homework.py runs for some session, each exercise by one
 session only, and exercises/README.md lists the sets in homework.py's order.
 """
@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from harness import grading
+from scripts.harness import grading
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -23,13 +23,10 @@ def module_names(folder):
 
 
 def repository_modules():
-    """Every module of sessions/ and roofline/, in any subfolder."""
-    return {
-        p.stem
-        for package in ("sessions", "roofline")
-        for p in (REPO / package).rglob("*.py")
-        if not p.stem.startswith("__")
-    }
+    """Every module and package of sessions/ and roofline/, in any subfolder."""
+    files = [p for package in ("sessions", "roofline") for p in (REPO / package).rglob("*.py")]
+    modules = {p.stem for p in files if not p.stem.startswith("__")}
+    return modules | {p.parent.name for p in files if p.name == "__init__.py"}
 
 
 def test_both_trees_hold_the_same_modules():
@@ -40,11 +37,11 @@ def test_both_trees_hold_the_same_modules():
 @pytest.mark.parametrize("folder", ["exercises", "solutions"])
 def test_each_exercise_is_named_after_a_module_or_a_declared_topic(folder):
     modules = repository_modules()
-    assert {"inference", "preemption", "decode"} <= modules, "subfolders searched"
+    assert {"kv_cache", "preemption", "decode", "inference"} <= modules, "subfolders searched"
     unnamed = module_names(folder) - modules - set(grading.TOPIC_EXERCISES)
     assert not unnamed, (
-        f"{folder}/: {sorted(unnamed)} name no module of sessions/ or roofline/ "
-        "and are not in harness/grading.py's TOPIC_EXERCISES"
+        f"{folder}/: {sorted(unnamed)} name no module or package of sessions/ or roofline/ "
+        "and are not in scripts/harness/grading.py's TOPIC_EXERCISES"
     )
 
 

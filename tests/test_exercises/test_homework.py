@@ -10,7 +10,7 @@ import sys
 import pytest
 from adapters import graded_tree
 
-from harness import grading
+from scripts.harness import grading
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

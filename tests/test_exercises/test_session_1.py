@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from adapters import exercise
 
-from sessions import data
 from sessions.model import init_params
+from sessions.train import data
 
 influence = exercise("s1_feedforward.influence")
 bigram_entropy = exercise("s1_feedforward.bigram_entropy")

@@ -14,10 +14,10 @@ from adapters import exercise
 from jax.sharding import NamedSharding
 
 from roofline.hardware import CHIPS
-from sessions.attention import attention
-from sessions.config import ModelConfig
 from sessions.model import init_params
-from sessions.sharding import make_mesh
+from sessions.model.attention import attention
+from sessions.model.config import ModelConfig
+from sessions.shard.sharding import make_mesh
 
 from .deadlines import take, wait_until
 
@@ -89,7 +89,7 @@ def test_packed_attention_matches_the_models_attention():
         packed_attention(q, k, v, SEGMENTS),
         attention(q, k, v, SEGMENTS),
         atol=1e-5,
-        err_msg="differs from sessions.attention.attention with segment_ids",
+        err_msg="differs from sessions.model.attention.attention with segment_ids",
     )
 
 

@@ -11,8 +11,8 @@ from adapters import exercise
 
 from roofline import decode_cost
 from roofline.hardware import CHIPS
-from sessions.attention import attention
-from sessions.config import PRESETS
+from sessions.model.attention import attention
+from sessions.model.config import PRESETS
 
 cache_bytes = exercise("inference.cache_bytes")
 decode_step_seconds = exercise("inference.decode_step_seconds")

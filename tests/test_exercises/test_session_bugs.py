@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from adapters import exercise
 
-from sessions import data
-from sessions.attention import einsum_attention
-from sessions.config import ModelConfig, TrainConfig
 from sessions.model import init_params
-from sessions.sharding import make_mesh, tree_shardings
-from sessions.train import init_state, make_optimizer, make_train_step
+from sessions.model.attention import einsum_attention
+from sessions.model.config import ModelConfig, TrainConfig
+from sessions.shard.sharding import make_mesh, tree_shardings
+from sessions.train import data
+from sessions.train.step import init_state, make_optimizer, make_train_step
 
 from .deadlines import take
 

@@ -1,6 +1,6 @@
 """The same transformer as Flax NNX modules: what a library adds, and what it costs.
 
-sessions/model.py keeps the weights in a plain dict and the forward pass in
+sessions/model/transformer.py keeps the weights in a plain dict and the forward pass in
 pure functions. Flax NNX, the API the Flax team recommends, keeps each weight
 inside the module that uses it, as an `nnx.Param`, and adds three things:
 
@@ -12,23 +12,23 @@ inside the module that uses it, as an `nnx.Param`, and adds three things:
   from a named stream, so no key is threaded or split by hand (a `dropout`
   stream would sit beside it; this model has no dropout).
 - partition metadata beside the weights: each Param carries its sharding
-  names (`nnx.with_partitioning`), the same rules as sessions/sharding.py's
+  names (`nnx.with_partitioning`), the same rules as sessions/shard/sharding.py's
   PARAM_SPECS; `nnx.get_partition_spec` reads them back, and under
   `jax.set_mesh` each weight is created already sharded.
 
-The arithmetic is sessions/model.py's own (`dense`, the attention and the
+The arithmetic is sessions/model/transformer.py's own (`dense`, the attention and the
 positions), so the two models give the same logits and `from_params` /
 `to_params` convert one into the other. nnx.Linear and nnx.Einsum would
 contract [B, S, E] with [E, F] without first folding B·S into one dimension,
-which on a CPU is the slower program (see sessions/model.py's `dense`), and the
+which on a CPU is the slower program (see sessions/model/transformer.py's `dense`), and the
 timing in scripts/bench.py would then measure that, not the library.
 
 The tied embedding is one `nnx.Embed` read twice: its `embedding` Param looks
 tokens up and is the output projection, giving logits in the compute dtype, as
-`Embed.attend` and sessions/model.py's `unembed` do.
+`Embed.attend` and sessions/model/transformer.py's `unembed` do.
 
 It is session 2's model only: session 5's switches (grouped-query attention,
-rotary positions, the gated MLP, untied embeddings) live in sessions/model.py
+rotary positions, the gated MLP, untied embeddings) live in sessions/model/transformer.py
 alone, and a config that sets one is refused.
 """
 
@@ -39,13 +39,12 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from sessions.attention import attention
-from sessions.config import ModelConfig
 from sessions.errors import UsageError
-from sessions.model import dense
-from sessions.positions import add_positions
-from sessions.sharding import PARAM_SPECS, constrain
-from sessions.train import cross_entropy
+from sessions.model.attention import attention
+from sessions.model.config import ModelConfig
+from sessions.model.positions import add_positions
+from sessions.model.transformer import cross_entropy, dense
+from sessions.shard.sharding import PARAM_SPECS, constrain
 
 
 def partitioned(init, name):
@@ -123,13 +122,13 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """tokens: int [B, S] -> logits [B, S, V], as sessions.model.forward."""
+    """tokens: int [B, S] -> logits [B, S, V], as sessions.model.transformer.forward."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         if cfg.n_kv_heads != cfg.heads or cfg.rope or cfg.gated or not cfg.tied:
             raise UsageError(
                 "the Flax model is session 2's model: no --kv-heads, --rope, --gated or "
-                "--untied (sessions/model.py has them)"
+                "--untied (sessions/model/transformer.py has them)"
             )
         E, V = cfg.embed, cfg.vocab
         self.cfg = cfg
@@ -193,7 +192,7 @@ def to_params(model):
 def make_flax_train_step():
     """The training step as NNX writes it: (model, nnx.Optimizer, batch) -> metrics,
     the model and optimizer updated in place. The same loss, gradient and optax
-    update as sessions.train.train_step, and like it the old weights' buffers
+    update as sessions.train.step.train_step, and like it the old weights' buffers
     are donated to the new ones."""
 
     @functools.partial(nnx.jit, donate_argnums=(0, 1))

@@ -1,11 +1,11 @@
-"""Sampling a continuation of a prompt, with the cached decoder of sessions/inference.py.
+"""Sampling a continuation of a prompt, with the cached decoder of sessions/inference/kv_cache.py.
 
 The model sees at most cfg.seq tokens. A continuation longer than that slides
 its window: when the context is full, its last half is prefilled again and
 decoding goes on from there, so every token still sees at least half a
 context, at positions the model was trained on. Each prefill, first or slid,
 runs the model's attention kernel only where it takes that length
-(attention_choice.choose_for_length, in inference.generate).
+(attention_choice.choose_for_length, in generate).
 
 A model of bytes reads and writes text. A model trained on token files reads
 and writes a tokenizer's ids. None is downloaded: its prompts and samples are
@@ -17,9 +17,9 @@ library where it is installed.
 import jax
 import numpy as np
 
-from sessions import inference
-from sessions.data import text_to_tokens, tokens_to_text
 from sessions.errors import UsageError
+from sessions.inference.kv_cache import generate
+from sessions.train.data import text_to_tokens, tokens_to_text
 
 
 def check_prompt(tokens, cfg):
@@ -48,9 +48,7 @@ def sample_tokens(params, cfg, tokens, n_new, key, temperature=0.8):
             context = context[-(cfg.seq // 2) :]  # slide: keep the last half
         n = min(left, cfg.seq - len(context))
         chunk_key = jax.random.fold_in(key, len(tokens))  # a fresh stream per window
-        out = inference.generate(
-            params, cfg, context[None], n, key=chunk_key, temperature=temperature
-        )
+        out = generate(params, cfg, context[None], n, key=chunk_key, temperature=temperature)
         context = np.asarray(out[0])
         tokens = np.concatenate([tokens, context[-n:]])
         left -= n

@@ -1,6 +1,6 @@
 """What a cheaper decode costs in quality: loss through the decode path, greedy agreement.
 
-int8 weights and an int8 cache (sessions/quantize.py) halve decode's bytes in
+int8 weights and an int8 cache (sessions/model/quantize.py) halve decode's bytes in
 bf16; what they give up is measured on the path that serves, not on a copy of
 the model: the validation loss of decode_step itself, teacher-forced (each
 position's token fed in, its logits scored, the cache filled one token at a
@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sessions import data, quantize
-from sessions.decode_layout import decode_weights
-from sessions.inference import decode_step, generate, init_cache
-from sessions.train import cross_entropy
+from sessions.inference.kv_cache import decode_step, generate, init_cache
+from sessions.inference.layout import decode_weights, quantize_decode_weights
+from sessions.model.transformer import cross_entropy
+from sessions.train import data
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "int8_cache"))
@@ -39,7 +39,7 @@ def teacher_forced_logits(weights, tokens, cfg, int8_cache=False):
 
 
 def validation_batches(val_tokens, cfg, tc):
-    """The validation batches session 2 evaluates on (train.make_evaluator's):
+    """The validation batches session 2 evaluates on (step.make_evaluator's):
     tc.eval_batches of {"inputs", "targets"} int [tc.batch, cfg.seq]."""
     return [
         data.get_batch(val_tokens, i, batch=tc.batch, seq=cfg.seq, seed=tc.seed, stream=data.VAL)
@@ -52,7 +52,7 @@ def val_loss(params, cfg, batches, *, int8_weights=False, int8_cache=False):
     int8 weights and/or an int8 cache. Full precision, it is the model's own
     validation loss, the same numbers summed another way."""
     w = decode_weights(params, cfg)
-    w = quantize.quantize_decode_weights(w) if int8_weights else w
+    w = quantize_decode_weights(w) if int8_weights else w
     losses = [
         cross_entropy(teacher_forced_logits(w, b["inputs"], cfg, int8_cache), b["targets"])
         for b in batches

@@ -19,7 +19,7 @@ roof. This kernel is the layer's MLP half in one launch:
 The tokens sit in wgmma's N. Hopper's tensor-core instruction, wgmma, multiplies
 an [M, K] matrix in shared memory (SMEM) by a [K, N] one: M = 64 rows a
 warpgroup, N any multiple of 8. A decode weight is stored [out, in]
-(sessions/decode_layout.py), so 64 of its rows are the A operand as they stand.
+(sessions/inference/layout.py), so 64 of its rows are the A operand as they stand.
 The tokens, padded to 8 rows, are [8, E] in SMEM, K-major: their transpose is B,
 with N = 8. So y^T [64 outputs, 8 tokens] = W[64, E] @ x^T, and up to 8 tokens
 cost no more than one (in M they would fill 8 of 64 rows). The decode layout
@@ -59,7 +59,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from sessions import mosaic
+from sessions.kernels import mosaic
 
 TILE = 64  # wgmma's M, the rows of a weight a warpgroup multiplies; also each tile's K
 ROWS = 8  # the tokens padded to wgmma's smallest N
@@ -68,7 +68,7 @@ ROWS = 8  # the tokens padded to wgmma's smallest N
 # GB/s each for 3.35 TB/s, some 64 KB in flight. 8 where SMEM holds them; untuned.
 SLOTS = 8
 PENDING_SLOTS = 4  # pending partials in flight
-EPS = 1e-6  # model.rms_norm's
+EPS = 1e-6  # transformer.rms_norm's
 MAX_EMBED = 2048
 SMEM_BUDGET = 200 * 1024  # bytes of SMEM we plan on; an H100 gives a CTA up to 227 KB
 
@@ -162,7 +162,7 @@ def mlp_body(*refs, gated):
     def _():
         copy_rows_out(x_s, x_out)
 
-    # rms_norm as model.rms_norm computes it: float32, x * rsqrt(mean(x²) + eps) * scale.
+    # rms_norm as transformer.rms_norm computes it: float32, x * rsqrt(mean(x²) + eps) * scale.
     ms = sum(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=0) for x in x_now) / E  # [8]
     del x_t, x_now  # read again from SMEM below, a chunk at a time: fewer registers
     C = x_s.shape[-1]

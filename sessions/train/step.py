@@ -12,30 +12,12 @@ import functools
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sessions import data, sharding
-from sessions.model import forward, init_params
-
-
-def cross_entropy(logits, targets):
-    """Mean negative log-likelihood in nats. logits [B, S, V] (any float dtype:
-    the sums run in float32), targets int [B, S].
-
-    logsumexp minus the label's logit: the same number as log_softmax followed
-    by a one-hot dot product. The label's logit is picked by comparing each
-    vocabulary index with the label, not by indexing (take_along_axis): the
-    gradient of an index is a scatter into a zeroed [B, S, V] array, one more
-    pass over the largest array of the step, while the gradient of a compare
-    fuses into the softmax's (4 of the 49 ms of GPT-2's step predicted for
-    h100:1 by roofline/compiled/op_roofline.py, and 6.6 GB)."""
-    logits = logits.astype(jnp.float32)  # fused into the reductions: no f32 copy
-    lse = jax.nn.logsumexp(logits, axis=-1)  # [B, S]
-    vocab = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)
-    picked = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)  # [B, S]
-    return jnp.mean(lse - picked)
+from sessions.model.transformer import cross_entropy, forward, init_params
+from sessions.shard import sharding
+from sessions.train import data
 
 
 def loss_fn(params, batch, cfg):
@@ -134,3 +116,23 @@ def train_briefly(cfg, tc, train_tokens, val_batches):
         state, _ = step(state, batch)
     evaluate = jax.jit(functools.partial(loss_fn, cfg=cfg))
     return state["params"], float(np.mean([evaluate(state["params"], b) for b in val_batches]))
+
+
+def abstract_state(cfg, tc, mesh):
+    """(optimizer, init, abstract): the optimizer, init(key) -> the training
+    state (sessions/train/step.py), and that state as jax.ShapeDtypeStructs carrying
+    the sharding each weight's rule gives it over `mesh`. Nothing is built:
+    `jax.jit(init, out_shardings=...)` then builds each shard on its device, a
+    checkpoint restores into it, or a compiler for another chip reads it."""
+    optimizer = make_optimizer(tc, tc.steps)
+    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
+    key = jax.eval_shape(lambda: jax.random.key(tc.seed))  # only its shape is used
+    with jax.set_mesh(mesh):
+        abstract = sharding.abstract_sharded(init, key, mesh)
+    return optimizer, init, abstract
+
+
+def abstract_batch(batch, seq, batch_sharding):
+    """A batch of token ids [B, S] as shapes, split as the loader splits it."""
+    tokens = jax.ShapeDtypeStruct((batch, seq), np.int32, sharding=batch_sharding)
+    return {"inputs": tokens, "targets": tokens}

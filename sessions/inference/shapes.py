@@ -1,20 +1,19 @@
-"""Every array a program takes, as jax.ShapeDtypeStruct with its sharding, before any array exists.
+"""Every array prefill and decode take, as jax.ShapeDtypeStruct with its sharding, unbuilt.
 
 A program can be compiled, its memory planned and its collectives counted from
 shapes alone: `jax.eval_shape` runs an initialiser on shapes and returns
-ShapeDtypeStructs, each weight's rule (sessions/sharding.py) adds where its
+ShapeDtypeStructs, each weight's rule (sessions/shard/sharding.py) adds where its
 shards live, and nothing is allocated. The same shapes then serve three ways:
 `jax.jit(init, out_shardings=...)` builds each shard on its own device, a
 checkpoint restores into them, or a compiler for a chip this machine lacks
-reads them (sessions/plan/). Every such shape of the course is built here:
+reads them (sessions/plan/). Every shape a decode or prefill program takes is
+built here (the training state's and a batch's: sessions/train/step.py):
 
-    abstract_state          the training state, params and optimizer moments
-    abstract_batch          a batch of token ids, split as the loader splits it
     abstract_weights        the params as a server keeps them, in the compute dtype
     abstract_decode_weights those weights as a decode step reads them, transposed
-    abstract_int8_weights   those weights in int8 (sessions/quantize.py)
-    abstract_prefill_inputs everything inference.prefill takes
-    abstract_decode_inputs  everything inference.decode_steps takes
+    abstract_int8_weights   those weights in int8 (sessions/model/quantize.py)
+    abstract_prefill_inputs everything kv_cache.prefill takes
+    abstract_decode_inputs  everything kv_cache.decode_steps takes
 """
 
 import dataclasses
@@ -25,47 +24,18 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sessions import inference, quantize, sharding
-from sessions.decode_layout import out_in_order, out_in_spec
-from sessions.model import init_params
-from sessions.train import init_state, make_optimizer
-
-
-def abstract_sharded(init_fn, key, mesh):
-    """What init_fn(key) would build, without building it: a tree of
-    jax.ShapeDtypeStruct, each carrying the sharding its rule gives."""
-    shapes = jax.eval_shape(init_fn, key)  # shapes and dtypes only: no memory used
-    shardings = sharding.tree_shardings(shapes, mesh)
-    return jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
-    )
-
-
-def abstract_state(cfg, tc, mesh):
-    """(optimizer, init, abstract): the optimizer, init(key) -> the training
-    state (sessions/train.py), and that state as jax.ShapeDtypeStructs carrying
-    the sharding each weight's rule gives it over `mesh`. Nothing is built:
-    `jax.jit(init, out_shardings=...)` then builds each shard on its device, a
-    checkpoint restores into it, or a compiler for another chip reads it."""
-    optimizer = make_optimizer(tc, tc.steps)
-    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
-    key = jax.eval_shape(lambda: jax.random.key(tc.seed))  # only its shape is used
-    with jax.set_mesh(mesh):
-        abstract = abstract_sharded(init, key, mesh)
-    return optimizer, init, abstract
-
-
-def abstract_batch(batch, seq, batch_sharding):
-    """A batch of token ids [B, S] as shapes, split as the loader splits it."""
-    tokens = jax.ShapeDtypeStruct((batch, seq), np.int32, sharding=batch_sharding)
-    return {"inputs": tokens, "targets": tokens}
+from sessions.inference.kv_cache import init_cache
+from sessions.inference.layout import out_in_order, out_in_spec, quantize_decode_weights
+from sessions.model import quantize
+from sessions.model.transformer import init_params
+from sessions.shard import sharding
 
 
 def abstract_weights(cfg, mesh):
     """The params as a server keeps them: ShapeDtypeStructs in the compute dtype
     (cast once, at load), each with its sharding rule over `mesh`."""
     key = jax.eval_shape(lambda: jax.random.key(0))  # an abstract key: no device is touched
-    params = abstract_sharded(functools.partial(init_params, cfg), key, mesh)
+    params = sharding.abstract_sharded(functools.partial(init_params, cfg), key, mesh)
     return jax.tree.map(
         lambda w: jax.ShapeDtypeStruct(w.shape, cfg.dtype, sharding=w.sharding), params
     )
@@ -87,7 +57,7 @@ def abstract_decode_weights(abstract_params):
 
 
 def abstract_int8_weights(weights):
-    """What quantize.quantize_decode_weights returns, from abstract_decode_weights'
+    """What quantize_decode_weights returns, from abstract_decode_weights'
     ShapeDtypeStructs: each Int8's values split as their weight, its scales
     [*out] as the weight's output dims (the first: decode's layout is [*out, *in])."""
 
@@ -101,11 +71,11 @@ def abstract_int8_weights(weights):
             jax.ShapeDtypeStruct(q.scale.shape, q.scale.dtype, sharding=scale),
         )
 
-    return jax.tree.map(place, weights, jax.eval_shape(quantize.quantize_decode_weights, weights))
+    return jax.tree.map(place, weights, jax.eval_shape(quantize_decode_weights, weights))
 
 
 def abstract_prefill_inputs(cfg, batch, prompt_len, mesh):
-    """(arguments, static keywords) of inference.prefill for `batch` prompts of
+    """(arguments, static keywords) of kv_cache.prefill for `batch` prompts of
     prompt_len tokens over `mesh`: the weights as a server keeps them, and the
     prompts [B, P] split by rows like every batch."""
     prompts = jax.ShapeDtypeStruct(
@@ -115,14 +85,14 @@ def abstract_prefill_inputs(cfg, batch, prompt_len, mesh):
 
 
 def abstract_decode_inputs(cfg, batch, mesh, int8_weights=False, int8_cache=False):
-    """(arguments, static keywords) of inference.decode_steps for `batch` sequences over
+    """(arguments, static keywords) of kv_cache.decode_steps for `batch` sequences over
     `mesh`: ShapeDtypeStructs carrying their shardings, the weights and the cache
-    in int8 where asked (sessions/quantize.py). The one place that knows
+    in int8 where asked (sessions/model/quantize.py). The one place that knows
     decode's signature.
 
     The weights come as decode reads them, in the compute dtype, so nothing
     runs outside the loop: the program is one step, repeated. The cache's
-    layout is inference.init_cache's own, read off a small copy of that
+    layout is kv_cache.init_cache's own, read off a small copy of that
     program compiled (zeros, never run: one row per group of devices and one
     position, so it fits whatever the batch), which lays out every batch and
     length alike. Tokens and logits are split by rows like every batch.
@@ -130,10 +100,10 @@ def abstract_decode_inputs(cfg, batch, mesh, int8_weights=False, int8_cache=Fals
     rows = sharding.batch_sharding(mesh)
     small = rows.mesh.shape["data"] * rows.mesh.shape["fsdp"]
     with jax.set_mesh(mesh):
-        make = jax.jit(inference.init_cache, static_argnums=(0, 1, 2))
+        make = jax.jit(init_cache, static_argnums=(0, 1, 2))
         small_cfg = dataclasses.replace(cfg, seq=1)
         layouts = make.lower(small_cfg, small, int8_cache).compile().output_shardings
-    shapes = jax.eval_shape(functools.partial(inference.init_cache, cfg, batch, int8_cache))
+    shapes = jax.eval_shape(functools.partial(init_cache, cfg, batch, int8_cache))
     cache = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, layouts
     )
@@ -146,8 +116,3 @@ def abstract_decode_inputs(cfg, batch, mesh, int8_weights=False, int8_cache=Fals
     weights = abstract_int8_weights(weights) if int8_weights else weights
     inputs = (weights, cache, tokens, logits, start, n, key, temperature)
     return inputs, {"cfg": cfg, "greedy": True}
-
-
-def held_bytes(tree):
-    """Bytes of a tree of sharded ShapeDtypeStructs that one device holds."""
-    return sharding.bytes_per_device(tree, jax.tree.map(lambda x: x.sharding, tree))[0]

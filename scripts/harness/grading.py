@@ -28,16 +28,16 @@ SESSIONS = {
 }
 # An exercise that rebuilds a module of the repository (its solution mirrors
 # or calls that module's functions) carries the module's name: exercises/flash.py
-# practises sessions/flash.py. These practise no one module and keep a topic
+# practises sessions/kernels/flash.py. These practise no one module and keep a topic
 # name (tests/test_exercises/test_exercise_names.py holds every name to this).
 TOPIC_EXERCISES = {
-    "s1_feedforward": "session 1's model seen as a bigram model; model.py is the whole transformer",
+    "s1_feedforward": "session 1's model as a bigram model; sessions/model/ holds the transformer",
     "jit_fusion": "XLA's fusion under jax.jit, measured; no module of ours fuses",
     "intensity": "a napkin of a relu-attention chain; no module computes a chain's intensity",
     "mfu_vs_bandwidth": "a napkin of MFU against MBU; predict.py and decode_cost.py hold one each",
     "inference_roofline": "a napkin of prefill, holding and generating; no module plans all three",
     "int8_numerics": "an int8 sum accumulated in int32; quantize.py scales matrices, never sums",
-    "pallas_matmul": "a first Pallas kernel; sessions/flash.py is the course's, for attention",
+    "pallas_matmul": "a first Pallas kernel; the course's, for attention, is kernels/flash.py",
     **dict.fromkeys(
         [
             "bug_zero_inputs",

@@ -8,7 +8,7 @@ Three kinds of corpus, each offline:
              whole files: the GPU and TPU default, big enough for a chip's
              default run to see it at most FRESH_PASSES times
     PATH     a text file, folder or glob (bytes), or token files ending in .bin
-             that nanoGPT and llm.c write (sessions/token_files.py)
+             that nanoGPT and llm.c write (sessions/train/token_files.py)
 
 Text is read as bytes: byte-level tokens (vocabulary 256) need no tokenizer,
 and a loss in nats per token is nats per byte. Token files carry a tokenizer's
@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 
-from sessions import token_files
 from sessions.errors import UsageError
+from sessions.train import token_files
 
 DOCS, STDLIB = "docs", "stdlib"
 VAL_FRACTION = 0.1  # a tenth is held out for validation

@@ -1,6 +1,6 @@
 """Post messages to a Discord channel through a webhook, with nothing but urllib.
 
-    from harness import discord
+    from scripts.harness import discord
     url = discord.check_url(text)                 # PostError unless a webhook URL
     discord.post_parts(url, ["part 1", "part 2"])  # in order; PostError says what went out
 

@@ -2,7 +2,7 @@
 in the source (`--collectives manual`; `auto` leaves them to the partitioner).
 
 Each device holds 1/fsdp of every weight matrix (split along E, as
-sessions/sharding.py's rules say) and its own rows of the batch. One step, per device:
+sessions/shard/sharding.py's rules say) and its own rows of the batch. One step, per device:
 
     forward    all-gather each layer's weights over fsdp just before the layer uses them
     backward   all-gather them again (they were not kept), then the weight gradients
@@ -40,19 +40,14 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
-from sessions import data, sharding
-from sessions.attention import attention
-from sessions.config import PRESETS
 from sessions.errors import UsageError
-from sessions.model import block, cast, embed, unembed
-from sessions.sharding import BATCH, PARAM_SPECS
-from sessions.train import (
-    cross_entropy,
-    init_state,
-    jit_step,
-    make_optimizer,
-    make_train_step,
-)
+from sessions.model.attention import attention
+from sessions.model.config import PRESETS
+from sessions.model.transformer import block, cast, cross_entropy, embed, unembed
+from sessions.shard import sharding
+from sessions.shard.sharding import BATCH, PARAM_SPECS
+from sessions.train import data
+from sessions.train.step import init_state, jit_step, make_optimizer, make_train_step
 
 # What a layer keeps for its backward: its matmuls' outputs, never its gathered weights.
 REGATHER = jax.checkpoint_policies.dots_saveable
@@ -72,13 +67,13 @@ def collectives_line(mode):
     if mode == "manual":
         return (
             "collectives: manual (jax.shard_map: all-gather over fsdp, reduce-scatter back, "
-            "all-reduce over data; sessions/manual_fsdp.py)"
+            "all-reduce over data; sessions/train/manual_fsdp.py)"
         )
     return "collectives: auto (inserted by XLA's partitioner from the sharding rules)"
 
 
 def fsdp_dim(name):
-    """The dimension of weight `name` that fsdp splits (sessions/sharding.py), or None."""
+    """The dimension of weight `name` that fsdp splits (sessions/shard/sharding.py), or None."""
     spec = tuple(PARAM_SPECS[name])
     return spec.index("fsdp") if "fsdp" in spec else None
 
@@ -106,7 +101,7 @@ def device_loss(params, batch, cfg):
         return block(gather_weights(shards), x, cfg, causal)[0]
 
     # The ends are gathered in float32: the embedding's lookup must sum its
-    # gradient in float32 (sessions/model.py, embed); the output projection
+    # gradient in float32 (sessions/model/transformer.py, embed); the output projection
     # then reads them cast.
     ends = gather_weights({name: w for name, w in params.items() if name != "layers"})
     x = embed(ends, batch["inputs"], cfg)
@@ -131,7 +126,7 @@ def global_norm(grads):
 
 def device_step(state, batch, *, cfg, optimizer, clip):
     """One step, as one device runs it on its shards and rows. Returns (new state,
-    {"loss", "grad_norm"}), the same as sessions.train.train_step."""
+    {"loss", "grad_norm"}), the same as sessions.train.step.train_step."""
     params = state["params"]
     n_fsdp = jax.lax.axis_size("fsdp")
     # The backward is the transpose of the forward: of each all-gather, a reduce-scatter
@@ -158,7 +153,7 @@ def device_step(state, batch, *, cfg, optimizer, clip):
 
 
 def make_manual_step(cfg, optimizer, clip, state_shardings, batch_sharding, *, jit=True):
-    """The step the loop calls, as sessions.train.make_train_step makes it (jitted, the
+    """The step the loop calls, as sessions.train.step.make_train_step makes it (jitted, the
     state donated), with every collective in device_step: shard_map hands each device
     its shards and rows, by the same rules. clip: the optimizer's (TrainConfig.clip)."""
     mesh = batch_sharding.mesh

@@ -1,6 +1,6 @@
 """Flash attention from first principles: online softmax, then our own Pallas kernel.
 
-Causal attention (sessions/attention.py) writes the scores [B, H, S, T] to memory,
+Causal attention (sessions/model/attention.py) writes the scores [B, H, S, T] to memory,
 S·T floats per head, to take a softmax over T. Flash attention never does: it walks
 the keys one block at a time and keeps, for each query row, three running numbers
 
@@ -16,7 +16,7 @@ plain JAX; `flash_attention` is it in a Pallas kernel, one program per
 Shapes: q, k, v [B, S, H, D] (self-attention: T = S), out [B, S, H, D].
 
 On NVIDIA GPUs the kernel is lowered through Triton, asked for by name, and its
-float32 dots run as TF32 there (Triton's DEFAULT precision; sessions/precision.py).
+float32 dots run as TF32 there (Triton's DEFAULT precision; sessions/kernels/precision.py).
 JAX 0.11.0 (16 July 2026) deprecated Pallas's Triton backend: it "will be removed
 in a future version of JAX"; to keep Pallas on a GPU, "migrate to the Mosaic GPU
 backend" (docs/pallas/CHANGELOG.md in jax-ml/jax). JAX 0.12.0.1, CI's newest leg,
@@ -41,7 +41,7 @@ sm_75 Triton refuses ("Triton support is only enabled for Ampere GPUs (compute
 capability 8.0) and up"). So a port cannot replace the Triton path: an A100 or
 an L4 (Colab's) would lose the kernel; a T4 has neither. Triton stays the
 default on NVIDIA while JAX lowers it. impl="mosaic" runs the forward of
-sessions/flash_mosaic.py instead, on sm_90 and later ("mosaic-interpreted": in
+sessions/kernels/flash_mosaic.py instead, on sm_90 and later ("mosaic-interpreted": in
 Mosaic GPU's interpreter on a CPU): the same algorithm, the same backward. When
 JAX removes Triton, Ampere and Ada GPUs need another path (XLA's attention).
 """
@@ -54,8 +54,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from sessions import flash_mosaic
 from sessions.errors import UsageError
+from sessions.kernels import flash_mosaic
 
 HEAD_DIMS = (64, 128)  # what the kernel takes: one TPU lane row (128) or half of one
 MAX_TILE = 128  # queries x keys per tile: 128 fills a TPU's MXU and suits an H100's SM

@@ -19,9 +19,9 @@ and probs·v contracts T, and a matmul reads its right operand fastest as
 [contracted, kept]. In [B, T, K, D] order XLA's CPU backend transposes the
 whole cache, every layer, every step, before its matmuls: 3x slower decode
 attention at gpt2 shapes, for the same bytes. Rotary keys are cached turned,
-each at its own position (sessions/rotary.py): a step turns only its own.
+each at its own position (sessions/model/rotary.py): a step turns only its own.
 
-The weights, too, are laid out for decode (sessions/decode_layout.py): each
+The weights, too, are laid out for decode (sessions/inference/layout.py): each
 matmul weight [out, in], multiplied with the weight on the left.
 
 Decode runs as one compiled program of STEPS steps (decode_steps), called
@@ -44,20 +44,21 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from sessions import decode_kernels, quantize
-from sessions.attention import attention, cached_probs
-from sessions.attention_choice import choose_for_length, platform_of
-from sessions.decode_layout import decode_weights, dense_out_in
 from sessions.errors import UsageError
-from sessions.model import block, cast, embed, unembed
-from sessions.sharding import constrain
+from sessions.inference.kernel_step import impl_for, step_function
+from sessions.inference.layout import decode_weights, dense_out_in, quantize_decode_weights
+from sessions.model import quantize
+from sessions.model.attention import attention, cached_probs
+from sessions.model.attention_choice import choose_for_length, platform_of
+from sessions.model.transformer import block, cast, embed, unembed
+from sessions.shard.sharding import constrain
 
 
 def init_cache(cfg, batch, int8=False):
     """An empty cache, one dict per layer (like params["layers"]): "k" zeros
     [B, K, D, T] and "v" zeros [B, K, T, D], in the compute dtype. A model
     without attention needs none: its tokens never read each other."""
-    if int8:  # int8, with a scale per token and KV head (sessions/quantize.py)
+    if int8:  # int8, with a scale per token and KV head (sessions/model/quantize.py)
         return quantize.init_int8_cache(cfg, batch)
     B, K, D, T = batch, cfg.n_kv_heads, cfg.head_dim, cfg.seq
     return [
@@ -81,8 +82,8 @@ def cached_attention(q, k, v, cache, pos):
     cache: one layer's {"k": [B, K, D, T], "v": [B, K, T, D]}, filled before
     pos -> [B, S, H, D]. Query s sees the cached keys t < pos and the new keys
     up to itself: one softmax over both, in float32, with the causal mask and the
-    groups of sessions/attention.py (query head h = k·G + g reads KV head k)."""
-    if "k_scale" in cache:  # an int8 cache (sessions/quantize.py)
+    groups of sessions/model/attention.py (query head h = k·G + g reads KV head k)."""
+    if "k_scale" in cache:  # an int8 cache (sessions/model/quantize.py)
         return quantize.cached_attention_int8(q, k, v, cache, pos)
     B, S, H, D = q.shape
     K, T = k.shape[2], cache["k"].shape[-1]
@@ -105,7 +106,7 @@ def cached_attention(q, k, v, cache, pos):
 def write(cache, k, v, pos, live=True):
     """One layer's cache with k, v [B, S, K, D] written at positions pos..pos+S-1;
     where `live` (a traced bool) is false, those slots keep what they held."""
-    if "k_scale" in cache:  # an int8 cache (sessions/quantize.py)
+    if "k_scale" in cache:  # an int8 cache (sessions/model/quantize.py)
         return quantize.write_int8(cache, k, v, pos, live)
     k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, D, S], [B, K, S, D]
     if live is not True:  # reads S slots: a few KB, not the cache
@@ -118,7 +119,7 @@ def write(cache, k, v, pos, live=True):
 
 
 def _attend_with_cache(cache, pos, live):
-    """attend(q, k, v) for model.block: attention over this layer's cache and the
+    """attend(q, k, v) for transformer.block: attention over this layer's cache and the
     new tokens, then their k, v written into the cache, in place (the cache is
     the loop's carry)."""
 
@@ -202,8 +203,8 @@ def decode_steps(
     n on still run (a branch would cost a GPU another host round trip, in its
     ConditionalThunk) but leave tokens, cache and logits as they found them.
     start and n are traced: one compile serves every prompt length and count.
-    impl: None, XLA's step, or our kernels' (decode_kernels.step_function)."""
-    decode = decode_kernels.step_function(impl, decode_step)
+    impl: None, XLA's step, or our kernels' (step_function)."""
+    decode = step_function(impl, decode_step)
 
     def step(i, carry):
         tokens, cache, logits = carry
@@ -274,8 +275,8 @@ def generate(
     `key`. Prefill once, then n_new decode steps in compiled chunks of STEPS. Under a
     mesh (jax.set_mesh) the cache is split like the activations: rows over
     data and fsdp, KV heads over tp. int8_weights, int8_cache: decode reads its
-    weights, its cache, in int8 (sessions/quantize.py), one program for each kind.
-    decode_impl "pallas": our kernels decode (sessions/decode_kernels.py)."""
+    weights, its cache, in int8 (sessions/model/quantize.py), one program for each kind.
+    decode_impl "pallas": our kernels decode (sessions/inference/kernel_step.py)."""
     prompts = jnp.asarray(prompts, jnp.int32)
     if prompts.ndim != 2:
         raise UsageError(f"prompts must be [batch, length], got shape {prompts.shape}")
@@ -292,8 +293,8 @@ def generate(
     )
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T], room for the new tokens
     w = decode_weights(params, cfg)
-    w = quantize.quantize_decode_weights(w) if int8_weights else w
-    impl = decode_kernels.impl_for(decode_impl, platform_of(params))
+    w = quantize_decode_weights(w) if int8_weights else w
+    impl = impl_for(decode_impl, platform_of(params))
     tokens, _, _ = decode_loop(
         w, cache, tokens, logits, P, n_new, key, temperature, cfg, temperature == 0, impl
     )

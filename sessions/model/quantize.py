@@ -20,8 +20,8 @@ same way: the scale of position t multiplies q·k_t, and probs_t · scale_t
 weighs v_t. No dequantized copy of either is made per step.
 
     w8 = quantize_decode_weights(decode_weights(params, cfg))
-    cache = inference.init_cache(cfg, batch, int8=True)
-    inference.generate(params, cfg, prompts, n, int8_weights=True, int8_cache=True)
+    cache = kv_cache.init_cache(cfg, batch, int8=True)
+    kv_cache.generate(params, cfg, prompts, n, int8_weights=True, int8_cache=True)
 """
 
 from typing import NamedTuple
@@ -29,8 +29,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sessions.attention import cached_probs
-from sessions.sharding import constrain
+from sessions.model.attention import cached_probs
+from sessions.shard.sharding import constrain
 
 LEVELS = 127  # symmetric: -127..127, so 0 is exact and -128 is never used
 
@@ -62,23 +62,6 @@ def quantize_weight(w, n_in):
 def dequantize(q, dtype=jnp.float32):
     """Int8 -> values · scale [*out, *in] in dtype: a reference, never used per step."""
     return (q.values.astype(jnp.float32) * _under(q.scale, q.values.ndim)).astype(dtype)
-
-
-@jax.jit
-def quantize_decode_weights(weights):
-    """decode_layout.decode_weights(params, cfg) with every matmul weight
-    (decode_layout.INPUT_DIMS) and the embedding [V, E] as Int8; the norm scales
-    and the positional table as they were (a few KB, read a row at a time)."""
-    # Imported here: decode_layout imports this module for Int8.
-    from sessions.decode_layout import INPUT_DIMS
-
-    def convert(path, w):
-        name = path[-1].key
-        if name == "embed":
-            return quantize_weight(w, 1)
-        return quantize_weight(w, INPUT_DIMS[name]) if name in INPUT_DIMS else w
-
-    return jax.tree_util.tree_map_with_path(convert, weights)
 
 
 def stored_bytes(weights):
@@ -141,7 +124,7 @@ def init_int8_cache(cfg, batch):
 
 
 def write_int8(cache, k, v, pos, live=True):
-    """inference.write for an int8 cache: k, v [B, S, K, D] quantized per token
+    """kv_cache.write for an int8 cache: k, v [B, S, K, D] quantized per token
     and head and written at positions pos..pos+S-1, scales beside them; where
     `live` (a traced bool) is false, those slots keep what they held."""
     (k8, k_scale), (v8, v_scale) = quantize_kv(k), quantize_kv(v)  # [B, S, K, D], [B, S, K]
@@ -164,7 +147,7 @@ def write_int8(cache, k, v, pos, live=True):
 
 
 def cached_attention_int8(q, k, v, cache, pos):
-    """inference.cached_attention over an int8 cache: q [B, S, H, D], k, v
+    """kv_cache.cached_attention over an int8 cache: q [B, S, H, D], k, v
     [B, S, K, D] (the new tokens, at pos..pos+S-1) -> [B, S, H, D].
 
     Each of the K KV heads serves G = H / K query heads, so q is read as

@@ -3,10 +3,10 @@ the training step (scripts/bench.py, on the same shapes and params) and the
 generator before session 3's KV cache (scripts/bench_decode.py).
 
 What ours does differently, each explained where it lives:
-  - 3-D einsums here, one 2-D matmul per projection in sessions/model.py (dense)
-  - a one-hot cross-entropy here, logsumexp minus the picked logit in sessions/train.py
+  - 3-D einsums here, one 2-D matmul per projection in sessions/model/transformer.py (dense)
+  - a one-hot cross-entropy here, logsumexp minus the picked logit in sessions/train/step.py
   - gradient, optimizer update and apply jitted separately here (three programs,
-    the state copied between them), one donated program in sessions/train.py
+    the state copied between them), one donated program in sessions/train/step.py
 """
 
 import functools
@@ -16,11 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sessions import model
+from sessions.model import transformer
 
 
 def forward(params, tokens, cfg):
-    """The model of sessions/model.py, op for op, with every einsum 3-D."""
+    """The model of sessions/model/transformer.py, op for op, with every einsum 3-D."""
     x = params["embed"][tokens]
     if cfg.positions:
         x = x + params["pos"][: tokens.shape[1]]
@@ -70,7 +70,7 @@ def make_naive_step(cfg, optimizer):
 @functools.partial(jax.jit, static_argnames="cfg")
 def _next_token(params, window, length, cfg):
     """The old generator's step: window int [1, S], the first `length` slots filled."""
-    return jnp.argmax(model.forward(params, window, cfg)[0, length - 1])  # the model's own
+    return jnp.argmax(transformer.forward(params, window, cfg)[0, length - 1])  # the model's own
 
 
 def uncached_generate(params, cfg, prompt, n_new):

@@ -1,6 +1,6 @@
 """Flash attention's forward as a Mosaic GPU kernel: the same algorithm, Hopper's machinery.
 
-sessions/flash.py's kernel is written once for every chip and lowered through
+sessions/kernels/flash.py's kernel is written once for every chip and lowered through
 Triton on an NVIDIA GPU. This is its forward for the backend JAX keeps, Mosaic
 GPU (`jax.experimental.pallas.mosaic_gpu`, plgpu), which compiles for Hopper
 (sm_90a) and later only (flash.py's note says what fails before). The algorithm

@@ -1,6 +1,6 @@
 """Which attention runs where: the implementation a step takes on its chip.
 
-sessions/attention.py holds five implementations of the same causal attention.
+sessions/model/attention.py holds five implementations of the same causal attention.
 They are not all available everywhere: cuDNN's flash kernel runs on NVIDIA
 GPUs in bfloat16, the splash kernel on TPUs for sequences that fill its
 128-wide tiles, our Pallas kernel for the head dims it was written for.
@@ -13,9 +13,9 @@ platform it takes.
 import jax
 import jax.numpy as jnp
 
-from sessions.attention import cudnn_attention
 from sessions.errors import UsageError
-from sessions.flash import HEAD_DIMS, default_tiles
+from sessions.kernels.flash import HEAD_DIMS, default_tiles
+from sessions.model.attention import cudnn_attention
 
 KERNEL_PLATFORM = {"cudnn": "gpu", "splash": "tpu"}
 
@@ -48,7 +48,8 @@ def pallas_note(platform, S):
     """The header's line for our kernel: which tiles it runs, and how."""
     how = {"tpu": "Mosaic", "gpu": "Triton", "cpu": "interpreted: slow"}[platform]
     bq, bk = default_tiles(S)
-    return f"our Pallas flash kernel (sessions/flash.py, {how}), tiles {bq} x {bk} (queries x keys)"
+    tiles = f"tiles {bq} x {bk} (queries x keys)"
+    return f"our Pallas flash kernel (sessions/kernels/flash.py, {how}), {tiles}"
 
 
 def choose(requested, platform, cfg, batch, seq=None):
@@ -95,7 +96,7 @@ def xla_attention(platform):
 def choose_for_length(cfg, platform, batch, seq):
     """(implementation, note) for `batch` sequences of `seq` tokens on `platform`,
     in a model built for cfg.attention_impl: inference's prefill, whose prompts
-    and sliding windows (inference.generate) are not the training step's length.
+    and sliding windows (kv_cache.generate) are not the training step's length.
 
     The configured kernel wherever it takes them: splash on any platform (off a
     TPU it runs interpreted, the same arithmetic: splash_attention), cuDNN on a

@@ -29,8 +29,8 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype of the matmuls; params stay float32
     # "einsum" writes attention out by hand; "fused" is jax.nn.dot_product_attention
     # (XLA's); "cudnn" and "splash" are the flash kernels of NVIDIA GPUs and TPUs
-    # (sessions/attention.py; `choose` picks one for the chip the step is built for);
-    # "pallas" is our own flash kernel (sessions/flash.py), on any of them.
+    # (sessions/model/attention.py; `choose` picks one for the chip the step is built for);
+    # "pallas" is our own flash kernel (sessions/kernels/flash.py), on any of them.
     attention_impl: str = "einsum"
     # Session 5's levers; each default keeps sessions 1-4 as they were.
     kv_heads: int | None = None  # K: heads of keys and values (None: H, one per query head)

@@ -2,7 +2,7 @@
 
 With FSDP every weight is split along E over the "fsdp" axis, and each layer
 gathers it back before use. The MLP's first matmul, in the model's layout
-(sessions/sharding.py):
+(sessions/shard/sharding.py):
 
     x     [B, S, E]   rows split over fsdp: each device holds B/N rows, all of E
     w_in  [E, F]      split on E over fsdp: each device holds E/N rows of it
@@ -80,7 +80,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from sessions.sharding import ACTIVATION_SPECS, PARAM_SPECS
+from sessions.shard.sharding import ACTIVATION_SPECS, PARAM_SPECS
 
 RING = "fsdp"  # the mesh axis whose devices pass the weight shards around
 # (B, S, E, F) of the gpt2 preset's first MLP matmul, one sequence of 1024 tokens a

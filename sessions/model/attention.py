@@ -18,9 +18,9 @@ as every query head still scores every key.
 Five implementations compute the same thing (`IMPLEMENTATIONS`): the einsums
 below, the reference; `jax.nn.dot_product_attention` (XLA's); cuDNN's flash
 kernel on NVIDIA GPUs; JAX's Pallas splash-attention kernel on TPUs; and our
-own Pallas flash kernel (sessions/flash.py), on either. The flash kernels never
+own Pallas flash kernel (sessions/kernels/flash.py), on either. The flash kernels never
 write the [B, H, S, T] scores to memory. Which one a step runs, on which chip:
-sessions/attention_choice.py.
+sessions/model/attention_choice.py.
 """
 
 import functools
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from sessions.errors import UsageError
-from sessions.flash import flash_attention
+from sessions.kernels.flash import flash_attention
 
 
 def attention_mask(S, T, segment_ids=None):
@@ -164,7 +164,7 @@ def repeat_kv(k, v, heads):
 
 def on_each_device(local, q, k, v, segment_ids):
     """local(q, k, v, segment_ids) on each device's own rows (data, fsdp) and heads (tp),
-    as the activations are laid out (sessions/sharding.py): a Pallas kernel is one
+    as the activations are laid out (sessions/shard/sharding.py): a Pallas kernel is one
     device's program, which XLA's partitioner cannot split. q's H heads and k's and
     v's K heads are split alike: each device holds the KV heads its query heads read."""
     mesh = jax.sharding.get_abstract_mesh()
@@ -197,7 +197,7 @@ def splash_attention(q, k, v, segment_ids=None):
 
 
 def pallas_attention(q, k, v, segment_ids=None):
-    """Our own Pallas flash kernel (sessions/flash.py) over a mesh: Mosaic on a TPU,
+    """Our own Pallas flash kernel (sessions/kernels/flash.py) over a mesh: Mosaic on a TPU,
     Triton on an NVIDIA GPU, interpreted on a CPU. Causal only: packed documents
     (segment_ids) are not among what it takes."""
     if segment_ids is not None:

@@ -1,6 +1,6 @@
 """Rotary positions (RoPE): each query and key turned by an angle that grows with its position.
 
-Learned positions (sessions/positions.py) add a vector per position to the token's
+Learned positions (sessions/model/positions.py) add a vector per position to the token's
 embedding, so attention must learn what position 3 beside position 7 means, again at
 every distance, and no table reaches past the positions it was trained on. RoPE
 (Su et al. 2021, "RoFormer", arxiv.org/abs/2104.09864) adds nothing to the residual
@@ -25,7 +25,8 @@ contiguous slices of the head, where the interleaved pairs are a stride-2 gather
 No table is learned and none is stored: the angles are computed from the positions in
 float32 (a bfloat16 angle would be off by whole radians at position 1,000), the rotation
 is done in float32 and cast back. The decode cache keeps its keys already rotated, each
-at its own position, so a step rotates only its new token's q and k (sessions/inference.py).
+at its own position, so a step rotates only its new token's q and k
+(sessions/inference/kv_cache.py).
 """
 
 import jax.numpy as jnp

@@ -17,7 +17,7 @@ Four switches of ModelConfig turn it into LLaMA's block, each alone or together:
     kv_heads K   grouped-query attention: K heads of keys and values (wk, wv
                  [E, K, D]), each read by G = H/K query heads; K = 1 is
                  multi-query. The KV cache holds K heads, not H.
-    rope         rotary positions (sessions/rotary.py): q and k turned by their
+    rope         rotary positions (sessions/model/rotary.py): q and k turned by their
                  position after the projection; no learned table `pos`.
     gated        SwiGLU: silu(x·w_gate) * (x·w_in), then ·w_out; three matrices.
     tied False   the output projection is a matrix of its own, unembed [E, V].
@@ -28,12 +28,12 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sessions.attention import attention
-from sessions.config import ModelConfig
-from sessions.positions import add_positions, init_positions
-from sessions.quantize import lookup, tied_logits
-from sessions.rotary import rotate
-from sessions.sharding import constrain
+from sessions.model.attention import attention
+from sessions.model.config import ModelConfig
+from sessions.model.positions import add_positions, init_positions
+from sessions.model.quantize import lookup, tied_logits
+from sessions.model.rotary import rotate
+from sessions.shard.sharding import constrain
 
 __all__ = ["ModelConfig", "forward", "init_params"]
 
@@ -90,7 +90,7 @@ def learned_positions(cfg):
 
 
 def rotary_positions(cfg):
-    """Whether q and k are rotated by their positions (sessions/rotary.py)."""
+    """Whether q and k are rotated by their positions (sessions/model/rotary.py)."""
     return cfg.positions and cfg.rope
 
 
@@ -158,7 +158,7 @@ def block(layer, x, cfg, attend, dense=dense, start=0):
     -> ([B, S, E], attend's extra).
 
     dense is how a weight is applied: the decoder passes its own, for weights
-    it stores transposed (sessions/decode_layout.py), and its position as start
+    it stores transposed (sessions/inference/layout.py), and its position as start
     (rotary positions turn q and k by it)."""
     extra = None
     if cfg.attention:
@@ -183,7 +183,7 @@ def embed(p, tokens, cfg: ModelConfig, start=0):
     rows onto a [256, 512] table, about 9,400 of them onto the space byte's.
     Mixed precision computes in bf16 but keeps its long sums in float32: the
     matmuls accumulate in f32 inside the chip, the loss's softmax sums in f32
-    (train.cross_entropy), the norms in f32 (rms_norm), and this sum reads the
+    (cross_entropy, below), the norms in f32 (rms_norm), and this sum reads the
     f32 master. Looked up in a bf16 table, an H100 summed it with bf16 atomics:
     4.6 ms at step 1, 58-146 ms a step after 600 steps (its cost follows the
     values), against 0.3 ms in f32 and 8.9 ms for the rest of the step; and a
@@ -211,7 +211,7 @@ def unembed(p, x, dense=dense):
     False; applied by `dense`, like every matmul weight the decoder stores
     transposed). At GPT-2's vocabulary they are the step's largest array (32 x
     1024 x 50,304: 6.6 GB in float32): in bfloat16 they cost half the bytes to
-    write and read, and the loss takes its sums in float32 (train.cross_entropy)."""
+    write and read, and the loss takes its sums in float32 (cross_entropy, below)."""
     x = rms_norm(x, p["final_norm"])
     if "unembed" in p:
         return constrain(dense(x, p["unembed"]), "BSV")  # "BSE,EV->BSV"
@@ -236,3 +236,21 @@ def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
     for layer in p["layers"]:
         x, _ = block(layer, x, cfg, causal)
     return unembed(p, x)
+
+
+def cross_entropy(logits, targets):
+    """Mean negative log-likelihood in nats. logits [B, S, V] (any float dtype:
+    the sums run in float32), targets int [B, S].
+
+    logsumexp minus the label's logit: the same number as log_softmax followed
+    by a one-hot dot product. The label's logit is picked by comparing each
+    vocabulary index with the label, not by indexing (take_along_axis): the
+    gradient of an index is a scatter into a zeroed [B, S, V] array, one more
+    pass over the largest array of the step, while the gradient of a compare
+    fuses into the softmax's (4 of the 49 ms of GPT-2's step predicted for
+    h100:1 by roofline/compiled/op_roofline.py, and 6.6 GB)."""
+    logits = logits.astype(jnp.float32)  # fused into the reductions: no f32 copy
+    lse = jax.nn.logsumexp(logits, axis=-1)  # [B, S]
+    vocab = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)
+    picked = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)  # [B, S]
+    return jnp.mean(lse - picked)

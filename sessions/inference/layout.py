@@ -1,4 +1,4 @@
-"""The weights as a decode step reads them (sessions/inference.py).
+"""The weights as a decode step reads them (sessions/inference/kv_cache.py).
 
 Each matmul weight is stored transposed, [out, in], as torch.nn.Linear keeps its own, and
 multiplied as weight @ tokens^T (dense_out_in). A decode step is a chain of
@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from sessions import sharding
-from sessions.model import cast
-from sessions.quantize import Int8
+from sessions.model.quantize import Int8, quantize_weight
+from sessions.model.transformer import cast
+from sessions.shard import sharding
 
-# How many leading dims of each matmul weight are its inputs (model.dense's n_in).
+# How many leading dims of each matmul weight are its inputs (transformer.dense's n_in).
 INPUT_DIMS = {
     "wq": 1,
     "wk": 1,
@@ -42,7 +42,7 @@ def out_in_order(path, ndim):
 
 
 def out_in_spec(path, leaf, order):
-    """The weight's partition rule (sessions/sharding.py), its dims permuted alike."""
+    """The weight's partition rule (sessions/shard/sharding.py), its dims permuted alike."""
     spec = sharding.spec_for(path, leaf)
     return P(*(spec[i] for i in order))
 
@@ -68,7 +68,7 @@ def decode_weights(params, cfg):
 
 
 def dense_out_in(x, w, n_in=1):
-    """model.dense for a weight stored [*out, *in] (decode_weights): x [B, S, *in]
+    """transformer.dense for a weight stored [*out, *in] (decode_weights): x [B, S, *in]
     -> [B, S, *out], as one product with the weight on the left and the tokens
     as its columns, [out, in] @ [in, B·S], transposed back (a few KB).
 
@@ -78,7 +78,7 @@ def dense_out_in(x, w, n_in=1):
     against 18.4 ms). Its simplifier rewrites the one into the other, so the
     product is held as computed behind an optimization barrier.
 
-    An int8 weight (sessions/quantize.py) is multiplied in the compute dtype,
+    An int8 weight (sessions/model/quantize.py) is multiplied in the compute dtype,
     its values converted where the dot reads them (exactly: they are integers
     of 7 bits), and each output channel's scale then multiplies its row of the
     product, in float32."""
@@ -92,3 +92,18 @@ def dense_out_in(x, w, n_in=1):
     if scale is not None:
         y = (y * scale.reshape(-1, 1)).astype(y.dtype)
     return y.T.reshape(B, S, *out_shape)
+
+
+@jax.jit
+def quantize_decode_weights(weights):
+    """decode_weights(params, cfg) with every matmul weight (INPUT_DIMS) and the
+    embedding [V, E] as Int8 (sessions/model/quantize.py); the norm scales and the
+    positional table as they were (a few KB, read a row at a time)."""
+
+    def convert(path, w):
+        name = path[-1].key
+        if name == "embed":
+            return quantize_weight(w, 1)
+        return quantize_weight(w, INPUT_DIMS[name]) if name in INPUT_DIMS else w
+
+    return jax.tree_util.tree_map_with_path(convert, weights)

@@ -28,9 +28,10 @@ the cache's tiles still come one at a time.
 
 The softmax is online (FlashAttention's running max and sum), started from the new
 token's own score q . k_new, then a 64-slot block of the cache at a time, slots >= pos
-masked: none at pos 0. RoPE is rotary.rotate's arithmetic, with XLA's cos and sin
-(rope_tables), on q and on q with each head's halves swapped: other 64-wide blocks of
-the same head, or, at D = 64, a second product with weight rows TMA'd in swapped halves.
+masked: none at pos 0. RoPE is rotary.rotate's arithmetic, with the cos and sin the
+caller computes in XLA (kernel_step.rope_tables), on q and on q with each head's halves
+swapped: other 64-wide blocks of the same head, or, at D = 64, a second product with
+weight rows TMA'd in swapped halves.
 
 The cache is written in place: its arrays enter as JAX refs (jax.new_ref), aliased to
 the kernel's outputs, and only slot pos is stored to (scalar stores: a column of cache k
@@ -44,7 +45,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from sessions import mosaic, rotary
+from sessions.kernels import mosaic
 
 TILE = 64  # rows of a wgmma (M) and columns of a K chunk: 64 bf16, one 128-byte swizzle line
 SWIZZLED = (plgpu.TilingTransform((8, TILE)), plgpu.SwizzleTransform(128))
@@ -142,7 +143,7 @@ def _kernel(dims, interpret, refs, scratch):
         return ss + (x * x).sum(axis=1)
 
     ss = lax.fori_loop(0, nE, residual, zeros((TILE,), ROW))
-    inv = lax.rsqrt(ss / E + 1e-6)  # model.rms_norm's eps
+    inv = lax.rsqrt(ss / E + 1e-6)  # transformer.rms_norm's eps
 
     @pl.loop(0, nE)
     def _(c):
@@ -252,18 +253,11 @@ def _kernel(dims, interpret, refs, scratch):
                 vc[b, kh, pos, d] = vplain[b, d]
 
 
-def rope_tables(pos, D, base):
-    """float32 [2, D]: cos and sin of each dim's angle at `pos`, as rotary.rotate computes
-    them; sin negated on the first half, where rotate_half subtracts."""
-    theta = pos.astype(jnp.float32) * rotary.frequencies(D, base)  # [D/2]
-    cos, sin = jnp.cos(theta), jnp.sin(theta)
-    return jnp.stack([jnp.concatenate([cos, cos]), jnp.concatenate([-sin, sin])])
-
-
-def attention_layer(layer, cache, x, pending, pos, live, cfg, *, interpret):
+def attention_layer(layer, cache, x, pending, pos, live, cfg, *, rope=None, interpret):
     """x [B, E] bf16, pending [P, B, E] float32, cache {"k": [B, K, D, T], "v": [B, K, T, D]}
     -> (x_now [B, E], pending_out [K, B, E] float32, the cache with slot pos written
-    unless `live` is false). One kernel launch; the cache is updated in place."""
+    unless `live` is false). One kernel launch; the cache is updated in place. rope:
+    float32 [2, D], the cos and sin at pos (kernel_step.rope_tables), for a RoPE model."""
     (B, E), (H, D, _), K = x.shape, layer["wq"].shape, cache["k"].shape[1]
     G, bf16 = H // K, jnp.bfloat16
     dims = (B, pending.shape[0], E, H, K, D, bool(cfg.rope))
@@ -287,7 +281,11 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, interpret):
         pl.run_scoped(lambda *s: _kernel(dims, interpret, refs, s), *scratch)
 
     flags = jnp.stack([jnp.asarray(pos, jnp.int32), jnp.asarray(live, jnp.int32)])
-    rope = rope_tables(jnp.asarray(pos), D, cfg.rope_base) if cfg.rope else flags  # else unread
+    if cfg.rope and rope is None:
+        raise ValueError(
+            "a RoPE model's kernel takes rope, float32 [2, D] (kernel_step.rope_tables)"
+        )
+    rope = rope if cfg.rope else flags  # unread without RoPE
     k_ref = jax.new_ref(cache["k"], memory_space=plgpu.GMEM)
     v_ref = jax.new_ref(cache["v"], memory_space=plgpu.GMEM)
     outs = (jax.ShapeDtypeStruct((B, E), x.dtype), jax.ShapeDtypeStruct((K, B, E), jnp.float32))

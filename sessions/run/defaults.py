@@ -4,7 +4,7 @@
 
 A CPU trains the `cpu` preset (a few minutes on two cores) in float32 with einsum
 attention, over CPython's docs. A GPU or TPU trains the `course` preset in bfloat16
-with its flash kernel (sessions/attention_choice.py), over the standard library's
+with its flash kernel (sessions/model/attention_choice.py), over the standard library's
 source. An NVIDIA GPU below compute capability 8.0 (T4: 7.5, V100: 7.0) has no bf16
 tensor cores and cannot run cuDNN's flash attention, so a run there takes float32 and
 XLA's attention (`capability_defaults`). Inference serves with XLA's attention
@@ -15,10 +15,10 @@ them and calls `configs_for`.
 import dataclasses
 from typing import NamedTuple
 
-from sessions.attention_choice import choose, xla_attention
-from sessions.config import PRESETS, ModelConfig, TrainConfig
-from sessions.data import DOCS, STDLIB
 from sessions.errors import UsageError
+from sessions.model.attention_choice import choose, xla_attention
+from sessions.model.config import PRESETS, ModelConfig, TrainConfig
+from sessions.train.data import DOCS, STDLIB
 
 # Compute capability 8.0 (Ampere) is where bf16 tensor cores begin, and where cuDNN's fused
 # attention begins: "cudnn SDPA operation requires SM80 (Ampere) or newer architectures"
@@ -35,7 +35,7 @@ ATTENTION_WORDS = {
 @dataclasses.dataclass(frozen=True)
 class Defaults:
     dtype: str | None  # matmul dtype; None: the platform's usual default
-    attention_impl: str | None  # use as is; None: sessions.attention_choice.choose picks
+    attention_impl: str | None  # use as is; None: sessions.model.attention_choice.choose picks
     note: str | None  # one header line saying why the usual defaults do not hold
 
 
@@ -97,7 +97,7 @@ class Resolved(NamedTuple):
     model: ModelConfig
     train: TrainConfig
     attention_note: str | None  # one header line when the attention is not the usual choice
-    data: str  # the corpus: "docs", "stdlib" or a path (sessions/data.py)
+    data: str  # the corpus: "docs", "stdlib" or a path (sessions/train/data.py)
 
 
 def configs_for(

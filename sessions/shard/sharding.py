@@ -5,7 +5,7 @@ The anti-pattern is to build every weight on one chip and then move it: it
 works until the day the model no longer fits on one chip. Instead we describe
 the computation first. `jax.eval_shape` runs the initialiser on shapes only and
 returns `jax.ShapeDtypeStruct`s; the rules below turn each shape into a
-sharding (sessions/shapes.py builds every such shape a program takes);
+sharding (sessions/inference/shapes.py builds every such shape a program takes);
 `jax.jit(init, out_shardings=...)` then builds every shard on the device that
 holds it, and no device ever sees a whole weight.
 
@@ -16,7 +16,7 @@ Mesh axes:
     tp    heads, F and V split (tensor parallelism, Megatron style)
 
 Which chip sits where in the mesh, on a TPU slice's torus or across slices,
-is sessions/topology.py's concern.
+is sessions/shard/topology.py's concern.
 """
 
 import math
@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sessions.errors import UsageError
-from sessions.topology import AXES, device_grid
+from sessions.shard.topology import AXES, device_grid
 
 BATCH = ("data", "fsdp")  # the batch dimension is split over both
 
@@ -60,7 +60,7 @@ ACTIVATION_SPECS = {
     "BSF": P(BATCH, None, "tp"),  # the MLP's hidden layer
     "BSV": P(BATCH, None, "tp"),  # logits
     # The KV cache, one layer: values [B, K, T, D], keys stored transposed [B, K, D, T]
-    # (sessions/inference.py says why); split like the keys and values themselves.
+    # (sessions/inference/kv_cache.py says why); split like the keys and values themselves.
     "BKTD": P(BATCH, "tp", None, None),
     "BKDT": P(BATCH, "tp", None, None),
     "BKT": P(BATCH, "tp", None),  # an int8 cache's scales, one per position (quantize.py)
@@ -71,7 +71,7 @@ def constrain(x, letters):
     """Pin activation x to the layout named by its letters, e.g. "BSE".
 
     A no-op outside a mesh context (`jax.set_mesh`), so the model runs
-    unchanged on one device, and inside `jax.shard_map` (sessions/manual_fsdp.py),
+    unchanged on one device, and inside `jax.shard_map` (sessions/train/manual_fsdp.py),
     where each device's arrays are its own and there is nothing to place."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.are_all_axes_manual:
@@ -104,7 +104,7 @@ def parse_mesh(text, n_devices):
 def make_mesh(sizes, devices=None):
     """A mesh over the first data x fsdp x tp devices (all of jax.devices() by
     default), axes in the order data, fsdp, tp, laid over the chips' wires by
-    sessions/topology.py. Every axis Auto: the partitioner places what we leave
+    sessions/shard/topology.py. Every axis Auto: the partitioner places what we leave
     unconstrained."""
     devices = list(np.asarray(jax.devices() if devices is None else devices).flat)
     devices = devices[: math.prod(sizes[a] for a in AXES)]  # as jax.make_mesh takes them
@@ -226,3 +226,18 @@ def place_batch(batch, sharding):
     if jax.process_count() == 1:
         return jax.device_put(batch, sharding)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
+
+
+def abstract_sharded(init_fn, key, mesh):
+    """What init_fn(key) would build, without building it: a tree of
+    jax.ShapeDtypeStruct, each carrying the sharding its rule gives."""
+    shapes = jax.eval_shape(init_fn, key)  # shapes and dtypes only: no memory used
+    shardings = tree_shardings(shapes, mesh)
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    )
+
+
+def held_bytes(tree):
+    """Bytes of a tree of sharded ShapeDtypeStructs that one device holds."""
+    return bytes_per_device(tree, jax.tree.map(lambda x: x.sharding, tree))[0]

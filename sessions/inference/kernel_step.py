@@ -3,9 +3,9 @@
 At small batches a decode step on a GPU is bound by its launches, not its
 bytes: GPT-2's step compiled for an H100 runs 164 kernels a token, about
 0.39 ms measured, where its bytes take about 0.065 ms at the HBM roof. Here each
-layer is one kernel for its attention half (sessions/decode_attention.py) and
-one for its MLP half (sessions/decode_mlp.py); the embedding and the head (final
-norm, unembed) stay XLA's. Same signature and results as inference.decode_step.
+layer is one kernel for its attention half (sessions/kernels/decode_attention.py) and
+one for its MLP half (sessions/kernels/decode_mlp.py); the embedding and the head (final
+norm, unembed) stay XLA's. Same signature and results as kv_cache.decode_step.
 
 The residual between kernels ("pending" partial sums): a kernel may split its
 last matmul's contraction over P thread blocks, each writing its own float32
@@ -20,8 +20,8 @@ work, and returns (x_now, its own partials). The first kernel gets P = 0 partial
 (an empty array, not zeros: zeros would cost a kernel a token to write). After the
 last layer the step adds the last partials itself, in the same order.
 
-`impl` names the step a decode program runs (inference.decode_steps): None for
-XLA's (inference.decode_step), "pallas" for these kernels compiled for a GPU, or
+`impl` names the step a decode program runs (kv_cache.decode_steps): None for
+XLA's (kv_cache.decode_step), "pallas" for these kernels compiled for a GPU, or
 "pallas-interpret" for the same kernels in Mosaic GPU's interpreter (a CPU, slowly).
 --decode-impl pallas picks between the two by the platform (impl_for).
 """
@@ -31,9 +31,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from sessions.decode_layout import dense_out_in
 from sessions.errors import UsageError
-from sessions.model import embed, unembed
+from sessions.inference.layout import dense_out_in
+from sessions.model import rotary
+from sessions.model.transformer import embed, unembed
 
 MAX_BATCH = 8  # rows a wgmma's N holds: the batch rides there (see decode_mlp.py)
 TILE = 64  # a warpgroup's rows (wgmma's M): E, F and H·D come in tiles of it
@@ -65,7 +66,7 @@ def check_supported(
             why = f"needs multiples of {TILE}, not {', '.join(odd)}"
     if why:
         raise UsageError(f"--decode-impl pallas {why}")
-    from sessions import decode_attention, decode_mlp, mosaic  # loads Mosaic GPU
+    from sessions.kernels import decode_attention, decode_mlp, mosaic  # loads Mosaic GPU
 
     if interpret and mosaic.OLD_INTERPRETER:  # JAX 0.10's lacks the MLP kernel's primitives
         raise UsageError(
@@ -90,7 +91,7 @@ def impl_for(decode_impl, platform):
 
 def step_function(impl, xla_step):
     """decode_step(w, cache, token, pos, cfg, live) for `impl` (IMPLS); xla_step is
-    inference.decode_step, which this module does not import (it imports this one)."""
+    kv_cache.decode_step, which this module does not import (it imports this one)."""
     if impl not in IMPLS:
         raise ValueError(f"decode step {impl!r}: one of {IMPLS}")
     if impl is None:
@@ -112,7 +113,7 @@ def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
 
     w: decode_weights(params, cfg); token: int [B] at position pos (traced) ->
     (logits float32 [B, V] for position pos + 1, the cache with pos written unless
-    `live` is false), as inference.decode_step. interpret: run the kernels in
+    `live` is false), as kv_cache.decode_step. interpret: run the kernels in
     Mosaic GPU's interpreter (True on a CPU) or compile them for a GPU (False).
     What the kernels do not run is refused here, as the program is traced."""
     int8_cache = bool(cache) and "k_scale" in cache[0]
@@ -123,18 +124,27 @@ def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
     kinds["interpret"] = interpret
     check_supported(cfg, token.shape[0], **kinds)
     # Imported here, as first traced: XLA's decode never loads Mosaic GPU.
-    from sessions import decode_attention, decode_mlp
+    from sessions.kernels import decode_attention, decode_mlp
 
     x = embed(w, token[:, None], cfg, start=pos)[:, 0]  # [B, E]
     pending = jnp.zeros((0, *x.shape), jnp.float32)  # none before layer 0: no buffer to fill
+    rope = rope_tables(jnp.asarray(pos), cfg.head_dim, cfg.rope_base) if cfg.rope else None
     written = []
     for i, layer in enumerate(w["layers"]):
         if cfg.attention:
             x, pending, new = decode_attention.attention_layer(
-                layer, cache[i], x, pending, pos, live, cfg, interpret=interpret
+                layer, cache[i], x, pending, pos, live, cfg, rope=rope, interpret=interpret
             )
             written.append(new)
         x, pending = decode_mlp.mlp_layer(layer, x, pending, cfg, interpret=interpret)
     x = _settle(x, pending)[:, None]  # [B, 1, E]: the last layer's partials, added here
     logits = unembed(w, x, dense=dense_out_in)[:, 0].astype(jnp.float32)
     return logits, written if cfg.attention else cache
+
+
+def rope_tables(pos, D, base):
+    """float32 [2, D]: cos and sin of each dim's angle at `pos`, as rotary.rotate computes
+    them; sin negated on the first half, where rotate_half subtracts."""
+    theta = pos.astype(jnp.float32) * rotary.frequencies(D, base)  # [D/2]
+    cos, sin = jnp.cos(theta), jnp.sin(theta)
+    return jnp.stack([jnp.concatenate([cos, cos]), jnp.concatenate([-sin, sin])])

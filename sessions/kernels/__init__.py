@@ -1,0 +1,12 @@
+"""Our own kernels, in Pallas: flash attention (Triton, and Mosaic GPU on Hopper) with its
+own backward, and a decode layer in two Mosaic GPU kernels; each checked against a
+float32 reference to the rounding its chip allows. Session 4 writes them; the model
+(attention's `pallas`) and decode (`--decode-impl pallas`) call them.
+
+    flash.py             causal flash attention, forward and backward
+    flash_mosaic.py      its forward in Mosaic GPU, for Hopper and later
+    mosaic.py            Mosaic GPU across JAX versions: its kernels and its interpreter
+    decode_attention.py  the attention half of a decode layer, one kernel
+    decode_mlp.py        the MLP half of a decode layer, one kernel
+    precision.py         checking against a float32 reference on any chip
+"""
