@@ -227,9 +227,8 @@ def serving_plan_lines(args):
     levers = {k: getattr(args, k) for k in ("batches", "chips", "weights", "cache")}
     levers["kernels_per_layer"] = args.kernels_per_layer
     plan = plan_serving(cfg, chip, context=context, prompt=prompt, **levers)
-    source = (
-        PUBLISHED[args.preset].source if args.preset in PUBLISHED else "sessions/model/config.py"
-    )
+    course = "sessions/model/config.py"
+    source = PUBLISHED[args.preset].source if args.preset in PUBLISHED else course
     heading = f"decode: {preset_source(args.preset)}"
     return serving_lines(plan, heading), serving_summary(plan, preset=args.preset, source=source)
 

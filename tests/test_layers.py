@@ -1,14 +1,14 @@
 """The layers of the tree, read from the source with `ast` (every import, at
 module level or inside a function), and docs/layout.md's picture of it:
 
-    sessions/*.py   the session scripts and the concepts: a concept imports
-                    concepts and roofline/, never sessions/run/ or sessions/plan/
-    sessions/run/   plumbing; imports concepts, never sessions/plan/
-    sessions/plan/  compiling for a chip; imports concepts and run/
+    sessions/       the session scripts and errors.py at the top, over concept packages
+                    in the order docs/layout.md writes once: a module imports its own
+                    package and those before it, never one after it, and no import
+                    circle closes, a package's face (__init__.py) counted
     roofline/       a library: imports nothing from sessions/, except its
                     command-line entry point, roofline/__main__.py
-    harness/        what the programs in scripts/ share
-    s1..s4, scripts/*.py
+    scripts/harness/ what the programs in scripts/ share
+    s1..s5, scripts/*.py
                     programs, each with a __main__ block: run, never imported
 
 docs/layout.md names every folder and module; every path of this repository named
@@ -30,47 +30,9 @@ SESSION_SCRIPTS = (
     "sessions.s4_kernels",
     "sessions.s5_serve",
 )
-FOLDERS = ("roofline", "sessions", "scripts", "harness", "tests", "exercises", "solutions", "docs")
+FOLDERS = ("roofline", "sessions", "scripts", "tests", "exercises", "solutions", "docs")
 LAYOUT = os.path.join("docs", "layout.md")
-
-# docs/layout.md's concept table: what a student looks for -> the module at sessions/' top level.
-CONCEPTS = {
-    "the model's shapes, the run's knobs, the presets": "config.py",
-    "the course's choices per platform: preset, dtype, corpus, attention": "defaults.py",
-    "how a run stops on purpose": "errors.py",
-    "the transformer": "model.py",
-    "attention, five implementations of it": "attention.py",
-    "which attention runs where": "attention_choice.py",
-    "learned positions": "positions.py",
-    "rotary positions (RoPE)": "rotary.py",
-    "every array a program takes, as shapes with their shardings": "shapes.py",
-    "the jitted training step": "train.py",
-    "bytes as tokens, batches as a function of (seed, step)": "data.py",
-    "token files of other tools, memory-mapped": "token_files.py",
-    "overlapped data loading": "prefetch.py",
-    "the loop's clock: step time, MFU": "meter.py",
-    "partition rules, params born sharded": "sharding.py",
-    "which device sits where in a mesh": "topology.py",
-    "the same model in Flax NNX": "flax_model.py",
-    "a KV cache, prefill and decode": "inference.py",
-    "the weights as decode reads them": "decode_layout.py",
-    "Mosaic GPU across JAX versions: its kernels and its interpreter": "mosaic.py",
-    "the attention half of a decode layer in one Mosaic GPU kernel": "decode_attention.py",
-    "the MLP half of a decode layer as one Mosaic GPU kernel": "decode_mlp.py",
-    "the decode step in kernels, two Mosaic GPU launches a layer; what they refuse": (
-        "decode_kernels.py"
-    ),
-    "int8 weights and an int8 KV cache, absmax scales": "quantize.py",
-    "what a cheaper decode costs in quality: loss through the decode path, greedy agreement": (
-        "decode_quality.py"
-    ),
-    "sampling text": "sample.py",
-    "our flash-attention kernel in Pallas": "flash.py",
-    "its forward in Mosaic GPU, for Hopper and later": "flash_mosaic.py",
-    "FSDP's collectives by hand": "manual_fsdp.py",
-    "a collective matmul": "collective_matmul.py",
-    "checking against a float32 reference on any chip": "precision.py",
-}
+MOST_AT_THE_TOP = 10  # modules at sessions/' top, scripts included (__init__.py aside)
 
 
 def repo_files():
@@ -131,6 +93,60 @@ def modules_imported(path):
     return {f for f in map(module_file, imports_of(path)) if f}
 
 
+def files_imported(source, path=""):
+    """The files of this repository that running an import in `source` (the file at
+    `path`) executes: each module named, and each package's __init__.py on the way
+    ('from sessions.model.config import X' runs sessions/model/__init__.py first, and so
+    depends on it). Passing through the package `path` sits in is no dependency: its
+    __init__.py has begun already. Naming that package itself is one ('from sessions.model
+    import forward' inside sessions/model/ needs its __init__.py to have finished)."""
+    own = os.path.join(os.path.dirname(path), "__init__.py")
+    found = set()
+    for dotted in imported(source):
+        parts = dotted.split(".")
+        for end in range(1, len(parts) + 1):
+            base = os.path.join(*parts[:end])
+            for name in (base + ".py", os.path.join(base, "__init__.py")):
+                passing = end < len(parts) and name == own
+                if os.path.exists(os.path.join(REPO, name)) and not passing:
+                    found.add(name)
+    return found
+
+
+def import_graph(files):
+    """{file: the files of sessions/ it imports}, for {file: its source}; sessions/'
+    own __init__.py, a docstring that every import runs, is left out."""
+    top = "sessions/__init__.py"
+    graph = {}
+    for path, source in files.items():
+        found = files_imported(source, path)
+        graph[path] = {f for f in found if f.startswith("sessions/") and f not in (path, top)}
+    graph.pop(top, None)
+    return graph
+
+
+def find_cycle(graph):
+    """One import circle of `graph` as [a, b, ..., a], or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
 def sources(paths):
     result = {}
     for path in paths:
@@ -150,49 +166,106 @@ def test_a_dotted_name_resolves_to_its_module_file():
     assert module_file("jax.numpy") is None
 
 
-def concept_files():
-    scripts = {f"{m.split('.')[1]}.py" for m in SESSION_SCRIPTS}
-    top = sorted(os.listdir(os.path.join(REPO, "sessions")))
-    return [
-        f"sessions/{n}" for n in top if n.endswith(".py") and n not in scripts | {"__init__.py"}
-    ]
+def package_order():
+    """docs/layout.md's package order, its one line 'errors < shard < ... < scripts'."""
+    line = re.search(r"^ +(errors( < \w+)+)$", layout_page(), re.M)
+    return line.group(1).split(" < ")
 
 
-def layer_offenders(files, forbidden):
-    """{file: [modules of this repository it imports under a forbidden folder]},
-    for {file: its source}."""
+def layer_of(path):
+    """The name a file of sessions/ has in the package order ('sessions/model/rotary.py'
+    -> 'model'; errors.py -> 'errors'; a session script -> 'scripts'); None for
+    sessions/__init__.py, which no module imports."""
+    parts = path.split("/")
+    if len(parts) > 2:
+        return parts[1]
+    if path == "sessions/__init__.py":
+        return None
+    name = parts[1].removesuffix(".py")
+    return "scripts" if f"sessions.{name}" in SESSION_SCRIPTS else name
+
+
+def order_offenders(graph, order):
+    """{file: [files it imports that come later in `order` than its own package]}."""
+    rank = {name: i for i, name in enumerate(order)}
     offenders = {}
-    for path, source in files.items():
-        found = {module_file(m) for m in imported(source)} - {None}
-        found = sorted(f for f in found if f.startswith(forbidden))
-        if found:
-            offenders[path] = found
+    for path, targets in graph.items():
+        late = sorted(t for t in targets if rank[layer_of(t)] > rank[layer_of(path)])
+        if late:
+            offenders[path] = late
     return offenders
 
 
-def test_concepts_import_neither_plumbing_nor_planning():
-    """A student reads a concept without its plumbing, with no exception: how a run
-    stops on purpose (errors.py) and the platform's defaults (defaults.py) are
-    concepts themselves."""
-    forbidden = ("sessions/run/", "sessions/plan/")
-    assert not layer_offenders(sources(concept_files()), forbidden)
+def sessions_sources():
+    return sources(python_files("sessions"))
 
 
-def test_plumbing_never_imports_planning():
-    assert not layer_offenders(sources(python_files("sessions/run")), ("sessions/plan/",))
+def test_the_order_names_errors_every_package_and_the_scripts_once():
+    order = package_order()
+    packages = {
+        d
+        for d in os.listdir(os.path.join(REPO, "sessions"))
+        if os.path.isfile(os.path.join(REPO, "sessions", d, "__init__.py"))
+    }
+    assert len(order) == len(set(order))
+    assert set(order) == packages | {"errors", "scripts"}
+    assert {layer_of(p) for p in python_files("sessions")} - {None} == set(order)
 
 
-def test_a_planted_plumbing_import_in_a_concept_is_caught():
+def test_every_import_in_sessions_follows_the_package_order():
+    """A concept never imports plumbing (run/) or planning (plan/), plumbing never
+    planning, and no package one that comes after it."""
+    assert not order_offenders(import_graph(sessions_sources()), package_order())
+
+
+def test_a_planted_import_against_the_order_is_caught():
+    order = package_order()
     planted = {
-        "sessions/model/transformer.py": "from sessions.run import cli\nfrom sessions.run.report import x\n",
-        "sessions/train/step.py": "def f():\n    from sessions.plan.programs import devices_for\n",
-        "sessions/train/data.py": "from sessions.errors import UsageError\n",
+        "sessions/model/transformer.py": "from sessions.train.step import loss_fn\n",
+        "sessions/train/data.py": "def f():\n    from sessions.run import cli\n",
+        "sessions/shard/sharding.py": "from sessions.errors import UsageError\n",
+        "sessions/run/cli.py": "from sessions.model.config import PRESETS\n",
     }
-    found = layer_offenders(planted, ("sessions/run/", "sessions/plan/"))
-    assert found == {
-        "sessions/model/transformer.py": ["sessions/run/cli.py", "sessions/run/report.py"],
-        "sessions/train/step.py": ["sessions/plan/programs.py"],
+    assert order_offenders(import_graph(planted), order) == {
+        "sessions/model/transformer.py": ["sessions/train/step.py"],
+        "sessions/train/data.py": ["sessions/run/__init__.py", "sessions/run/cli.py"],
     }
+
+
+def test_no_import_circle_in_sessions_counting_the_packages_faces():
+    assert find_cycle(import_graph(sessions_sources())) is None
+
+
+def test_a_module_importing_its_own_package_s_face_closes_a_circle():
+    """sessions/model/__init__.py hands on forward from transformer.py, which imports
+    attention.py: attention.py importing `from sessions.model import forward` is a circle."""
+    files = sessions_sources()
+    files["sessions/model/attention.py"] += "\nfrom sessions.model import forward\n"
+    cycle = find_cycle(import_graph(files))
+    assert cycle is not None and "sessions/model/__init__.py" in cycle
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_sessions_top_holds_the_scripts_and_few_else():
+    top = [n for n in os.listdir(os.path.join(REPO, "sessions")) if n.endswith(".py")]
+    modules = set(top) - {"__init__.py"}
+    assert {f"{m.split('.')[1]}.py" for m in SESSION_SCRIPTS} <= modules
+    assert len(modules) <= MOST_AT_THE_TOP, sorted(modules)
+
+
+def test_each_package_says_what_it_is_and_which_session_teaches_it():
+    """A package's face: a docstring of a few lines; a concept package names the
+    sessions that teach it."""
+    for layer in package_order():
+        path = os.path.join(REPO, "sessions", layer, "__init__.py")
+        if not os.path.exists(path):
+            continue  # errors.py and the scripts are modules
+        with open(path) as f:
+            doc = ast.get_docstring(ast.parse(f.read()))
+        assert doc and len(doc.splitlines()) <= 25, layer
+        if layer not in ("run", "plan"):
+            assert re.search(r"[Ss]ession \d", doc), f"sessions/{layer}/ names no session"
 
 
 def test_roofline_library_imports_nothing_from_sessions():
@@ -231,14 +304,20 @@ def test_a_planted_sessions_import_in_roofline_is_caught():
 
 
 def is_script(module):
-    """A program: a session script, or anything under scripts/, which holds programs
-    only (what they share is the package harness/)."""
-    return module.startswith(SESSION_SCRIPTS) or module.split(".")[0] == "scripts"
+    """A program: a session script, or a module of scripts/ (what the programs share is
+    the package scripts/harness/, no program)."""
+    if module.startswith(SESSION_SCRIPTS):
+        return True
+    return module.split(".")[0] == "scripts" and not module.startswith("scripts.harness")
 
 
 def test_every_file_in_scripts_is_a_program():
-    """scripts/ holds what a student runs; a module the programs share is harness/'s."""
-    modules = [p for p in python_files("scripts") if os.path.basename(p) != "__init__.py"]
+    """scripts/ holds what a student runs; a module the programs share is scripts/harness/'s."""
+    modules = [
+        p
+        for p in python_files("scripts")
+        if os.path.basename(p) != "__init__.py" and not p.startswith("scripts/harness/")
+    ]
     assert len(modules) > 5  # the walk found the programs
     for path in modules:
         with open(os.path.join(REPO, path)) as f:
@@ -249,7 +328,7 @@ def test_a_planted_import_of_a_script_s_module_is_caught():
     planted = "from scripts import rungs\n\ndef f():\n    import scripts.bench\n"
     found = sorted(m for m in imported(planted) if is_script(m))
     assert found == ["scripts", "scripts.bench", "scripts.rungs"]
-    assert not [m for m in imported("from harness import rungs\n") if is_script(m)]
+    assert not [m for m in imported("from scripts.harness import rungs\n") if is_script(m)]
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -318,25 +397,19 @@ def layout_tables(layout):
 
 def test_the_layout_tables_name_exactly_each_folder_s_modules():
     tables = layout_tables(layout_page())
-    folders = ["sessions/", "sessions/run/", "sessions/plan/", "roofline/"]
+    packages = [f"sessions/{layer}/" for layer in package_order() if layer_of_package(layer)]
+    folders = ["sessions/", *packages, "roofline/"]
     folders += ["roofline/compiled/", "roofline/measured/", "roofline/plan/"]
-    folders += ["scripts/", "harness/"]
+    folders += ["scripts/", "scripts/harness/"]
     assert sorted(tables) == sorted(folders)
     for folder in folders:
         on_disk = {n for n in os.listdir(os.path.join(REPO, folder)) if n.endswith(".py")}
         assert tables[folder] == on_disk - {"__init__.py"}, folder
 
 
-def test_each_concept_has_its_module_at_the_top_of_sessions():
-    """The concept table, as docs/layout.md prints it, is this test's CONCEPTS, and
-    each concept's module sits where a student looks first: sessions/ itself."""
-    rows = {}
-    for line in layout_page().splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 2 and cells[0] in CONCEPTS:
-            rows[cells[0]] = cells[1].strip("`")
-    assert rows == CONCEPTS
-    assert sorted(f"sessions/{m}" for m in CONCEPTS.values()) == concept_files()
+def layer_of_package(layer):
+    """Whether a name of the package order is a package (not errors.py or the scripts)."""
+    return os.path.isdir(os.path.join(REPO, "sessions", layer))
 
 
 def test_the_layout_picture_names_every_folder():
@@ -362,7 +435,7 @@ NOT_OURS = {
     "docs/pallas/CHANGELOG.md": "jax-ml/jax's documentation, cited by sessions/kernels/flash.py",
     "docs/pallas/gpu/reference.md": "jax-ml/jax's documentation, cited by sessions/kernels/flash.py",
 }
-FOLDER_NAMES = r"sessions|roofline|scripts|harness|tests|exercises|solutions|docs|\.ci"
+FOLDER_NAMES = r"sessions|roofline|scripts|tests|exercises|solutions|docs|\.ci"
 PATH = re.compile(rf"(?<![\w/.-])((?:{FOLDER_NAMES})(?:/[\w.*-]+)+/?)")
 
 
@@ -435,7 +508,7 @@ def test_no_module_is_over_300_lines():
     """Every module a student reads (tests/ is not held to it: tests/mutants.py is a
     table, one entry per planted bug, each with the tests it names)."""
     over = {}
-    for folder in ("sessions", "roofline", "scripts", "harness", "exercises", "solutions"):
+    for folder in ("sessions", "roofline", "scripts", "exercises", "solutions"):
         for path in python_files(folder):
             with open(os.path.join(REPO, path)) as f:
                 lines = sum(1 for _ in f)

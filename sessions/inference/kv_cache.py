@@ -288,9 +288,8 @@ def generate(
         raise UsageError("sampling (temperature > 0) needs a key")
     key = jax.random.key(0) if key is None else key  # unused when greedy
     impl, _ = choose_for_length(cfg, platform_of(params), *prompts.shape)
-    logits, cache = prefill(
-        params, prompts, dataclasses.replace(cfg, attention_impl=impl), int8_cache
-    )
+    prefill_cfg = dataclasses.replace(cfg, attention_impl=impl)
+    logits, cache = prefill(params, prompts, prefill_cfg, int8_cache)
     tokens = jnp.pad(prompts, ((0, 0), (0, cfg.seq - P)))  # [B, T], room for the new tokens
     w = decode_weights(params, cfg)
     w = quantize_decode_weights(w) if int8_weights else w
