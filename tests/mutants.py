@@ -969,7 +969,7 @@ MUTANTS = [
     Mutant(
         "picked-by-index",
         "the target's logit picked by take_along_axis: a scatter into [B, S, V] in the backward",
-        "sessions/train/step.py",
+        "sessions/model/transformer.py",
         (
             (
                 "jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)",
@@ -1133,14 +1133,14 @@ MUTANTS = [
         "a concept module reaches into the scripts' flags (sessions/run/cli.py)",
         "sessions/inference/sample.py",
         (("import jax\n", "import jax\n\nfrom sessions.run.cli import PROMPT  # noqa: F401\n"),),
-        (f"{LAYERS}::test_concepts_import_neither_plumbing_nor_planning",),
+        (f"{LAYERS}::test_every_import_in_sessions_follows_the_package_order",),
     ),
     Mutant(
         "concept-errors-from-run",
         "a concept takes its UsageError from the plumbing again (sessions/run/cli.py has it)",
         "sessions/model/attention.py",
         (("from sessions.errors import UsageError", "from sessions.run.cli import UsageError"),),
-        (f"{LAYERS}::test_concepts_import_neither_plumbing_nor_planning",),
+        (f"{LAYERS}::test_every_import_in_sessions_follows_the_package_order",),
     ),
     Mutant(
         "stale-path",
@@ -1156,13 +1156,36 @@ MUTANTS = [
     ),
     Mutant(
         "concept-unlisted",
-        "docs/layout.md's concept table loses a concept",
+        "docs/layout.md's table of sessions/inference/ loses a module",
         "docs/layout.md",
-        (("| sampling text | `sample.py` |\n", ""),),
+        (("| `sample.py` | sampling text |\n", ""),),
+        (f"{LAYERS}::test_the_layout_tables_name_exactly_each_folder_s_modules",),
+    ),
+    Mutant(
+        "model-imports-train",
+        "the model reaches up into training for a batch (a package later in the order)",
+        "sessions/model/transformer.py",
         (
-            f"{LAYERS}::test_each_concept_has_its_module_at_the_top_of_sessions",
-            f"{LAYERS}::test_the_layout_tables_name_exactly_each_folder_s_modules",
+            (
+                "import jax\n",
+                "import jax\n\nfrom sessions.train.data import get_batch  # noqa: F401\n",
+            ),
         ),
+        (f"{LAYERS}::test_every_import_in_sessions_follows_the_package_order",),
+    ),
+    Mutant(
+        "face-circle",
+        "a module of sessions/model/ takes ModelConfig through its own package's face",
+        "sessions/model/attention.py",
+        (("import jax\n", "import jax\n\nfrom sessions.model import ModelConfig  # noqa: F401\n"),),
+        (f"{LAYERS}::test_no_import_circle_in_sessions_counting_the_packages_faces",),
+    ),
+    Mutant(
+        "order-loses-a-package",
+        "docs/layout.md's package order forgets a package",
+        "docs/layout.md",
+        (("errors < shard < kernels < model <", "errors < shard < model <"),),
+        (f"{LAYERS}::test_the_order_names_errors_every_package_and_the_scripts_once",),
     ),
     Mutant(
         "tpu-v3-whole-peak",
