@@ -1138,7 +1138,7 @@ MUTANTS = [
     Mutant(
         "concept-errors-from-run",
         "a concept takes its UsageError from the plumbing again (sessions/run/cli.py has it)",
-        "sessions/model/attention.py",
+        "sessions/inference/kernel_step.py",
         (("from sessions.errors import UsageError", "from sessions.run.cli import UsageError"),),
         (f"{LAYERS}::test_every_import_in_sessions_follows_the_package_order",),
     ),

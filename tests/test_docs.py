@@ -294,7 +294,7 @@ def test_every_python_snippet_runs():
 # Paths and links.
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-TOP = r"(?:sessions|roofline|scripts|tests|exercises|solutions|harness|docs|\.ci)"
+TOP = r"(?:sessions|roofline|scripts|tests|exercises|solutions|docs|\.ci)"
 REPO_PATH = re.compile(
     rf"(?<![\w/.-])({TOP}(?:/[\w.*-]+)+/?|(?:README|CONTRIBUTING)\.md|requirements[\w-]*\.txt)"
 )
