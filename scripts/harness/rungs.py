@@ -12,9 +12,8 @@ import statistics
 import subprocess
 import sys
 
-SCRIPT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sessions", "s2_train.py"
-)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "sessions", "s2_train.py")
 
 # (rung, what it changed, the s2_train.py flags that leave the later rungs off)
 RUNGS = [
