@@ -9,7 +9,8 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# scripts/harness/grading.py: the repository is three folders up.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join("tests", "test_exercises")
 
 # Session -> (its test file, what it practises): `homework.py N` grades session
