@@ -165,7 +165,7 @@ def test_fused_bytes_by_hand():
 
 @pytest.mark.exercise("jit_fusion.predicted_speedup")
 def test_predicted_speedup_is_the_ratio_of_bytes():
-    expect(predicted_speedup(4, 2, 3, 4), pytest.approx(50 / 26), "x", "M=4, K=2, N=3: 50 / 26")
+    expect(predicted_speedup(4, 2, 3, 4), pytest.approx(50 / 26), "x", "M=4, K=2, N=3, float32")
     expect(
         predicted_speedup(2048, 8, 2048),
         pytest.approx((32768 + 3 * 2048**2) / (32768 + 2048**2)),

@@ -192,7 +192,7 @@ def test_fsdp_hides_communication_above_a_batch_per_chip():
     for per_chip, hidden in [(threshold * 1.01, True), (threshold * 0.99, False), (4096, True)]:
         tokens = per_chip * chips
         got = bool(fsdp_comm_hidden(LAYER, tokens, chips, peak, ici, 2))
-        what = f"{per_chip:.0f} tokens per chip (threshold {threshold:.1f}): hidden?"
+        what = f"{per_chip:.0f} tokens per chip, threshold {threshold:.1f}: comm hidden"
         expect(got, hidden, "", what)
 
 

@@ -61,7 +61,7 @@ CACHE_8192 = 2**30  # one sequence at T=8192: 2·32·8192·8·128·2 = 2^(1+5+13
 
 @pytest.mark.exercise("decode_cost.gqa_cache_bytes")
 def test_gqa_cache_bytes_by_hand():
-    llama = "LLaMA-3-8B (L=32, D=128), 1 sequence, T=8192, bf16"
+    llama = "LLaMA-3-8B, B=1, T=8192"
     got = gqa_cache_bytes(32, 1, 8192, 32, 8, 128, 2)
     expect(got, CACHE_8192, "bytes", f"{llama}, K=8 of H=32")  # 1.07 GB
     got = gqa_cache_bytes(32, 1, 8192, 32, 32, 128, 2)
