@@ -8,8 +8,10 @@
 
 It runs the session's tests (tests/test_exercises/) against exercises/ in a
 fresh pytest process, then prints, under a title that names the session, one
-line per exercise: pass, fail with the first line of the failure, or not
-started; the numbers an exercise measured; and the machine it ran on. A
+line per exercise: pass; fail, with the test's words (the case, your number
+against the expected one in its unit) and the hint from the exercise's
+docstring; or not started; the numbers an exercise measured; and the machine
+it ran on (on a CPU, its cores and the devices simulated on them). A
 Discord message holds 2,000 characters, so a longer report is split into
 numbered parts, each to be pasted as one message; --post sends them, in order,
 through the course's Discord webhook (scripts/harness/discord.py). Exit status 0

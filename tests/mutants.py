@@ -50,6 +50,9 @@ SESSION_5 = "tests/test_exercises/test_session_5.py"
 NAMES_TEST = "tests/test_exercises/test_exercise_names.py"
 HOMEWORK_TEST = "tests/test_exercises/test_homework.py"
 DISCORD_TEST = f"{HOMEWORK_TEST}::test_every_part_fits_discord_at_the_boundary"
+WRONG_ANSWER_TEST = f"{HOMEWORK_TEST}::test_a_wrong_answer_says_whose_number_its_unit_and_the_hint"
+EXPECT = "tests/test_exercises/expect.py"
+EXPECT_TEST = "tests/test_exercises/test_expect.py"
 WRITE = "                meter.write(record)\n"
 CMATMUL = "sessions/shard/collective_matmul.py"
 CMATMUL_TEST = "tests/test_collective_matmul.py"
@@ -151,6 +154,71 @@ MUTANTS = [
         "scripts/harness/grading.py",
         (('return f"session {session}: {what}" if session.isdigit() else what', "return what"),),
         (f"{HOMEWORK_TEST}::test_homework_n_is_session_n",),
+    ),
+    Mutant(
+        "expect-below-inclusive",
+        "expect's `below` lets the bound itself pass: looser than the assert it replaced",
+        EXPECT,
+        (('("below", below, lambda: got < below)', '("below", below, lambda: got <= below)'),),
+        (f"{EXPECT_TEST}::test_expect_is_exactly_as_strict_as_the_bare_assert",),
+    ),
+    Mutant(
+        "expect-no-unit",
+        "a wrong answer's message gives its numbers without their unit",
+        EXPECT,
+        (('    text += unit if unit == "x" else f" {unit}"  # a speed-up: 1.9x\n', ""),),
+        (
+            f"{EXPECT_TEST}::test_the_message_says_what_whose_number_and_the_unit",
+            WRONG_ANSWER_TEST,
+        ),
+    ),
+    Mutant(
+        "session-bare-assert",
+        "a session test back to a bare assert: 'assert 2.3 == 1.6 ± 1.6e-09', whose is which?",
+        "tests/test_exercises/test_session_1.py",
+        (
+            (
+                'expect(bigram_entropy(tokens), pytest.approx(expected, rel=1e-9), nats, "400 bytes'
+                ' of 0..4")',
+                "assert bigram_entropy(tokens) == pytest.approx(expected, rel=1e-9)",
+            ),
+        ),
+        (
+            f"{EXPECT_TEST}::test_session_tests_compare_through_expect_or_say_why[test_session_1.py]",
+            WRONG_ANSWER_TEST,
+        ),
+    ),
+    Mutant(
+        "homework-no-hint",
+        "a failed exercise's line in the report without the hint from its docstring",
+        "scripts/harness/grading.py",
+        (("            line += f\" · Hint: {entry['hint']}\"\n", "            pass\n"),),
+        (
+            f"{HOMEWORK_TEST}::test_a_failure_line_ends_with_the_hint_and_only_the_hint_is_cut",
+            WRONG_ANSWER_TEST,
+        ),
+    ),
+    Mutant(
+        "hint-ignores-hint-line",
+        "the hint is always the docstring's last paragraph, not the text after 'Hint:'",
+        "scripts/harness/grading.py",
+        (("return hinted[0] if hinted else paragraphs[-1]", "return paragraphs[-1]"),),
+        (f"{HOMEWORK_TEST}::test_every_exercise_has_a_hint_from_its_docstring",),
+    ),
+    Mutant(
+        "machine-cpu-x8",
+        "the report's machine line says 'cpu x8', as if 8 chips, not 8 simulated devices",
+        "scripts/harness/grading.py",
+        (
+            (
+                'devices = f"{count} simulated devices" if count != "1" else "1 device"',
+                'devices = f"cpu x{count}"',
+            ),
+        ),
+        (
+            f"{HOMEWORK_TEST}::test_the_machine_line_says_which_devices_are_simulated",
+            f"{HOMEWORK_TEST}::test_solutions_pass_in_one_message",
+        ),
     ),
     Mutant(
         "stub-lacks-import",

@@ -255,10 +255,17 @@ def fake_grading(monkeypatch):
         exercises[f"m.f{i}"] = {
             "status": "fail",
             "why": f"AssertionError: @everyone {i} " + "x" * 80,
+            "hint": f"the docstring of m.f{i}, " + "y" * 60,
             "measured": [],
             "session_file": grading.SESSIONS[session][0].removesuffix(".py"),
         }
-    machine = {"backend": "cpu", "device_kind": "cpu", "device_count": "8", "jax": "0"}
+    machine = {
+        "backend": "cpu",
+        "device_kind": "cpu",
+        "device_count": "8",
+        "host_cores": "2",
+        "jax": "0",
+    }
     monkeypatch.setattr(grading, "run_tests", lambda *args: (object(), ""))
     monkeypatch.setattr(grading, "results", lambda root: (machine, exercises))
 

@@ -2,6 +2,7 @@
 command): run the session's tests in a fresh pytest process, read its results,
 and split the Markdown report into Discord-sized parts."""
 
+import ast
 import os
 import platform
 import subprocess
@@ -134,11 +135,34 @@ def first_line(text):
         numpy = lines[1].startswith(("Not equal", "Arrays are not"))
         if numpy and len(lines) > 2 and not lines[2].startswith(("Mismatch", "(shapes", "x:")):
             line += f" ({lines[2]})"
-    return line
+    # A test's own words (tests/test_exercises/expect.py's) need no exception name.
+    return line.removeprefix("AssertionError:").strip()
+
+
+def hint(name):
+    """The hint for exercise 'module.function', from its docstring: the text after
+    "Hint:", else the last paragraph (how to compute it); "" for no exercise.
+
+    Read from solutions/, whose docstrings are the exercises' own (a test holds
+    them equal), with ast: a student's half-written exercise may not even parse."""
+    module, _, function = name.rpartition(".")
+    path = os.path.join(REPO, "solutions", f"{module}.py")
+    if not module or not os.path.isfile(path):
+        return ""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
+    doc = ast.get_docstring(functions[0]) if functions else None
+    if not doc:
+        return ""
+    paragraphs = [" ".join(p.split()) for p in doc.split("\n\n")]
+    hinted = [p.partition("Hint:")[2].strip() for p in paragraphs if "Hint:" in p]
+    return hinted[0] if hinted else paragraphs[-1]
 
 
 def results(root):
-    """(machine, {exercise: {"status", "why", "measured", "session_file"}}), in test order.
+    """(machine, {exercise: {"status", "why", "hint", "measured", "session_file"}}), in
+    test order; a failed exercise's hint comes from its docstring.
 
     A test that grades no exercise (a file that failed to import, say) is
     listed under its own name, so nothing that failed goes unreported."""
@@ -165,6 +189,7 @@ def results(root):
         real = [why for why in whys if why != f"not started: {name}"]
         exercises[name]["status"] = "fail" if real else "not started"
         exercises[name]["why"] = real[0] if real else ""
+        exercises[name]["hint"] = hint(name) if real else ""
     return machine, exercises
 
 
@@ -172,6 +197,8 @@ def exercise_line(name, entry):
     line = f"{MARK[entry['status']]} `{name}`"
     if entry["status"] == "fail":
         line += f": {entry['why']}"
+        if entry.get("hint"):  # last: what is cut at LINE_LIMIT is the hint's end
+            line += f" · Hint: {entry['hint']}"
     elif entry["status"] == "not started":
         line += ": not started"
     if entry["measured"] and entry["status"] == "pass":
@@ -179,15 +206,26 @@ def exercise_line(name, entry):
     return line if len(line) <= LINE_LIMIT else line[: LINE_LIMIT - 1] + "…"
 
 
+def machine_line(machine, solutions):
+    """What ran the tests. On a CPU, JAX's devices are simulated (tests/conftest.py
+    asks XLA for 8), all sharing the host's cores: said so, with the real cores
+    beside them, lest 8 devices read as 8 chips."""
+    backend, count = machine.get("backend", "?"), machine.get("device_count", "?")
+    cores = machine.get("host_cores", "?")
+    if backend == "cpu":
+        devices = f"{count} simulated devices" if count != "1" else "1 device"
+        what = f"cpu, {devices} on {cores} cores"
+    else:
+        what = f"{backend} ({machine.get('device_kind', '?')} x{count}), {cores} CPU cores"
+    system = f"Python {platform.python_version()}, {platform.system()} {platform.machine()}"
+    tree = "solutions/" if solutions else "exercises/"
+    return f"machine: {what}, JAX {machine.get('jax', '?')}, {system} · graded {tree}"
+
+
 def report_blocks(sessions, machine, exercises, solutions):
     """The report as blocks of lines, kept together in one message where they fit:
     the machine; per session its exercises; the tally."""
-    tree = "solutions/" if solutions else "exercises/"
-    devices = f"{machine.get('device_kind', '?')} x{machine.get('device_count', '?')}"
-    system = f"Python {platform.python_version()}, {platform.system()} {platform.machine()}"
-    jax_version = machine.get("jax", "?")
-    backend = machine.get("backend", "?")
-    blocks = [[f"machine: {backend} ({devices}), JAX {jax_version}, {system} · graded {tree}"]]
+    blocks = [[machine_line(machine, solutions)]]
     for session in sessions:
         test_file = SESSIONS[session][0].removesuffix(".py")
         mine = {n: e for n, e in exercises.items() if e["session_file"] == test_file}

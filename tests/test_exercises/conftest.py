@@ -44,4 +44,7 @@ def _record_machine(record_testsuite_property):
     record_testsuite_property("backend", jax.default_backend())
     record_testsuite_property("device_kind", device.device_kind)
     record_testsuite_property("device_count", jax.device_count())
+    # The cores this process may run on (a container's share), not the 8 simulated devices.
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    record_testsuite_property("host_cores", len(cores) if cores else os.cpu_count())
     record_testsuite_property("jax", jax.__version__)

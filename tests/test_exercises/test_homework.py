@@ -1,9 +1,14 @@
 """scripts/homework.py: a report per exercise, in Discord-sized parts, an honest exit status."""
 
+import importlib
+import inspect
 import itertools
+import math
 import os
 import pathlib
 import random
+import re
+import shutil
 import subprocess
 import sys
 
@@ -15,10 +20,19 @@ from scripts.harness import grading
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_homework(*args):
+def cores():
+    """The cores this process may run on, as the report counts them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def run_homework(*args, repo=REPO):
+    """homework.py ARGS as a student runs it, in the repository at `repo`, whose
+    modules come first (not those of an editable install elsewhere)."""
+    path = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
         [sys.executable, os.path.join("scripts", "homework.py"), *args],
-        cwd=REPO,
+        cwd=repo,
+        env=dict(os.environ, PYTHONPATH=path),
         capture_output=True,
         text=True,
         timeout=600,
@@ -36,6 +50,8 @@ def test_solutions_pass_in_one_message():
     assert grading.discord_length(parts[0]) <= grading.DISCORD_LIMIT
     assert "✅ `s1_feedforward.influence`" in parts[0]
     assert "machine: cpu" in parts[0] and "JAX " in parts[0]
+    # tests/conftest.py's 8 devices are the host's cores, simulated: said so.
+    assert f"machine: cpu, 8 simulated devices on {cores()} cores, JAX " in parts[0]
     assert "bigram" in parts[0], "the measured entropies are reported"
 
 
@@ -111,12 +127,93 @@ def test_a_failure_shows_its_first_line_and_a_measurement_only_on_pass():
     assert grading.exercise_line("a.b", entry) == "❌ `a.b`: AssertionError: loss 3.26"
     entry = {"status": "pass", "why": "", "measured": ["1.9x"]}
     assert grading.exercise_line("a.b", entry) == "✅ `a.b` · 1.9x"
-    assert (
-        grading.first_line("AssertionError: \nNot equal\nMismatch") == "AssertionError: Not equal"
-    )
+    assert grading.first_line("AssertionError: \nNot equal\nMismatch") == "Not equal"
     numpy = "AssertionError: \nNot equal to tolerance rtol=0\nquery s=2\nMismatched elements: 8 / 8"
-    assert grading.first_line(numpy) == "AssertionError: Not equal to tolerance rtol=0 (query s=2)"
+    assert grading.first_line(numpy) == "Not equal to tolerance rtol=0 (query s=2)"
     assert grading.first_line("Failed: not started: a.b") == "not started: a.b"
+    said = "AssertionError: K=8: yours 536,870,912 bytes, expected 1,073,741,824 bytes"
+    assert grading.first_line(said) == said.removeprefix("AssertionError: ")
+
+
+def test_a_failure_line_ends_with_the_hint_and_only_the_hint_is_cut():
+    entry = {"status": "fail", "why": "K=8: yours 1, expected 2", "hint": "2·L·B·T", "measured": []}
+    assert (
+        grading.exercise_line("a.b", entry) == "❌ `a.b`: K=8: yours 1, expected 2 · Hint: 2·L·B·T"
+    )
+    entry["hint"] = "count " * 100
+    line = grading.exercise_line("a.b", entry)
+    assert len(line) == grading.LINE_LIMIT and line.endswith("count…")
+    assert line.startswith("❌ `a.b`: K=8: yours 1, expected 2 · Hint: count count")
+    for status in ("pass", "not started"):  # a hint only where something failed
+        assert "Hint" not in grading.exercise_line("a.b", dict(entry, status=status))
+
+
+def graded_exercises():
+    """Every 'module.function' a session test grades."""
+    tests = pathlib.Path(REPO, "tests", "test_exercises")
+    text = "".join(tests.joinpath(file).read_text() for file, _ in grading.SESSIONS.values())
+    return sorted(set(re.findall(r'mark\.exercise\("([\w.]+)"\)', text)))
+
+
+@pytest.mark.parametrize("name", graded_exercises())
+def test_every_exercise_has_a_hint_from_its_docstring(name):
+    """The text after "Hint:" where the docstring has one; else its last paragraph."""
+    module, _, function = name.rpartition(".")
+    doc = inspect.getdoc(getattr(importlib.import_module(f"exercises.{module}"), function))
+    hint = grading.hint(name)
+    assert hint, f"{name}: no hint"
+    flat = " ".join(doc.split())
+    if "Hint:" in doc:
+        assert f"Hint: {hint}" in flat, hint
+    else:
+        assert flat.endswith(hint), hint
+
+
+def test_no_hint_for_a_test_that_grades_no_exercise():
+    assert grading.hint("tests.test_exercises.test_session_2.test_x") == ""
+    assert grading.hint("decode_cost.no_such_function") == ""
+    assert grading.hint("no_such_module.f") == ""
+
+
+def test_the_machine_line_says_which_devices_are_simulated():
+    cpu = {"backend": "cpu", "device_kind": "cpu", "device_count": "8", "host_cores": "2"}
+    line = grading.machine_line(dict(cpu, jax="0.10.2"), solutions=False)
+    assert line.startswith("machine: cpu, 8 simulated devices on 2 cores, JAX 0.10.2, "), line
+    assert line.endswith(" · graded exercises/") and "cpu x8" not in line
+    one = grading.machine_line(dict(cpu, device_count="1"), solutions=True)
+    assert "machine: cpu, 1 device on 2 cores, " in one and "simulated" not in one
+    gpu = {"backend": "gpu", "device_kind": "NVIDIA H100 80GB HBM3", "device_count": "1"}
+    line = grading.machine_line(dict(gpu, host_cores="16"), solutions=True)
+    assert line.startswith("machine: gpu (NVIDIA H100 80GB HBM3 x1), 16 CPU cores, "), line
+    assert "simulated" not in line and line.endswith(" · graded solutions/")
+
+
+def test_a_wrong_answer_says_whose_number_its_unit_and_the_hint(tmp_path):
+    """A student's bigram entropy in bits (log2), graded: the report's line names the
+    exercise, the case, their number and the expected one in nats, and the hint."""
+    for folder in ("sessions", "roofline", "scripts", "tests", "exercises", "solutions"):
+        ignore = shutil.ignore_patterns("__pycache__", "fixtures")
+        shutil.copytree(os.path.join(REPO, folder), tmp_path / folder, ignore=ignore)
+    shutil.copy(os.path.join(REPO, "pyproject.toml"), tmp_path)
+    solution = pathlib.Path(REPO, "solutions", "s1_feedforward.py").read_text()
+    in_bits = solution.replace("np.log(p / current[a])", "np.log2(p / current[a])")
+    assert in_bits != solution, "the planted bug no longer fits the solution"
+    (tmp_path / "exercises" / "s1_feedforward.py").write_text(in_bits)
+    done, parts = run_homework("1", repo=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = {line.split("`")[1]: line for line in parts[0].splitlines() if line[:1] in "✅❌"}
+    assert lines["s1_feedforward.influence"].startswith("✅"), lines
+    line = lines["s1_feedforward.bigram_entropy"]
+    said = re.fullmatch(
+        r"❌ `s1_feedforward.bigram_entropy`: (.+?): yours (.+?) nats/byte, "
+        r"expected (.+?) nats/byte ± \S+ · Hint: (.+)",
+        line,
+    )
+    assert said, line
+    what, yours, expected, hint = said.groups()
+    assert what == "400 bytes of 0..4"
+    assert float(yours) == pytest.approx(float(expected) / math.log(2), rel=1e-6), "bits"
+    assert hint == grading.hint("s1_feedforward.bigram_entropy")
 
 
 def utf16(text):

@@ -11,6 +11,8 @@ from adapters import exercise
 from sessions.model import init_params
 from sessions.train import data
 
+from .expect import expect
+
 influence = exercise("s1_feedforward.influence")
 bigram_entropy = exercise("s1_feedforward.bigram_entropy")
 
@@ -47,10 +49,12 @@ def test_bigram_entropy_by_hand():
         firsts[a] = firsts.get(a, 0) + 1
     n = len(tokens) - 1
     expected = -sum(c / n * np.log(c / firsts[a]) for (a, _), c in pairs.items())
-    assert bigram_entropy(tokens) == pytest.approx(expected, rel=1e-9)
-    assert bigram_entropy(np.tile(np.arange(7, dtype=np.uint8), 50)) == pytest.approx(0, abs=1e-12)
+    nats = "nats/byte"
+    expect(bigram_entropy(tokens), pytest.approx(expected, rel=1e-9), nats, "400 bytes of 0..4")
+    cycle = np.tile(np.arange(7, dtype=np.uint8), 50)
+    expect(bigram_entropy(cycle), pytest.approx(0, abs=1e-12), nats, "0..6 repeated: no surprise")
     uniform = rng.integers(0, 256, size=2**20).astype(np.uint8)
-    assert bigram_entropy(uniform) == pytest.approx(np.log(256), abs=0.05)
+    expect(bigram_entropy(uniform), pytest.approx(np.log(256), abs=0.05), nats, "uniform: log 256")
 
 
 @pytest.mark.exercise("s1_feedforward.bigram_entropy")
@@ -58,4 +62,10 @@ def test_bigram_entropy_of_the_corpus_is_below_unigram(record_property):
     corpus = data.load_corpus()
     bigram, unigram = bigram_entropy(corpus), data.unigram_entropy(corpus)
     record_property("measured", f"corpus: bigram {bigram:.2f} vs unigram {unigram:.2f} nats/byte")
-    assert 0 < bigram < unigram
+    expect(
+        bigram,
+        above=0,
+        below=unigram,
+        unit="nats/byte",
+        what="the corpus; below: its unigram entropy",
+    )

@@ -20,6 +20,7 @@ from sessions.model.config import ModelConfig
 from sessions.shard.sharding import make_mesh
 
 from .deadlines import take, wait_until
+from .expect import expect
 
 one_query = exercise("attention.one_query")
 packed_attention = exercise("attention.packed_attention")
@@ -123,7 +124,7 @@ DISTINCT = jnp.array([[3, 14, 15, 92, 65, 35, 89, 79], [27, 18, 28, 182, 84, 59,
 def test_without_positions_the_last_output_ignores_the_order_of_earlier_tokens(key):
     cfg = one_layer(positions=False)
     change = last_output_change(init_params(cfg, key), DISTINCT, cfg, jax.random.key(3))
-    assert change < 1e-4, f"without positions the last logits moved by {change}"
+    expect(change, below=1e-4, what="without positions, how far the last logits moved")
 
 
 @pytest.mark.exercise("positions.last_output_change")
@@ -132,7 +133,7 @@ def test_positions_make_the_order_matter(key):
     params = init_params(cfg, key)
     params["pos"] = params["pos"] * 100  # unit scale, as after some training
     change = last_output_change(params, DISTINCT, cfg, jax.random.key(3))
-    assert change > 1e-2, f"with positions the last logits moved by only {change}"
+    expect(change, above=1e-2, what="with positions, how far the last logits moved")
 
 
 # Jit.
@@ -141,23 +142,37 @@ def test_positions_make_the_order_matter(key):
 @pytest.mark.exercise("jit_fusion.unfused_bytes")
 def test_unfused_bytes_by_hand():
     # A [4, 2], B [2, 3]: 8 + 6 read, C 12 written, read, out 12 written: 50 floats.
-    assert unfused_bytes(4, 2, 3, 4) == 50 * 4
-    assert unfused_bytes(1024, 16, 1024, 2) == 2 * (2 * 16 * 1024 + 3 * 1024 * 1024)
+    expect(unfused_bytes(4, 2, 3, 4), 50 * 4, "bytes", "M=4, K=2, N=3, float32")
+    expect(
+        unfused_bytes(1024, 16, 1024, 2),
+        2 * (2 * 16 * 1024 + 3 * 1024 * 1024),
+        "bytes",
+        "M=1024, K=16, N=1024, bfloat16",
+    )
 
 
 @pytest.mark.exercise("jit_fusion.fused_bytes")
 def test_fused_bytes_by_hand():
-    assert fused_bytes(4, 2, 3, 4) == 26 * 4
-    assert fused_bytes(1024, 16, 1024, 2) == 2 * (2 * 16 * 1024 + 1024 * 1024)
+    # A and B read, the output written: 8 + 6 + 12 = 26 floats.
+    expect(fused_bytes(4, 2, 3, 4), 26 * 4, "bytes", "M=4, K=2, N=3, float32")
+    expect(
+        fused_bytes(1024, 16, 1024, 2),
+        2 * (2 * 16 * 1024 + 1024 * 1024),
+        "bytes",
+        "M=1024, K=16, N=1024, bfloat16",
+    )
 
 
 @pytest.mark.exercise("jit_fusion.predicted_speedup")
 def test_predicted_speedup_is_the_ratio_of_bytes():
-    assert predicted_speedup(4, 2, 3, 4) == pytest.approx(50 / 26)
-    assert predicted_speedup(2048, 8, 2048) == pytest.approx(
-        (32768 + 3 * 2048**2) / (32768 + 2048**2)
+    expect(predicted_speedup(4, 2, 3, 4), pytest.approx(50 / 26), "x", "M=4, K=2, N=3, float32")
+    expect(
+        predicted_speedup(2048, 8, 2048),
+        pytest.approx((32768 + 3 * 2048**2) / (32768 + 2048**2)),
+        "x",
+        "M=2048, K=8, N=2048",
     )
-    assert 2.9 < predicted_speedup(4096, 4, 4096) < 3  # K small: nearly 3
+    expect(predicted_speedup(4096, 4, 4096), above=2.9, below=3, unit="x", what="K small: nearly 3")
 
 
 @pytest.mark.exercise("jit_fusion.measure_speedup")
@@ -166,8 +181,14 @@ def test_measure_speedup_runs_and_reports_consistent_numbers(record_property):
     M, K, N = 1024, 16, 1024
     result = measure_speedup(M, K, N, repeats=3)
     assert set(result) >= {"op_by_op_s", "jit_s", "speedup"}, f"keys: {sorted(result)}"
-    assert all(math.isfinite(result[k]) and result[k] > 0 for k in ("op_by_op_s", "jit_s"))
-    assert result["speedup"] == pytest.approx(result["op_by_op_s"] / result["jit_s"])
+    times = {k: result[k] for k in ("op_by_op_s", "jit_s")}
+    assert all(math.isfinite(s) and s > 0 for s in times.values()), f"not times: {times}"
+    expect(
+        result["speedup"],
+        pytest.approx(result["op_by_op_s"] / result["jit_s"]),
+        "x",
+        "speedup: op_by_op_s / jit_s",
+    )
     record_property(
         "measured",
         f"relu(A@B) {M}x{K}x{N}: op by op {result['op_by_op_s'] * 1e3:.2f} ms, "
@@ -181,8 +202,10 @@ def test_measure_speedup_runs_and_reports_consistent_numbers(record_property):
 
 @pytest.mark.exercise("prefetch.prefetch")
 def test_prefetch_yields_every_batch_in_order():
-    assert take(prefetch(lambda step: step * step, 10, 3)) == ([s * s for s in range(10)], None)
-    assert take(prefetch(lambda step: step, 0, 2)) == ([], None)
+    squares = ([s * s for s in range(10)], None)
+    what = "(batches, error) of 10 steps, depth 3"
+    expect(take(prefetch(lambda step: step * step, 10, 3)), squares, "", what)
+    expect(take(prefetch(lambda step: step, 0, 2)), ([], None), "", "(batches, error) of 0 steps")
 
 
 @pytest.mark.exercise("prefetch.prefetch")
@@ -195,13 +218,13 @@ def test_prefetch_runs_ahead_by_depth_on_another_thread_and_no_further():
         return step
 
     batches = prefetch(make_batch, 20, depth)
-    assert take(batches, 1) == ([0], None)
+    expect(take(batches, 1), ([0], None), "", "(batches, error): the first one")
     # The consumer holds batch 0; a prefetcher fills its `depth` places meanwhile.
     wait_until(lambda: len(made) >= 1 + depth, f"only {len(made)} batches were made ahead")
     time.sleep(0.1)  # give a runaway thread the chance to overrun
     assert len(made) <= 1 + depth + 1, f"{len(made)} batches made with 1 taken, depth {depth}"
     assert threading.get_ident() not in threads, "batches were made on the consumer's thread"
-    assert take(batches) == (list(range(1, 20)), None)
+    expect(take(batches), (list(range(1, 20)), None), "", "(batches, error): the other 19")
 
 
 @pytest.mark.exercise("prefetch.prefetch")
@@ -238,10 +261,14 @@ def named_leaves(tree):
 def test_param_shapes_are_shape_dtype_structs_of_the_params(key):
     shapes = param_shapes(MESH_CFG)
     params = init_params(MESH_CFG, key)
-    assert jax.tree.structure(shapes) == jax.tree.structure(params)
+    assert jax.tree.structure(shapes) == jax.tree.structure(params), (
+        f"not the params' tree: {jax.tree.structure(shapes)}"
+    )
     for (name, _, s), x in zip(named_leaves(shapes), jax.tree.leaves(params)):
         assert isinstance(s, jax.ShapeDtypeStruct), f"{name} is a {type(s).__name__}"
-        assert (s.shape, s.dtype) == (x.shape, x.dtype), name
+        assert (s.shape, s.dtype) == (x.shape, x.dtype), (
+            f"{name}: yours {s.shape} {s.dtype}, expected {x.shape} {x.dtype}"
+        )
 
 
 @pytest.mark.exercise("sharding.param_specs")
@@ -280,42 +307,48 @@ def test_init_sharded_builds_the_same_params_in_shards(key):
 @pytest.mark.exercise("flops.param_count")
 def test_param_count_counts_every_scalar(cfg, key):
     params = init_params(cfg, key)
-    assert param_count(cfg) == sum(x.size for x in jax.tree.leaves(params))
+    what = "E=24, F=40, H=3, D=8, L=2, S=16, V=256"
+    expect(param_count(cfg), sum(x.size for x in jax.tree.leaves(params)), "params", what)
     # By hand for the fixture: embed V*E, pos S*E, final norm E, per layer 2 norms,
     # q k v o 4*E*H*D, MLP 2*E*F.
     E, F, HD, V, L, T = 24, 40, 24, 256, 2, 16
-    assert param_count(cfg) == V * E + T * E + E + L * (2 * E + 4 * E * HD + 2 * E * F)
+    by_hand = V * E + T * E + E + L * (2 * E + 4 * E * HD + 2 * E * F)
+    expect(param_count(cfg), by_hand, "params", f"{what}, counted by hand")
 
 
 @pytest.mark.exercise("flops.train_flops")
 def test_train_flops_is_six_b_p(cfg):
     P = 256 * 24 + 16 * 24 + 24 + 2 * (2 * 24 + 4 * 24 * 24 + 2 * 24 * 40)
-    assert train_flops(cfg, 2) == 6 * (2 * 16) * P
-    assert train_flops(cfg, 4) == 2 * train_flops(cfg, 2)
+    expect(train_flops(cfg, 2), 6 * (2 * 16) * P, "FLOPs", f"6·B·P, B = 2·16 tokens, P = {P:,}")
+    expect(train_flops(cfg, 4), 2 * train_flops(cfg, 2), "FLOPs", "batch 4: twice batch 2's")
 
 
 @pytest.mark.exercise("flops.attention_flops")
 def test_attention_flops_by_hand(cfg):
     # 2 layers x 2 matmuls x 2*B*S*S*H*D, times 3 for the backward pass.
-    assert attention_flops(cfg, 2) == 3 * 2 * 2 * (2 * 2 * 16 * 16 * 3 * 8)
-    assert attention_flops(dataclasses.replace(cfg, seq=32), 2) == 4 * attention_flops(cfg, 2)
-    assert attention_flops(dataclasses.replace(cfg, attention=False), 2) == 0
+    by_hand = 3 * 2 * 2 * (2 * 2 * 16 * 16 * 3 * 8)
+    expect(attention_flops(cfg, 2), by_hand, "FLOPs", "L=2, batch 2, S=16, H=3, D=8")
+    longer = attention_flops(dataclasses.replace(cfg, seq=32), 2)
+    expect(longer, 4 * attention_flops(cfg, 2), "FLOPs", "S=32: four times S=16's (S²)")
+    none = attention_flops(dataclasses.replace(cfg, attention=False), 2)
+    expect(none, 0, "FLOPs", "a model without attention")
 
 
 @pytest.mark.exercise("flops.attention_share")
 def test_attention_share_by_hand_and_growing_with_seq(cfg):
     P = 256 * 24 + 16 * 24 + 24 + 2 * (2 * 24 + 4 * 24 * 24 + 2 * 24 * 40)
     attn = 3 * 2 * 2 * (2 * 2 * 16 * 16 * 3 * 8)
-    assert attention_share(cfg, 2) == pytest.approx(attn / (6 * 32 * P + attn))
+    share = pytest.approx(attn / (6 * 32 * P + attn))
+    expect(attention_share(cfg, 2), share, "", "batch 2, S=16: attention / (6·B·P + attention)")
     longer = dataclasses.replace(cfg, seq=64)
-    assert attention_share(longer, 2) > attention_share(cfg, 2)
+    expect(attention_share(longer, 2), above=attention_share(cfg, 2), what="S=64 against S=16")
 
 
 @pytest.mark.exercise("flops.mfu")
 def test_mfu_by_hand():
     # 6e15 FLOPs in 2 s on 8 chips of 989 TFLOP/s (H100 SXM, bf16).
-    assert mfu(6e15, 2.0, 989e12, chips=8) == pytest.approx(6e15 / 2 / (8 * 989e12))
-    assert mfu(1e12, 1.0, 1e12) == pytest.approx(1.0)
+    expect(mfu(6e15, 2.0, 989e12, chips=8), pytest.approx(6e15 / 2 / (8 * 989e12)), "", "8 H100s")
+    expect(mfu(1e12, 1.0, 1e12), pytest.approx(1.0), "", "1e12 FLOPs in 1 s at 1e12 FLOP/s")
 
 
 # Arithmetic intensity of C @ relu(A @ B), attention-shaped.
@@ -327,34 +360,42 @@ CHAIN = 2048, 4096, 128  # queries S, keys T, head dim D: attention-like, S != T
 @pytest.mark.exercise("intensity.chain_flops")
 def test_chain_flops_by_hand():
     S, T, D = CHAIN
-    assert chain_flops(S, T, D) == 4 * S * T * D
-    assert chain_flops(1, 2, 3) == 2 * 2 * 3 * 1 + 2 * 3 * 2 * 1
+    expect(chain_flops(S, T, D), 4 * S * T * D, "FLOPs", f"S={S}, T={T}, D={D}")
+    expect(chain_flops(1, 2, 3), 2 * 2 * 3 * 1 + 2 * 3 * 2 * 1, "FLOPs", "S=1, T=2, D=3")
 
 
 @pytest.mark.exercise("intensity.chain_bytes")
 def test_chain_bytes_by_hand():
     S, T, D = CHAIN
     inputs_and_output = T * D + D * S + D * T + D * S
-    assert chain_bytes(S, T, D, 2, fused=True) == 2 * inputs_and_output
-    assert chain_bytes(S, T, D, 2, fused=False) == 2 * (inputs_and_output + 4 * S * T)
-    assert chain_bytes(S, T, D, 4, fused=True) == 4 * inputs_and_output
+    what = f"S={S}, T={T}, D={D}"
+    expect(
+        chain_bytes(S, T, D, 2, fused=True), 2 * inputs_and_output, "bytes", f"{what}, bf16, fused"
+    )
+    unfused = 2 * (inputs_and_output + 4 * S * T)
+    expect(chain_bytes(S, T, D, 2, fused=False), unfused, "bytes", f"{what}, bf16, unfused")
+    expect(
+        chain_bytes(S, T, D, 4, fused=True), 4 * inputs_and_output, "bytes", f"{what}, f32, fused"
+    )
 
 
 @pytest.mark.exercise("intensity.chain_intensity")
 def test_chain_intensity_by_hand():
     S, T, D = CHAIN
-    fused = 4 * S * T * D / (2 * 2 * D * (S + T))
-    assert chain_intensity(S, T, D, 2, fused=True) == pytest.approx(fused)  # ~ 1365
-    unfused = 4 * S * T * D / (2 * (2 * D * (S + T) + 4 * S * T))
-    assert chain_intensity(S, T, D, 2, fused=False) == pytest.approx(unfused)  # ~ 61
+    what, unit = f"S={S}, T={T}, D={D}, bf16", "FLOPs/byte"
+    fused = 4 * S * T * D / (2 * 2 * D * (S + T))  # ~ 1365
+    expect(chain_intensity(S, T, D, 2, fused=True), pytest.approx(fused), unit, f"{what}, fused")
+    unfused = 4 * S * T * D / (2 * (2 * D * (S + T) + 4 * S * T))  # ~ 61
+    got = chain_intensity(S, T, D, 2, fused=False)
+    expect(got, pytest.approx(unfused), unit, f"{what}, unfused")
 
 
 @pytest.mark.exercise("intensity.bound")
 def test_keeping_the_score_matrix_on_chip_crosses_the_ridge():
     """Op by op, attention is memory-bound on an H100; fused, compute-bound."""
     peak, bandwidth = H100.peak("bfloat16"), H100.hbm_bandwidth
-    assert bound(61.0, peak, bandwidth) == "memory"
-    assert bound(1365.0, peak, bandwidth) == "compute"
-    assert (
-        bound(peak / bandwidth, peak, bandwidth) == "compute"
-    )  # on the ridge: either, say compute
+    ridge = peak / bandwidth
+    expect(bound(61.0, peak, bandwidth), "memory", "", f"61 FLOPs/byte, ridge {ridge:.0f}")
+    expect(bound(1365.0, peak, bandwidth), "compute", "", f"1365 FLOPs/byte, ridge {ridge:.0f}")
+    # On the ridge: either, say compute.
+    expect(bound(ridge, peak, bandwidth), "compute", "", "on the ridge")

@@ -14,6 +14,8 @@ from adapters import exercise
 
 from roofline.hardware import CHIPS
 
+from .expect import expect
+
 online_softmax_attention = exercise("flash.online_softmax_attention")
 flash_tile = exercise("flash.flash_tile")
 causal_key_blocks = exercise("flash.causal_key_blocks")
@@ -48,7 +50,7 @@ def test_online_softmax_equals_softmax(scale):
     maximum is subtracted first."""
     q, k, v = qkv(scale)
     got = online_softmax_attention(q, k, v, 16)
-    assert got.shape == (S, D)
+    expect(got.shape, (S, D), "", "the output's shape [S, D]")
     np.testing.assert_allclose(got, softmax_attention(q, k, v), rtol=1e-4, atol=1e-5)
 
 
@@ -93,9 +95,11 @@ def test_a_tile_with_every_key_hidden_changes_nothing():
     then a visible one: no NaN, and the visible one's attention alone."""
     q, k, v = qkv()
     running = flash_tile(q[:8], k[:8], v[:8], *fresh(8), mask=jnp.zeros((8, 8), bool))
-    assert bool(jnp.all(jnp.isneginf(running[0]))) and not bool(jnp.any(running[1]))
+    assert bool(jnp.all(jnp.isneginf(running[0]))) and not bool(jnp.any(running[1])), (
+        f"every key hidden: row_max {running[0]} (expected -inf), row_sum {running[1]} (0)"
+    )
     _, row_sum, acc = flash_tile(q[:8], k[8:16], v[8:16], *running)
-    assert bool(jnp.all(jnp.isfinite(acc)))
+    assert bool(jnp.all(jnp.isfinite(acc))), "acc holds NaN or inf after a hidden tile"
     expected = softmax_attention(q[:8], k[8:16], v[8:16])
     np.testing.assert_allclose(acc / row_sum[:, None], expected, rtol=1e-4, atol=1e-5)
 
@@ -113,7 +117,8 @@ def test_causal_key_blocks_against_the_mask(block_q, block_k):
             for j in range(-(-S_long // block_k))
             if np.any(np.arange(j * block_k, (j + 1) * block_k)[None, :] <= queries[:, None])
         ]
-        assert causal_key_blocks(i, block_q, block_k) == max(needed) + 1, (i, block_q, block_k)
+        what = f"query block {i} of {block_q} rows, key blocks of {block_k}"
+        expect(causal_key_blocks(i, block_q, block_k), max(needed) + 1, "key blocks", what)
 
 
 def fsdp_mesh(n):
@@ -143,7 +148,8 @@ def test_fsdp_dense_and_its_gradient_equal_the_plain_product():
     ours = jax.grad(lambda w: jnp.sum(fsdp_dense(x, w, mesh) ** 2))(w)
     plain = jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)
     np.testing.assert_allclose(ours, plain, rtol=1e-4, atol=1e-3)
-    assert "all-gather" in collectives(lambda x, w: fsdp_dense(x, w, mesh), x, w)
+    found = collectives(lambda x, w: fsdp_dense(x, w, mesh), x, w)
+    assert "all-gather" in found, f"no all-gather in the compiled program, only {found}"
 
 
 @pytest.mark.exercise("manual_fsdp.ring_matmul")
@@ -164,13 +170,15 @@ LAYER = 12 * 4096**2  # a layer of a 4096-wide transformer: 4·E² attention + 8
 
 @pytest.mark.exercise("sharding.fsdp_flops_per_chip")
 def test_fsdp_flops_per_chip_by_hand():
-    assert fsdp_flops_per_chip(LAYER, 1_048_576, 256) == pytest.approx(6 * 4096 * LAYER)
+    got = fsdp_flops_per_chip(LAYER, 1_048_576, 256)
+    expect(got, pytest.approx(6 * 4096 * LAYER), "FLOPs", "1,048,576 tokens on 256 chips")
 
 
 @pytest.mark.exercise("sharding.fsdp_bytes_per_chip")
 def test_fsdp_bytes_per_chip_by_hand():
-    assert fsdp_bytes_per_chip(LAYER, 256, 2) == pytest.approx(3 * LAYER * 2 * 255 / 256)
-    assert fsdp_bytes_per_chip(LAYER, 1, 2) == 0  # one chip: nothing to gather
+    three_collectives = pytest.approx(3 * LAYER * 2 * 255 / 256)
+    expect(fsdp_bytes_per_chip(LAYER, 256, 2), three_collectives, "bytes", "256 chips, bf16")
+    expect(fsdp_bytes_per_chip(LAYER, 1, 2), 0, "bytes", "one chip: nothing to gather")
 
 
 @pytest.mark.exercise("sharding.fsdp_comm_hidden")
@@ -180,12 +188,12 @@ def test_fsdp_hides_communication_above_a_batch_per_chip():
     v5e = CHIPS["tpu-v5e"]
     chips, peak, ici = 256, v5e.peak("bfloat16"), v5e.interconnect
     threshold = peak * 2 * (chips - 1) / chips / (2 * ici)
-    assert threshold == pytest.approx(490.6, abs=0.1)
+    assert threshold == pytest.approx(490.6, abs=0.1), "the test's own threshold"
     for per_chip, hidden in [(threshold * 1.01, True), (threshold * 0.99, False), (4096, True)]:
         tokens = per_chip * chips
-        assert bool(fsdp_comm_hidden(LAYER, tokens, chips, peak, ici, 2)) == hidden, (
-            f"{per_chip:.0f} tokens per chip: expected hidden={hidden}"
-        )
+        got = bool(fsdp_comm_hidden(LAYER, tokens, chips, peak, ici, 2))
+        what = f"{per_chip:.0f} tokens per chip, threshold {threshold:.1f}: comm hidden"
+        expect(got, hidden, "", what)
 
 
 # A Pallas matmul.
@@ -198,7 +206,8 @@ def test_pallas_matmul_relu_matches_jax(blocks):
     b = jax.random.normal(jax.random.key(2), (96, 48))
     block_m, block_n, block_k = blocks
     got = matmul_relu(a, b, block_m, block_n, block_k, interpret=True)
-    assert got.shape == (64, 48) and got.dtype == jnp.float32
+    expect(got.shape, (64, 48), "", "the output's shape [M, N]")
+    assert got.dtype == jnp.float32, f"the output is {got.dtype}, expected float32"
     np.testing.assert_allclose(
         got, jax.nn.relu(a @ b), atol=1e-4, rtol=1e-5, err_msg=f"blocks {blocks}"
     )
@@ -237,12 +246,17 @@ def test_norm_matvec_matches_float64(B, E, F):
     So |error| <= 2^-8 · sum over E of |xn|·|w|, each output on its own."""
     x, scale, w = norm_inputs(B, E, F)
     got = norm_matvec(x, scale, w, mosaic_interpreter())
-    assert got.shape == (B, F) and got.dtype == jnp.float32
+    expect(got.shape, (B, F), "", "the output's shape [B, F]")
+    assert got.dtype == jnp.float32, f"the output is {got.dtype}, expected float32"
     x64, s64, w64 = (np.asarray(a, np.float64) for a in (x, scale, w))
     xn = x64 / np.sqrt(np.mean(x64**2, axis=-1, keepdims=True) + 1e-6) * s64
     want = xn @ w64.T
     bound = 2.0**-8 * (np.abs(xn) @ np.abs(w64).T) + 1e-6
-    assert (np.abs(np.asarray(got) - want) <= bound).all(), np.abs(np.asarray(got) - want).max()
+    error = np.abs(np.asarray(got) - want)
+    assert (error <= bound).all(), (
+        f"{int((error > bound).sum())} of {error.size} outputs off by more than bf16's rounding "
+        f"allows: worst {error.max():.3g} against a bound of {bound.flat[error.argmax()]:.3g}"
+    )
 
 
 # The primitive a Mosaic GPU kernel is in a jaxpr: pallas_call compiled for a GPU,
@@ -273,6 +287,6 @@ def test_norm_matvec_is_one_kernel_with_the_norm_inside():
     x, scale, w = norm_inputs(2, 64, 64)
     jaxpr = jax.make_jaxpr(lambda x, s, w: norm_matvec(x, s, w, mosaic_interpreter()))(x, scale, w)
     kernels, outside = outside_kernels(jaxpr.jaxpr)
-    assert kernels == 1, f"{kernels} kernels: expected one"
+    expect(kernels, 1, "kernels", "kernels in the jaxpr")
     done_outside = {"rsqrt", "dot_general", "reduce_sum", "mul"} & set(outside)
     assert not done_outside, f"{sorted(done_outside)} outside the kernel: fuse them into it"

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from adapters import exercise
 
+from .expect import expect
+
 gqa_cache_bytes = exercise("decode_cost.gqa_cache_bytes")
 sequences_that_fit = exercise("decode_cost.sequences_that_fit")
 int8_weight_bytes = exercise("decode_cost.int8_weight_bytes")
@@ -59,13 +61,19 @@ CACHE_8192 = 2**30  # one sequence at T=8192: 2·32·8192·8·128·2 = 2^(1+5+13
 
 @pytest.mark.exercise("decode_cost.gqa_cache_bytes")
 def test_gqa_cache_bytes_by_hand():
-    assert gqa_cache_bytes(32, 1, 8192, 32, 8, 128, 2) == CACHE_8192  # 1.07 GB
-    assert gqa_cache_bytes(32, 1, 8192, 32, 32, 128, 2) == 4 * CACHE_8192  # K = H: 4.29 GB
-    assert gqa_cache_bytes(32, 1, 8192, 32, 1, 128, 2) == CACHE_8192 // 8  # multi-query
+    llama = "LLaMA-3-8B, B=1, T=8192"
+    got = gqa_cache_bytes(32, 1, 8192, 32, 8, 128, 2)
+    expect(got, CACHE_8192, "bytes", f"{llama}, K=8 of H=32")  # 1.07 GB
+    got = gqa_cache_bytes(32, 1, 8192, 32, 32, 128, 2)
+    expect(got, 4 * CACHE_8192, "bytes", f"{llama}, K = H = 32")  # 4.29 GB
+    got = gqa_cache_bytes(32, 1, 8192, 32, 1, 128, 2)
+    expect(got, CACHE_8192 // 8, "bytes", f"{llama}, multi-query K=1")
     # The query heads do not count, only K ...
-    assert gqa_cache_bytes(32, 1, 8192, 64, 8, 128, 2) == CACHE_8192
+    got = gqa_cache_bytes(32, 1, 8192, 64, 8, 128, 2)
+    expect(got, CACHE_8192, "bytes", f"{llama}, K=8 of H=64: H does not count")
     # ... and sizes that differ pairwise make each factor count once.
-    assert gqa_cache_bytes(2, 3, 5, 14, 7, 11, 4) == 2 * 2 * 3 * 5 * 7 * 11 * 4  # 18,480
+    got = gqa_cache_bytes(2, 3, 5, 14, 7, 11, 4)
+    expect(got, 2 * 2 * 3 * 5 * 7 * 11 * 4, "bytes", "L=2, B=3, T=5, H=14, K=7, D=11, 4 bytes")
 
 
 @pytest.mark.exercise("decode_cost.gqa_cache_bytes")
@@ -79,12 +87,14 @@ def test_gqa_cache_bytes_refuses_a_k_that_does_not_divide_h(kv_heads):
 def test_sequences_that_fit_by_hand(record_property):
     # 80e9 - 16,060,522,496 = 63,939,477,504 bytes left for caches.
     fit = {k: sequences_that_fit(HBM, WEIGHTS_BF16, CACHE_8192 * k // 8) for k in (32, 8, 1)}
-    assert fit[8] == 59  # 59.55: 59·2^30 <= left < 60·2^30
-    assert fit[32] == 14  # caches of K = H heads: 14.89
-    assert fit[1] == 476  # multi-query: 476.38
-    assert sequences_that_fit(10, 4, 2) == 3  # exactly full
-    assert sequences_that_fit(80e9, 141e9, 1) == 0  # a 70B model's bf16 weights: none
-    assert sequences_that_fit(80e9, 80e9, 1) == 0
+    llama = "LLaMA-3-8B bf16 on 80 GB, T=8192"
+    expect(fit[8], 59, "sequences", f"{llama}, K=8: 59.55 caches' room")  # 59·2^30 <= left
+    expect(fit[32], 14, "sequences", f"{llama}, K = H = 32: 14.89 caches' room")
+    expect(fit[1], 476, "sequences", f"{llama}, multi-query: 476.38 caches' room")
+    expect(sequences_that_fit(10, 4, 2), 3, "sequences", "HBM 10, weights 4, caches of 2: full")
+    got = sequences_that_fit(80e9, 141e9, 1)
+    expect(got, 0, "sequences", "a 70B model's bf16 weights on 80 GB: none")
+    expect(sequences_that_fit(80e9, 80e9, 1), 0, "sequences", "weights that fill the chip")
     record_property(
         "measured",
         "LLaMA-3-8B's bf16 weights on 80 GB, T=8192: "
@@ -108,26 +118,33 @@ W16 = 2 * (7_504_658_432 + NORMS)  # 15,009,849,344 bytes
 
 @pytest.mark.exercise("decode_cost.int8_weight_bytes")
 def test_int8_weight_bytes_by_hand():
-    assert int8_weight_bytes([(3, 5)], 0) == 15 + 4 * 3  # the scales count per output row
-    assert int8_weight_bytes([(3, 5), (7, 2)], 11) == 27 + (14 + 28) + 22
-    assert int8_weight_bytes([(3, 5)], 11, other_bytes=4) == 27 + 44
-    assert int8_weight_bytes(MATMULS, NORMS) == W8 == 7_511_208_960
+    # The scales count per output row: 3 of them for a [3, 5] weight.
+    expect(int8_weight_bytes([(3, 5)], 0), 15 + 4 * 3, "bytes", "one [out=3, in=5] weight")
+    got = int8_weight_bytes([(3, 5), (7, 2)], 11)
+    expect(got, 27 + (14 + 28) + 22, "bytes", "[3, 5] and [7, 2], 11 bf16 others")
+    got = int8_weight_bytes([(3, 5)], 11, other_bytes=4)
+    expect(got, 27 + 44, "bytes", "[3, 5], 11 float32 others")
+    assert W8 == 7_511_208_960, "the test's own count"
+    expect(int8_weight_bytes(MATMULS, NORMS), W8, "bytes", "LLaMA-3-8B's matmuls and norms")
 
 
 @pytest.mark.exercise("decode_cost.critical_batch_int8")
 def test_critical_batch_int8_by_hand():
     # One [1000, 1000] weight: 2 MB in bf16, 1,004,000 bytes in int8. f = 2e6 FLOPs
     # on 1e12 FLOP/s is 2 µs a sequence; 1e9 B/s reads bf16's weights in 2 ms.
-    assert critical_batch_int8([(1000, 1000)], 0, 0, 2e6, 1e12, 1e9) == pytest.approx(
-        (1000, 502)  # 2e-3 / 2e-6; 1.004e-3 / 2e-6
-    )
+    one = [(1000, 1000)]
+    unit, what = "sequences", "(bf16, int8), one [1000, 1000] weight"
+    # 2e-3 / 2e-6; 1.004e-3 / 2e-6.
+    got = critical_batch_int8(one, 0, 0, 2e6, 1e12, 1e9)
+    expect(got, pytest.approx((1000, 502)), unit, f"{what}, no cache")
     # A cache of 1000 bytes a sequence takes 1 µs to read: the margin halves.
-    assert critical_batch_int8([(1000, 1000)], 0, 1000, 2e6, 1e12, 1e9) == pytest.approx(
-        (2000, 1004)
-    )
+    got = critical_batch_int8(one, 0, 1000, 2e6, 1e12, 1e9)
+    expect(got, pytest.approx((2000, 1004)), unit, f"{what}, 1 µs of cache")
     # A cache that takes as long to read as its FLOPs to do: never compute-bound.
-    assert critical_batch_int8([(1000, 1000)], 0, 2000, 2e6, 1e12, 1e9) == (None, None)
-    assert critical_batch_int8([(1000, 1000)], 0, 3000, 2e6, 1e12, 1e9) == (None, None)
+    got = critical_batch_int8(one, 0, 2000, 2e6, 1e12, 1e9)
+    expect(got, (None, None), unit, f"{what}, 2 µs of cache, as long as the FLOPs")
+    got = critical_batch_int8(one, 0, 3000, 2e6, 1e12, 1e9)
+    expect(got, (None, None), unit, f"{what}, 3 µs of cache, longer than the FLOPs")
 
 
 @pytest.mark.exercise("decode_cost.critical_batch_int8")
@@ -139,12 +156,15 @@ def test_critical_batch_of_llama3_8b_on_an_h100(record_property):
     cache, flops = 2 * 32 * 256 * 8 * 128 * 2, 2 * 7_504_658_432 + 4 * 32 * 256 * 32 * 128
     margin = np.float64(flops) / PEAK - np.float64(cache) / BW
     bf16, int8 = critical_batch_int8(MATMULS, NORMS, cache, flops, PEAK, BW)
-    assert bf16 == pytest.approx(W16 / BW / margin, rel=1e-9)
-    assert int8 == pytest.approx(W8 / BW / margin, rel=1e-9)
-    assert (bf16, int8) == pytest.approx((846.07, 423.39), abs=0.01)
-    assert int8 / bf16 == pytest.approx(W8 / W16, rel=1e-9)  # only W moved
+    unit, what = "sequences", "LLaMA-3-8B, T=256, H100"
+    expect(bf16, pytest.approx(W16 / BW / margin, rel=1e-9), unit, f"{what}, bf16")
+    expect(int8, pytest.approx(W8 / BW / margin, rel=1e-9), unit, f"{what}, int8")
+    expect((bf16, int8), pytest.approx((846.07, 423.39), abs=0.01), unit, f"{what}, (bf16, int8)")
+    # Only W moved.
+    expect(int8 / bf16, pytest.approx(W8 / W16, rel=1e-9), "", f"{what}: int8's B* / bf16's")
     cache, flops = CACHE_8192, 2 * 7_504_658_432 + 4 * 32 * 8192 * 32 * 128
-    assert critical_batch_int8(MATMULS, NORMS, cache, flops, PEAK, BW) == (None, None)
+    got = critical_batch_int8(MATMULS, NORMS, cache, flops, PEAK, BW)
+    expect(got, (None, None), unit, "LLaMA-3-8B, T=8192, H100: the cache outweighs the FLOPs")
     record_property(
         "measured", f"LLaMA-3-8B, T=256, H100: B* {bf16:.0f} in bf16, {int8:.0f} in int8"
     )
@@ -155,11 +175,11 @@ def test_critical_batch_of_llama3_8b_on_an_h100(record_property):
 
 @pytest.mark.exercise("decode_cost.published_params")
 def test_published_params_by_hand():
-    assert published_params(LLAMA3_8B) == PARAMS  # 8.03 billion
+    expect(published_params(LLAMA3_8B), PARAMS, "params", "LLaMA-3-8B: 8.03 billion")
     # LLaMA-2-7B (its config.json: 32 layers, 4096, 11008, 32 heads, 32 KV heads,
     # vocab 32000): 32·(4·4096² + 3·4096·11008 + 2·4096) + 2·32000·4096 + 4096.
     llama2_7b = dict(LLAMA3_8B, ff=11008, kv_heads=32, vocab=32000, seq=4096)
-    assert published_params(llama2_7b) == 6_738_415_616
+    expect(published_params(llama2_7b), 6_738_415_616, "params", "LLaMA-2-7B: 6.74 billion")
     # Sizes that differ pairwise: per layer 2·3·4·7 + 2·3·2·7 + 3·3·5 + 2·3 = 303;
     # two layers, an embedding and an output projection of 11·3, a final norm of 3.
     toy = {
@@ -172,33 +192,40 @@ def test_published_params_by_hand():
         "vocab": 11,
         "seq": 9,
     }
-    assert published_params(toy) == 2 * 303 + 2 * 11 * 3 + 3  # 675
+    what = "a toy: L=2, E=3, F=5, H=4, K=2, D=7, V=11"
+    expect(published_params(toy), 2 * 303 + 2 * 11 * 3 + 3, "params", what)  # 675
 
 
 @pytest.mark.exercise("decode_cost.decode_fits")
 def test_decode_fits_by_hand(record_property):
     # Batch 1: 16,060,522,496 + 1,073,741,824 bytes = 17.13 GB.
+    llama = "LLaMA-3-8B on 80 GB"
     gb, fits = decode_fits(LLAMA3_8B, 1, 8192, 80)
-    assert gb == pytest.approx(17.134264320, rel=1e-9) and fits
+    expect(gb, pytest.approx(17.134264320, rel=1e-9), "GB", f"{llama}, bf16, batch 1, T=8192")
+    expect(bool(fits), True, "", f"{llama}, bf16, batch 1, T=8192: fits?")
     # 59 sequences: 79.41 GB, they fit; 60: 80.49 GB, they do not (GB of 10^9 bytes:
     # in GiB both would fit, 73.96 and 74.96).
-    assert decode_fits(LLAMA3_8B, 59, 8192, 80) == (pytest.approx(79.411290112), True)
-    assert decode_fits(LLAMA3_8B, 60, 8192, 80) == (pytest.approx(80.485031936), False)
+    got = decode_fits(LLAMA3_8B, 59, 8192, 80)
+    expect(got, (pytest.approx(79.411290112), True), "GB", f"{llama}, bf16, 59 at T=8192")
+    got = decode_fits(LLAMA3_8B, 60, 8192, 80)
+    expect(got, (pytest.approx(80.485031936), False), "GB", f"{llama}, bf16, 60 at T=8192")
     # int8 weights: 8.03 GB and 64 caches of 1.07 GB, 76.75 GB.
-    assert decode_fits(LLAMA3_8B, 64, 8192, 80, bytes_per_param=1) == (
-        pytest.approx(76.749737984),
-        True,
-    )
+    got = decode_fits(LLAMA3_8B, 64, 8192, 80, bytes_per_param=1)
+    expect(got, (pytest.approx(76.749737984), True), "GB", f"{llama}, int8 weights, 64 sequences")
     # and an int8 cache as well (its scales left out): 128 sequences in the same bytes.
-    assert decode_fits(LLAMA3_8B, 128, 8192, 80, 1, 1) == (pytest.approx(76.749737984), True)
+    got = decode_fits(LLAMA3_8B, 128, 8192, 80, 1, 1)
+    expect(got, (pytest.approx(76.749737984), True), "GB", f"{llama}, all int8, 128 sequences")
     # The same model without GQA (K = H = 32): wk and wv grow by 32·2·4096·3072 =
     # 805,306,368 parameters, 17,671,135,232 bytes in all, and each cache is 4.29 GB:
     # 14 sequences need 77.80 GB, 15 need 82.10.
     no_gqa = dict(LLAMA3_8B, kv_heads=32)
-    assert decode_fits(no_gqa, 14, 8192, 80) == (pytest.approx(77.800677376), True)
-    assert decode_fits(no_gqa, 15, 8192, 80) == (pytest.approx(82.095644672), False)
+    got = decode_fits(no_gqa, 14, 8192, 80)
+    expect(got, (pytest.approx(77.800677376), True), "GB", f"{llama} without GQA, 14 sequences")
+    got = decode_fits(no_gqa, 15, 8192, 80)
+    expect(got, (pytest.approx(82.095644672), False), "GB", f"{llama} without GQA, 15 sequences")
     # A shorter context: batch 64 at T=2048 holds 64·268,435,456 bytes of cache.
-    assert decode_fits(LLAMA3_8B, 64, 2048, 80) == (pytest.approx(33.240391680), True)
+    got = decode_fits(LLAMA3_8B, 64, 2048, 80)
+    expect(got, (pytest.approx(33.240391680), True), "GB", f"{llama}, bf16, 64 at T=2048")
     record_property(
         "measured", f"LLaMA-3-8B bf16, batch 1 at T=8192: {gb:.2f} GB of an H100's 80 GB"
     )
@@ -246,7 +273,7 @@ def test_rotate_against_the_complex_reference(base):
     positions = np.array([0, 1, 2, 5, 17, 100])
     x = jax.random.normal(jax.random.key(0), (6, 16))
     got = rotate(x, jnp.asarray(positions), base=base)
-    assert got.shape == (6, 16)
+    expect(got.shape, (6, 16), "", "the output's shape [S, D]")
     np.testing.assert_allclose(got, rope_reference(x, positions, base), atol=2e-5)
     np.testing.assert_allclose(got[0], x[0], atol=1e-7, err_msg="position 0 turns nothing")
     np.testing.assert_allclose(
@@ -267,10 +294,13 @@ def test_the_score_depends_only_on_the_distance(record_property):
         expected = np.real(np.sum(qz * np.conj(kz) * np.exp(1j * (m - n) * theta)))
         for shift in (0, 1, 13, 100):
             got = float(rotated_score(q, k, m + shift, n + shift))
-            assert got == pytest.approx(expected, abs=1e-4 * scale), (m, n, shift)
-    assert float(rotated_score(q, k, 0, 0)) == pytest.approx(float(q @ k), rel=1e-5)
+            what = f"q at {m + shift}, k at {n + shift}"
+            expect(got, pytest.approx(expected, abs=1e-4 * scale), "", what)
+    got = float(rotated_score(q, k, 0, 0))
+    expect(got, pytest.approx(float(q @ k), rel=1e-5), "", "q and k at 0: plain q·k")
     spread = [float(rotated_score(q, k, d, 0)) for d in range(4)]
-    assert np.ptp(spread) > 1e-3 * scale, f"the score does not change with the distance: {spread}"
+    what = f"the spread of the score over distances 0..3 ({', '.join(f'{s:.3g}' for s in spread)})"
+    expect(np.ptp(spread), above=1e-3 * scale, what=what)
     record_property("measured", "q·k at distances 0..3: " + ", ".join(f"{s:.2f}" for s in spread))
 
 
@@ -284,8 +314,10 @@ def test_quantize_per_channel_by_hand():
     """Row 0: scale 100/127; -40·1.27 = -50.8 -> -51, 2·1.27 = 2.54 -> 3.
     Row 1: scale 0.3/127; -0.2·127/0.3 = -84.67 -> -85, 0.05·127/0.3 = 21.17 -> 21."""
     values, scale = quantize_per_channel(W_HAND)
-    assert values.dtype == jnp.int8 and values.shape == (2, 3)
-    assert scale.dtype == jnp.float32 and scale.shape == (2,)
+    assert values.dtype == jnp.int8, f"values are {values.dtype}, expected int8"
+    expect(values.shape, (2, 3), "", "the values' shape [out, in]")
+    assert scale.dtype == jnp.float32, f"scales are {scale.dtype}, expected float32"
+    expect(scale.shape, (2,), "", "the scales' shape [out]")
     np.testing.assert_array_equal(values, [[127, -51, 3], [127, -85, 21]])
     np.testing.assert_allclose(scale, [100 / 127, 0.3 / 127], rtol=1e-6)
     values, scale = quantize_per_channel(jnp.zeros((3, 2)).at[1].set(jnp.array([4.0, -1.0])))
@@ -304,8 +336,10 @@ def test_each_element_moves_by_at_most_half_its_rows_step():
     w = one_large_row()
     values, scale = quantize_per_channel(w)
     error = np.abs(np.asarray(w, np.float64) - np.asarray(values, np.float64) * scale[:, None])
-    assert np.all(error <= np.asarray(scale)[:, None] / 2 * (1 + 1e-5))
-    assert np.all(np.max(np.abs(np.asarray(values, np.int32)), axis=1) == 127)
+    half_step = np.asarray(scale)[:, None] / 2 * (1 + 1e-5)
+    assert np.all(error <= half_step), f"rows {np.nonzero((error > half_step).any(1))[0]} moved"
+    largest = np.max(np.abs(np.asarray(values, np.int32)), axis=1)
+    assert np.all(largest == 127), f"each row's largest |value|: {largest}, expected all 127"
 
 
 def numpy_per_channel(w):
@@ -320,12 +354,13 @@ def test_int8_matvec_against_float64():
     # By hand: rows (127, -51, 3)·(1, 1, 1) = 79 and (127, -85, 21)·(1, 1, 1) = 63, scaled.
     values = jnp.array([[127, -51, 3], [127, -85, 21]], jnp.int8)
     got = int8_matvec(values, jnp.array([0.5, 0.25]), jnp.ones(3))
-    assert got.shape == (2,)
+    expect(got.shape, (2,), "", "the output's shape [out]")
     np.testing.assert_allclose(got, [79 * 0.5, 63 * 0.25], rtol=1e-6)
     values, scale = numpy_per_channel(one_large_row())
     x = jax.random.normal(jax.random.key(1), (40,))
     got = int8_matvec(jnp.asarray(values), jnp.asarray(scale, jnp.float32), x)
-    assert got.shape == (6,) and got.dtype == x.dtype
+    expect(got.shape, (6,), "", "the output's shape [out]")
+    assert got.dtype == x.dtype, f"the output is {got.dtype}, expected x's {x.dtype}"
     expected = (values.astype(np.float64) @ np.asarray(x, np.float64)) * scale
     np.testing.assert_allclose(got, expected, rtol=1e-5)
 
@@ -343,7 +378,10 @@ def test_matvec_error_bound_by_hand_and_it_holds(record_property):
         exact = np.asarray(w, np.float64) @ np.asarray(x, np.float64)
         approx = (values.astype(np.float64) @ np.asarray(x, np.float64)) * scale
         bound = np.asarray(matvec_error_bound(jnp.asarray(scale, jnp.float32), x), np.float64)
-        assert np.all(np.abs(exact - approx) <= bound * (1 + 1e-5)), seed
+        error = np.abs(exact - approx)
+        assert np.all(error <= bound * (1 + 1e-5)), (
+            f"vector {seed}: errors {np.round(error, 4)} against your bounds {np.round(bound, 4)}"
+        )
         worst = max(worst, float(np.max(np.abs(exact - approx) / bound)))
     record_property("measured", f"largest error / bound over 3 vectors: {worst:.2f}")
 
@@ -354,7 +392,8 @@ def test_rounding_errors_by_hand():
     0.3. Per channel row 1 is off by at most |-85·0.3/127 + 0.2| = 0.000787. Row 0
     has the same scale both ways: |3·100/127 - 2| = 0.362."""
     per_tensor, per_channel = rounding_errors(W_HAND)
-    assert per_tensor.shape == per_channel.shape == (2,)
+    expect(per_tensor.shape, (2,), "", "per tensor's shape, one error a row")
+    expect(per_channel.shape, (2,), "", "per channel's shape, one error a row")
     np.testing.assert_allclose(per_tensor, [0.36220472, 0.3], rtol=1e-5)
     np.testing.assert_allclose(per_channel, [0.36220472, 0.00078740], rtol=1e-3)
 
@@ -367,9 +406,16 @@ def test_one_large_row_spoils_the_per_tensor_scale(record_property):
     amax = np.max(np.abs(np.asarray(w, np.float64)), axis=1)
     # float64: per channel each row within half its own step; per tensor within half the
     # large row's step, which rounds most of a small row's weights to 0.
-    assert np.all(np.asarray(per_channel) <= amax / 127 / 2 * (1 + 1e-5))
-    assert np.all(np.asarray(per_tensor) <= amax.max() / 127 / 2 * (1 + 1e-5))
-    assert np.all(np.asarray(per_tensor)[small] > 20 * np.asarray(per_channel)[small])
+    per_channel, per_tensor = np.asarray(per_channel), np.asarray(per_tensor)
+    assert np.all(per_channel <= amax / 127 / 2 * (1 + 1e-5)), (
+        f"per channel {per_channel}: over half a row's step {amax / 127 / 2}"
+    )
+    assert np.all(per_tensor <= amax.max() / 127 / 2 * (1 + 1e-5)), (
+        f"per tensor {per_tensor}: over half the tensor's step {amax.max() / 127 / 2}"
+    )
+    assert np.all(per_tensor[small] > 20 * per_channel[small]), (
+        f"small rows: per tensor {per_tensor[small]}, not 20 times per channel {per_channel[small]}"
+    )
     record_property(
         "measured",
         f"one row 1000x: small rows off by {float(per_tensor[small].mean()):.3f} per tensor, "
@@ -385,11 +431,14 @@ X = 3 * jax.random.normal(jax.random.key(0), (4096,))
 @pytest.mark.exercise("int8_numerics.quantize_absmax")
 def test_quantize_absmax_maps_the_largest_value_to_127():
     q, scale = quantize_absmax(X)
-    assert q.dtype == jnp.int8 and q.shape == X.shape
-    assert float(scale) == pytest.approx(float(jnp.max(jnp.abs(X))) / 127, rel=1e-6)
-    assert int(jnp.max(jnp.abs(q.astype(jnp.int32)))) == 127
+    assert q.dtype == jnp.int8, f"q is {q.dtype}, expected int8"
+    expect(q.shape, X.shape, "", "q's shape, x's")
+    absmax = float(jnp.max(jnp.abs(X)))
+    expect(float(scale), pytest.approx(absmax / 127, rel=1e-6), "", "scale: max |x| / 127")
+    expect(int(jnp.max(jnp.abs(q.astype(jnp.int32)))), 127, "", "the largest |q|")
     # Round to nearest: each value moves by at most half a step.
-    assert float(jnp.max(jnp.abs(q * scale - X))) <= float(scale) / 2 * (1 + 1e-5)
+    moved = float(jnp.max(jnp.abs(q * scale - X)))
+    expect(moved, at_most=float(scale) / 2 * (1 + 1e-5), what="largest |q·scale - x|, half a step")
     q0, _ = quantize_absmax(jnp.zeros(8))
     np.testing.assert_array_equal(q0, 0, err_msg="all-zero input")
 
@@ -399,9 +448,9 @@ def test_int8_sum_is_the_sum_of_the_quantised_values(record_property):
     q = jnp.round(X / (jnp.max(jnp.abs(X)) / 127))
     expected = float(jnp.sum(q.astype(jnp.int32))) * float(jnp.max(jnp.abs(X))) / 127
     got = float(int8_sum(X))
-    assert got == pytest.approx(expected, rel=1e-5), "not the int8 values summed, times the scale"
+    expect(got, pytest.approx(expected, rel=1e-5), "", "the int8 values summed, times the scale")
     exact, bound = float(jnp.sum(X)), float(jnp.max(jnp.abs(X))) / 127 * X.shape[0] / 2
-    assert abs(got - exact) <= bound
+    expect(abs(got - exact), at_most=bound, what="|int8 sum - float32 sum|, N·scale/2 at most")
     record_property(
         "measured", f"N=4096: |int8 - float32| = {abs(got - exact):.3f}, bound {bound:.1f}"
     )
@@ -410,15 +459,19 @@ def test_int8_sum_is_the_sum_of_the_quantised_values(record_property):
 @pytest.mark.exercise("int8_numerics.int8_sum")
 def test_int8_sum_accumulates_without_overflow():
     """1024 values of 127 sum to 130048: past int8's and int16's range."""
-    assert float(int8_sum(jnp.full((1024,), 0.5))) == pytest.approx(512.0)
+    got = float(int8_sum(jnp.full((1024,), 0.5)))
+    expect(got, pytest.approx(512.0), "", "1024 values of 0.5, each 127 in int8")
 
 
 @pytest.mark.exercise("int8_numerics.int8_sum_error_bound")
 def test_int8_sum_error_bound_by_hand_and_holds():
     scale = float(jnp.max(jnp.abs(X))) / 127
-    assert float(int8_sum_error_bound(X)) == pytest.approx(4096 * scale / 2, rel=1e-6)
+    got = float(int8_sum_error_bound(X))
+    expect(got, pytest.approx(4096 * scale / 2, rel=1e-6), "", "N=4096: N·scale/2")
     for seed in range(3):
         x = jax.random.uniform(jax.random.key(seed), (1000,), minval=-1, maxval=1)
         q = jnp.round(x / (jnp.max(jnp.abs(x)) / 127))
         quantised = float(jnp.sum(q)) * float(jnp.max(jnp.abs(x))) / 127
-        assert abs(quantised - float(jnp.sum(x))) <= float(int8_sum_error_bound(x))
+        error = abs(quantised - float(jnp.sum(x)))
+        what = f"uniform x, seed {seed}: your bound against the int8 sum's error"
+        expect(float(int8_sum_error_bound(x)), at_least=error, what=what)

@@ -20,6 +20,7 @@ from sessions.train import data
 from sessions.train.step import init_state, make_optimizer, make_train_step
 
 from .deadlines import take
+from .expect import expect
 
 inputs_from_targets = exercise("bug_zero_inputs.inputs_from_targets")
 train_loop = exercise("bug_host_sync.train_loop")
@@ -82,7 +83,8 @@ def test_with_the_fixed_inputs_the_loss_falls_below_unigram(record_property):
     final = float(np.mean(jax.device_get(losses)[-5:]))
     unigram = data.unigram_entropy(tokens)
     record_property("measured", f"loss {final:.2f} after {tc.steps} steps, unigram {unigram:.2f}")
-    assert final < unigram - 0.2, f"loss {final:.3f} did not fall below unigram {unigram:.3f}"
+    what = f"the loss after {tc.steps} steps, 0.2 below the unigram entropy {unigram:.3f}"
+    expect(final, below=unigram - 0.2, unit="nats/byte", what=what)
 
 
 # A host sync every step.
@@ -158,9 +160,10 @@ def test_count_compiles_sees_a_static_argument_recompile():
     w = jnp.zeros(8)
     static = jax.jit(lambda w, lr: w * lr, static_argnums=1)
     traced = jax.jit(lambda w, lr: w * lr)
-    assert count_compiles(static, [(w, 0.1), (w, 0.2), (w, 0.3)]) == 3
-    assert count_compiles(traced, [(w, 0.1), (w, 0.2), (w, 0.3)]) == 1
-    assert count_compiles(traced, [(w, 0.4)]) == 0  # compiled already
+    three_rates = [(w, 0.1), (w, 0.2), (w, 0.3)]
+    expect(count_compiles(static, three_rates), 3, "compiles", "3 rates, lr static")
+    expect(count_compiles(traced, three_rates), 1, "compiles", "3 rates, lr traced")
+    expect(count_compiles(traced, [(w, 0.4)]), 0, "compiles", "a 4th rate, compiled already")
 
 
 @pytest.mark.exercise("bug_recompile.make_sgd_step")
@@ -171,7 +174,7 @@ def test_the_fixed_step_compiles_once_for_every_learning_rate(record_property):
         for i in range(4):
             w = jax.block_until_ready(step(w, x, y, 0.1 / (1 + i)))
     record_property("measured", f"{compiles.count} compile(s) in 4 steps with 4 learning rates")
-    assert compiles.count == 1, f"{compiles.count} compiles in 4 calls"
+    expect(compiles.count, 1, "compiles", "4 steps with 4 learning rates")
     # The same arithmetic as the broken step.
     w_ref = jnp.zeros(8)
     for i in range(4):
@@ -193,7 +196,9 @@ def test_the_initialisers_outputs_are_born_sharded(key):
     compiled = init.lower(key).compile()
     expected = tree_shardings(jax.eval_shape(functools.partial(init_params, INIT_CFG), key), mesh)
     got = compiled.output_shardings
-    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    assert jax.tree.structure(got) == jax.tree.structure(expected), (
+        f"not the params' tree: {jax.tree.structure(got)}"
+    )
     shapes = jax.tree.leaves(jax.eval_shape(functools.partial(init_params, INIT_CFG), key))
     for s, g, e in zip(shapes, jax.tree.leaves(got), jax.tree.leaves(expected)):
         assert g.is_equivalent_to(e, len(s.shape)), f"{s.shape}: born {g}, expected {e.spec}"
@@ -207,9 +212,9 @@ def test_the_initialisers_outputs_are_born_sharded(key):
 
 @pytest.mark.exercise("bug_slow_loader.workers_needed")
 def test_workers_needed_by_hand():
-    assert workers_needed(0.020, 0.005) == 4
-    assert workers_needed(0.021, 0.005) == 5
-    assert workers_needed(0.001, 0.005) == 1
+    expect(workers_needed(0.020, 0.005), 4, "workers", "20 ms loads, 5 ms steps")
+    expect(workers_needed(0.021, 0.005), 5, "workers", "21 ms loads, 5 ms steps")
+    expect(workers_needed(0.001, 0.005), 1, "workers", "1 ms loads, 5 ms steps")
 
 
 @pytest.mark.exercise("bug_slow_loader.parallel_loader")
@@ -235,7 +240,7 @@ def test_parallel_loader_loads_workers_batches_at_once_in_order():
     taken, error = take(parallel_loader(make_batch, steps, workers), pause_s=0.01)
     if error is not None:
         raise error
-    assert taken == list(range(steps))
+    expect(taken, list(range(steps)), "", f"the batches of {steps} steps, in order")
     assert most[0] <= workers + 1, f"{most[0]} loads at once with {workers} workers"
 
 
@@ -249,7 +254,7 @@ def test_parallel_loader_keeps_at_most_workers_in_flight():
         taken += item
         time.sleep(0.01)  # a slow consumer: an unbounded loader runs away meanwhile
         assert len(made) <= len(taken) + workers, f"{len(made)} made, {len(taken)} taken"
-    assert taken == list(range(20))
+    expect(taken, list(range(20)), "", "the batches of 20 steps, in order")
 
 
 # Attention FLOPs counted the wrong way.
@@ -258,13 +263,14 @@ def test_parallel_loader_keeps_at_most_workers_in_flight():
 @pytest.mark.exercise("bug_attention_flops.xla_flops")
 def test_xla_flops_counts_a_matmul():
     a, b = jnp.ones((8, 16)), jnp.ones((16, 4))
-    assert xla_flops(jnp.matmul, a, b) == 2 * 8 * 16 * 4
+    expect(xla_flops(jnp.matmul, a, b), 2 * 8 * 16 * 4, "FLOPs", "[8, 16] @ [16, 4]")
 
 
 @pytest.mark.exercise("bug_attention_flops.attention_flops")
 def test_attention_flops_by_hand_and_against_xla(record_property):
     B, S, T, H, D = 2, 16, 24, 3, 64
-    assert attention_flops(B, S, T, H, D) == 4 * B * S * T * H * D
+    what = f"B={B}, S={S}, T={T}, H={H}, D={D}"
+    expect(attention_flops(B, S, T, H, D), 4 * B * S * T * H * D, "FLOPs", what)
     q = jnp.ones((B, S, H, D))
     kv = jnp.ones((B, T, H, D))
     cost = jax.jit(einsum_attention).lower(q, kv, kv).compile().cost_analysis()
@@ -273,7 +279,8 @@ def test_attention_flops_by_hand_and_against_xla(record_property):
         "measured", f"attention: counted {attention_flops(B, S, T, H, D):,}, XLA {xla:,.0f}"
     )
     # XLA also counts the softmax: a few FLOPs per score against 4*D.
-    assert attention_flops(B, S, T, H, D) == pytest.approx(xla, rel=0.1)
+    got = attention_flops(B, S, T, H, D)
+    expect(got, pytest.approx(xla, rel=0.1), "FLOPs", f"{what}: XLA's count, within 10%")
 
 
 # An embedding whose gradient is summed in bf16.
@@ -300,7 +307,8 @@ def float64_sum(tokens, cotangent, vocab, embed):
 def test_the_lookup_sums_its_gradient_in_float32():
     table, tokens, cotangent = skewed_batch()
     x, vjp = jax.vjp(lambda w: lookup(w, tokens, jnp.bfloat16), table)
-    assert x.dtype == jnp.bfloat16 and x.shape == (*tokens.shape, table.shape[1])
+    assert x.dtype == jnp.bfloat16, f"the lookup is {x.dtype}, expected bfloat16"
+    expect(x.shape, (*tokens.shape, table.shape[1]), "", "the lookup's shape [B, S, E]")
     np.testing.assert_array_equal(x, table.astype(jnp.bfloat16)[tokens])
     expected = float64_sum(tokens, cotangent, *table.shape)
     np.testing.assert_allclose(vjp(cotangent)[0], expected, rtol=1e-5, atol=1e-5)
@@ -324,7 +332,9 @@ def test_scatter_dtypes_reads_what_the_compiler_made():
     def hlo(f):
         return jax.jit(f).lower(table, tokens, cotangent).compile().as_text()
 
-    assert scatter_dtypes(hlo(broken_embedding_grad)) == {"bf16"}
-    assert scatter_dtypes(hlo(fixed)) == {"f32"}
-    assert scatter_dtypes(hlo(lambda t, i, c: t * 2)) == set()
-    assert scatter_dtypes(WIDENED.read_text()) == {"f32", "bf16"}
+    got = scatter_dtypes(hlo(broken_embedding_grad))
+    expect(got, {"bf16"}, "", "broken_embedding_grad's program")
+    expect(scatter_dtypes(hlo(fixed)), {"f32"}, "", "the fixed lookup's program")
+    expect(scatter_dtypes(hlo(lambda t, i, c: t * 2)), set(), "", "a program without a scatter")
+    got = scatter_dtypes(WIDENED.read_text())
+    expect(got, {"f32", "bf16"}, "", "tests/fixtures/scatters.hlo.txt")
