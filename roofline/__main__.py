@@ -23,9 +23,8 @@ import os
 import sys
 
 from roofline.calibrate import calibrate_lines
-from roofline.chips import chips_lines
 from roofline.flops import ledger
-from roofline.hardware import CHIPS, find_chip, measured_chip
+from roofline.hardware import CHIPS, chips_lines, find_chip, measured_chip
 from roofline.measured.compare import compare
 from roofline.measured.record import HLO, comparison_summary, load_hlo, load_metadata, roofs_for
 from roofline.measured.table import report_lines

@@ -4,7 +4,7 @@ the ridge point between them (Chip); and the ceilings one device of it is
 held against, each figure with its source (Roofs): read off the chip's
 datasheet (chip_roofs), or measured on it (roofline/hardware.py's
 local_roofs, roofline/measured/record.py's roofs_for). The table of real
-chips is roofline/chips.py.
+chips is roofline/hardware.py.
 """
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""The NVIDIA GPUs of the chip table (roofline/chips.py): dense FLOP/s per
+"""The NVIDIA GPUs of the chip table (roofline/hardware.py): dense FLOP/s per
 dtype, memory bandwidth and size, NVLink bandwidth, compute capability, each
 entry with its public source.
 

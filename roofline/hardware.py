@@ -1,5 +1,11 @@
-"""The local device against the chip table (roofline/chips.py): which entry it
-is, and the peak FLOP/s a run divides by to get MFU.
+"""The chip table, and the local device against it: peak dense FLOP/s per dtype, memory
+bandwidth and size, interconnect bandwidth and the names the runtimes give each chip,
+every entry with its public source (the TPUs in roofline/tpus.py, the NVIDIA GPUs in
+roofline/gpus.py; `python -m roofline chips` prints them); which entry this device is,
+and the peak FLOP/s a run divides by to get MFU.
+
+A device is matched by whole product name (chip_for_kind): the strings jax reports as
+`device.device_kind`. On NVIDIA that is the CUDA device name; on a TPU, libtpu's own.
 
 A CPU has no datasheet figure worth trusting for this (turbo clocks, AVX
 frequency drops, shared cores), so its figures are always measured
@@ -8,14 +14,17 @@ frequency drops, shared cores), so its figures are always measured
 
 import jax
 
+from roofline import calibrate
 from roofline.chip import Chip, Roofs
-from roofline.chips import CHIPS
+from roofline.gpus import GPUS
+from roofline.tpus import TPUS
 
 __all__ = [
     "CHIPS",
     "Chip",
     "Roofs",
     "chip_for_kind",
+    "chips_lines",
     "datasheet_chip",
     "find_chip",
     "local_peak_flops",
@@ -23,6 +32,13 @@ __all__ = [
     "measured_chip",
     "product_name",
 ]
+
+CHIPS = {chip.name: chip for chip in [*TPUS, *GPUS]}
+# "h100" alone means the SXM part, the one in most clusters; "a100" the 80 GB one;
+# "v100" the 16 GB SXM2 (AWS p3's).
+CHIPS["h100"] = CHIPS["h100-sxm"]
+CHIPS["a100"] = CHIPS["a100-80gb"]
+CHIPS["v100"] = CHIPS["v100-sxm2-16gb"]
 
 # Words a driver may or may not print before the product: jax on one A100 reported
 # "A100-SXM4-40GB" in 2022 and "NVIDIA A100-SXM4-40GB" with a later driver (both in
@@ -111,8 +127,6 @@ def local_roofs(
     decode's roofline (local_roofs(cfg.dtype, stream="read"), times the mesh's
     device count for the whole mesh); a decode benchmark timing one device
     (local_roofs("float32", stream="read", devices=1, fresh=True))."""
-    from roofline import calibrate
-
     if stream not in ("copy", "read"):
         raise ValueError(f"stream is 'copy' or 'read', not {stream!r}")
     device = device or jax.local_devices()[0]
@@ -162,8 +176,6 @@ def local_peak_flops(dtype="float32", device=None, *, devices=None, measured=Fal
     An accelerator with a table entry: the datasheet. A CPU, or an accelerator the
     table lacks (the source then says so, for the run's header): measured with a
     matmul (roofline/calibrate.py)."""
-    from roofline import calibrate
-
     device = device or jax.local_devices()[0]
     chip = chip_for_kind(device.device_kind) if device.platform != "cpu" else None
     if chip is not None and not measured:
@@ -181,3 +193,69 @@ def local_peak_flops(dtype="float32", device=None, *, devices=None, measured=Fal
     n = devices or jax.local_device_count()
     share = f", shared by {n} simulated devices" if n > 1 else ""
     return flops / n, f"measured {dtype} matmul on this cpu{share}"
+
+
+def chips_lines():
+    """The table as `python -m roofline chips` prints it, and this machine's measured line."""
+
+    def tflops(chip, dtype):
+        return f"{chip.flops[dtype] / 1e12:,.1f}" if dtype in chip.flops else "-"
+
+    row = "{:<15}{:>7}{:>8}{:>7}{:>10}{:>8}{:>9}{:>8}{:>7}{:>6}  {}".format
+    lines = [
+        "peak dense TFLOP/s per chip, memory, interconnect (bidirectional, per chip); "
+        + "ridge = bf16 peak / HBM bandwidth; host = one host's worth, the default "
+        + "of s2_train.py --target CHIP[:SHAPE]; cc = NVIDIA compute capability",
+        row(
+            "chip",
+            "bf16",
+            "tf32",
+            "fp32",
+            "HBM GB/s",
+            "HBM GB",
+            "ICI GB/s",
+            "ridge",
+            "host",
+            "cc",
+            "source",
+        ),
+    ]
+    for name, chip in CHIPS.items():
+        if name != chip.name:
+            lines.append(f"{name:<15}the same as {chip.name}")
+            continue
+        link = f"{chip.interconnect / 1e9:,.0f}" if chip.interconnect else "-"
+        lines.append(
+            row(
+                name,
+                tflops(chip, "bfloat16"),
+                tflops(chip, "tf32"),
+                tflops(chip, "float32"),
+                f"{chip.hbm_bandwidth / 1e9:,.0f}",
+                f"{chip.hbm_bytes / 1e9:,.0f}",
+                link,
+                f"{chip.ridge('bfloat16'):,.0f}",
+                chip.host_shape or "-",
+                chip.compute_capability or "-",
+                chip.source,
+            )
+        )
+    fp16 = [
+        f"{n} {c.flops['float16'] / 1e12:,.0f}"
+        for n, c in CHIPS.items()
+        if n == c.name and "float16" in c.flops
+    ]
+    lines.append(
+        "below cc 8.0, no bf16 or tf32 tensor cores: bf16 matmuls run at the fp32 "
+        f"rate; fp16 tensor TFLOP/s: {', '.join(fp16)}"
+    )
+    local = calibrate.cached("float32")
+    if local:
+        lines.append(
+            f"local          {local['matmul_flops'] / 1e12:.3f} TFLOP/s float32 matmul, "
+            f"{local['copy_bandwidth'] / 1e9:,.1f} GB/s copy: measured, cached in "
+            f"{calibrate.CACHE}"
+        )
+    else:
+        lines.append("local          not measured yet: python -m roofline calibrate")
+    return lines

@@ -1,4 +1,4 @@
-"""The TPUs of the chip table (roofline/chips.py): Google's published bf16
+"""The TPUs of the chip table (roofline/hardware.py): Google's published bf16
 peak, HBM bandwidth and size, and ICI bandwidth per chip, each entry with its
 source; `kinds` are the names libtpu gives each ("TPU v5 lite" is a v5e:
 jax/_src/test_util.py, is_device_tpu). A TPU's float32 matmuls run as bf16

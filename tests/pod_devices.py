@@ -9,7 +9,7 @@ x-fastest over the whole slice (a chip's cores side by side), slice after slice.
 
 SLICES names the slices docs/multihost.md's pod section talks about, by their device
 kind strings as the chips report them (libtpu's names, the ones
-roofline/chips.py matches: a v5p says "TPU v5", a v5e "TPU v5 lite").
+roofline/hardware.py matches: a v5p says "TPU v5", a v5e "TPU v5 lite").
 """
 
 import dataclasses

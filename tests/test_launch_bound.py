@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from roofline.chips import CHIPS
 from roofline.decode_cost import DecodeStep, decode_step_cost
+from roofline.hardware import CHIPS
 from roofline.launch_bound import estimated_kernels, launch_bound, launch_cost
 from roofline.plan.serving import plan_serving, serving_lines
 from sessions.model.config import PRESETS, PUBLISHED

@@ -33,6 +33,7 @@ SESSION_SCRIPTS = (
 FOLDERS = ("roofline", "sessions", "scripts", "tests", "exercises", "solutions", "docs")
 LAYOUT = os.path.join("docs", "layout.md")
 MOST_AT_THE_TOP = 10  # modules at sessions/' top, scripts included (__init__.py aside)
+MOST_IN_ROOFLINE = 14  # modules at roofline/'s top (__init__.py aside); the rest in its folders
 
 
 def repo_files():
@@ -252,6 +253,11 @@ def test_sessions_top_holds_the_scripts_and_few_else():
     modules = set(top) - {"__init__.py"}
     assert {f"{m.split('.')[1]}.py" for m in SESSION_SCRIPTS} <= modules
     assert len(modules) <= MOST_AT_THE_TOP, sorted(modules)
+
+
+def test_roofline_s_top_holds_at_most_fourteen_modules():
+    top = [n for n in os.listdir(os.path.join(REPO, "roofline")) if n.endswith(".py")]
+    assert len(set(top) - {"__init__.py"}) <= MOST_IN_ROOFLINE, sorted(top)
 
 
 def test_each_package_says_what_it_is_and_which_session_teaches_it():

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from roofline.chip import Roofs, chip_roofs, matmul_tile
-from roofline.chips import CHIPS
 from roofline.compiled.hlo import parse
 from roofline.compiled.op_roofline import predict_ops
 from roofline.compiled.op_work import hbm_bytes, program_work
+from roofline.hardware import CHIPS
 from tests.helpers import need, run_script
 
 # A dot, a fusion that only slices one of its operands, an all-reduce over 4

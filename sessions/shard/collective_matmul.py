@@ -39,7 +39,7 @@ after it without seeing through a loop. It also reads as the story above. A
 cost of a loop body the scheduler must pipeline across trips.
 
 Hiding pays only where a shard's matmul lasts as long as its hop. The napkin
-on a v5e (roofline/chips.py: 197 TFLOP/s bf16, 400 GB/s of links a chip, both
+on a v5e (roofline/hardware.py: 197 TFLOP/s bf16, 400 GB/s of links a chip, both
 ways), for GPT2_MLP, one row of 1024 tokens a device on a ring of 8:
 
     hop      a shard of w_in, 96 x 3072 bf16 = 0.59 MB at 200 GB/s   ~3.0 us
