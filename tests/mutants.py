@@ -425,6 +425,34 @@ MUTANTS = [
         ("tests/test_data.py::test_stdlib_holds_out_whole_files_the_same_way_every_time",),
     ),
     Mutant(
+        "split-last-tenth",
+        "text's validation is its own last tenth (the docs' last topics, types* to yield), "
+        "so the gap reads a change of topic as memorizing",
+        "sessions/train/data.py",
+        (
+            (
+                "    chunks = max(1, n // SPLIT_CHUNK) if n <= IN_MEMORY_LIMIT else 1",
+                "    chunks = 1",
+            ),
+        ),
+        (
+            "tests/test_data.py::test_split_holds_out_the_last_tenth_of_every_chunk",
+            "tests/test_data.py::test_the_docs_hold_out_a_tenth_of_every_part",
+        ),
+    ),
+    Mutant(
+        "split-copies-mapped",
+        "a mapped corpus past IN_MEMORY_LIMIT split in chunks: copied whole into memory",
+        "sessions/train/data.py",
+        (
+            (
+                "    chunks = max(1, n // SPLIT_CHUNK) if n <= IN_MEMORY_LIMIT else 1",
+                "    chunks = max(1, n // SPLIT_CHUNK)",
+            ),
+        ),
+        ("tests/test_data.py::test_split_holds_out_the_last_tenth_of_every_chunk",),
+    ),
+    Mutant(
         "passes-warning",
         "the warning at exactly the threshold, not past it",
         "sessions/train/data.py",
