@@ -534,8 +534,44 @@ MUTANTS = [
         "gap-warning",
         "a run whose validation is within noise of its training loss told it memorized",
         "sessions/run/report.py",
-        (('        if s["val_gap"] > data.MAX_GAP:', '        if s["val_gap"] > 0:'),),
-        ("tests/test_train.py::test_the_final_gap_by_hand",),
+        (("    if gap is None or gap <= data.MAX_GAP:", "    if gap is None or gap <= 0:"),),
+        (
+            "tests/test_train.py::test_the_final_gap_by_hand",
+            "tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",
+        ),
+    ),
+    Mutant(
+        "gap-alone",
+        "any gap past 0.1 told memorizing: a change of text between the splits, or a model "
+        "still learning fast, warned as one",
+        "sessions/run/report.py",
+        (
+            (
+                '    return gap - earlier["val_gap"] > earlier["val_loss"] - val_loss',
+                "    return True",
+            ),
+        ),
+        ("tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",),
+    ),
+    Mutant(
+        "gap-val-only",
+        "memorizing told only once validation turns up: a gap growing three times faster than "
+        "validation falls goes unwarned",
+        "sessions/run/report.py",
+        (
+            (
+                '    return gap - earlier["val_gap"] > earlier["val_loss"] - val_loss',
+                '    return val_loss > earlier["val_loss"]',
+            ),
+        ),
+        ("tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",),
+    ),
+    Mutant(
+        "gap-trend-short",
+        "the gap's trend taken since the evaluation just before: over 100 steps, batch noise",
+        "sessions/run/report.py",
+        (('if history[i]["step"] <= final * 2 / 3]', 'if history[i]["step"] < final]'),),
+        ("tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",),
     ),
     Mutant(
         "readme-table",
