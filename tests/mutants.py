@@ -534,7 +534,7 @@ MUTANTS = [
         "gap-warning",
         "a run whose validation is within noise of its training loss told it memorized",
         "sessions/run/report.py",
-        (("    if gap is None or gap <= data.MAX_GAP:", "    if gap is None or gap <= 0:"),),
+        (("gap <= data.MAX_GAP or (passes", "gap <= 0 or (passes"),),
         (
             "tests/test_train.py::test_the_final_gap_by_hand",
             "tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",
@@ -564,6 +564,13 @@ MUTANTS = [
                 '    return val_loss > earlier["val_loss"]',
             ),
         ),
+        ("tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",),
+    ),
+    Mutant(
+        "gap-once",
+        "a run that met its data less than once told it memorized: a gap of noise warned",
+        "sessions/run/report.py",
+        (("gap <= data.MAX_GAP or (passes is not None and passes <= 1)", "gap <= data.MAX_GAP"),),
         ("tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",),
     ),
     Mutant(

@@ -322,7 +322,7 @@ def logged(losses, val):
     return history
 
 
-def summary_of(history, corpus):
+def summary_of(history, corpus, passes=None):
     s = summarize(
         history,
         train_seconds=1.0,
@@ -333,6 +333,7 @@ def summary_of(history, corpus):
         unigram=3.15,
         first_step=0,
         corpus=corpus,
+        passes=passes,
     )
     return json.loads(json.dumps(s))  # what --summary-out writes
 
@@ -425,6 +426,17 @@ def test_memorizing_is_a_gap_outgrowing_validation_by_hand():
     assert at_1500["val_earlier"]["step"] == 1000
     assert at_1500["val_earlier"]["val_gap"] == pytest.approx(0.1475)
     assert not at_1500["memorizing"]
+
+    # Seen less than once, the data cannot have been learned by heart: each training
+    # batch was new, as validation is. At step 60, 2.75 - (2.62 + 2.58) / 2 = +0.15,
+    # grown 0.25 from 2.85 - (3.0 + 2.9) / 2 = -0.10 while validation fell 0.10: a
+    # warning after 2 passes, none after 0.15 (the tiny preset's, about).
+    short = logged({20: 3.0, 30: 2.9, 50: 2.62, 60: 2.58}, {30: 2.85, 60: 2.75})
+    assert summary_of(short, "docs", passes=2)["memorizing"]
+    s = summary_of(short, "docs", passes=0.15)
+    assert s["val_gap"] == pytest.approx(0.15)
+    assert s["val_earlier"]["val_gap"] == pytest.approx(-0.1)
+    assert s["passes"] == 0.15 and not s["memorizing"]
 
     # Within 0.1 no gap warns, even one growing while validation stalls: at step 60
     # 2.01 - (1.96 + 1.94) / 2 = +0.06, grown 0.04 from 2.02 - 2.00 while validation

@@ -53,13 +53,15 @@ def summarize(
     memory=(None, ""),
     allocator=(None, ""),
     corpus="",
+    passes=None,
 ):
     """The run in numbers (what --summary-out writes). Throughput is over every
     step timed, compilation excluded. platform: where its n_devices were ("cpu",
     "gpu", "tpu"), so a reader (scripts/ladder.py) can check that it ran where it
     meant to. memory: (bytes per device, source) from roofline.memory.step_memory;
     allocator: the same from allocator_peak, the second figure, where the backend
-    keeps one. corpus: the data's name, for the remedies if the run memorized it."""
+    keeps one. corpus: the data's name, for the remedies if the run memorized it;
+    passes: how often the whole run goes over its training split."""
     steps = history[-1]["step"] - first_step
     seconds_per_step = train_seconds / max(steps, 1)
     val = [(r["val_loss"], r["step"]) for r in history if "val_loss" in r]
@@ -93,8 +95,9 @@ def summarize(
         "val_gap_train_steps": gap_steps,
         # An evaluation a third of the run back, {step, val_loss, val_gap}: the trend.
         "val_earlier": earlier,
-        "memorizing": memorizing(gap, val[-1][0] if val else None, earlier),
+        "memorizing": memorizing(gap, val[-1][0] if val else None, earlier, passes),
         "corpus": corpus,
+        "passes": passes,
         "unigram": unigram,
         "unit": unit,  # what the losses are per: "byte", or "token" for token files
         "memory_bytes_per_device": memory[0],
@@ -136,12 +139,14 @@ def earlier_evaluation(history):
     return {"step": history[i]["step"], "val_loss": history[i]["val_loss"], "val_gap": gap}
 
 
-def memorizing(gap, val_loss, earlier):
+def memorizing(gap, val_loss, earlier, passes=None):
     """Whether the run has begun to memorize its data: its final gap past MAX_GAP and,
     since the earlier evaluation, grown by more than validation fell: those steps taught
     the text more than the language. A gap growing slower than validation falls is a
-    model still learning; with one evaluation, the gap alone decides."""
-    if gap is None or gap <= data.MAX_GAP:
+    model still learning; with one evaluation, the gap alone decides. A run that has not
+    passed over its data once met each training batch as new, as it meets validation:
+    its gap is noise, or a difference between the splits."""
+    if gap is None or gap <= data.MAX_GAP or (passes is not None and passes <= 1):
         return False
     if earlier is None:
         return True
