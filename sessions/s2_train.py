@@ -228,6 +228,7 @@ def main(argv=None):
         memory=step_memory(step_fn if jit else None),
         allocator=allocator_peak(),
         corpus=corpus.name,
+        passes=corpus.passes(tc.steps * B * S),
     )
     for line in summary_lines(summary):
         say(line)

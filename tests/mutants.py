@@ -493,6 +493,34 @@ MUTANTS = [
         ("tests/test_data.py::test_stdlib_holds_out_whole_files_the_same_way_every_time",),
     ),
     Mutant(
+        "split-last-tenth",
+        "text's validation is its own last tenth (the docs' last topics, types* to yield), "
+        "so the gap reads a change of topic as memorizing",
+        "sessions/train/data.py",
+        (
+            (
+                "    chunks = max(1, n // SPLIT_CHUNK) if n <= IN_MEMORY_LIMIT else 1",
+                "    chunks = 1",
+            ),
+        ),
+        (
+            "tests/test_data.py::test_split_holds_out_the_last_tenth_of_every_chunk",
+            "tests/test_data.py::test_the_docs_hold_out_a_tenth_of_every_part",
+        ),
+    ),
+    Mutant(
+        "split-copies-mapped",
+        "a mapped corpus past IN_MEMORY_LIMIT split in chunks: copied whole into memory",
+        "sessions/train/data.py",
+        (
+            (
+                "    chunks = max(1, n // SPLIT_CHUNK) if n <= IN_MEMORY_LIMIT else 1",
+                "    chunks = max(1, n // SPLIT_CHUNK)",
+            ),
+        ),
+        ("tests/test_data.py::test_split_holds_out_the_last_tenth_of_every_chunk",),
+    ),
+    Mutant(
         "passes-warning",
         "the warning at exactly the threshold, not past it",
         "sessions/train/data.py",
@@ -574,8 +602,51 @@ MUTANTS = [
         "gap-warning",
         "a run whose validation is within noise of its training loss told it memorized",
         "sessions/run/report.py",
-        (('        if s["val_gap"] > data.MAX_GAP:', '        if s["val_gap"] > 0:'),),
-        ("tests/test_train.py::test_the_final_gap_by_hand",),
+        (("gap <= data.MAX_GAP or (passes", "gap <= 0 or (passes"),),
+        (
+            "tests/test_train.py::test_the_final_gap_by_hand",
+            "tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",
+        ),
+    ),
+    Mutant(
+        "gap-alone",
+        "any gap past 0.1 told memorizing: a change of text between the splits, or a model "
+        "still learning fast, warned as one",
+        "sessions/run/report.py",
+        (
+            (
+                '    return gap - earlier["val_gap"] > earlier["val_loss"] - val_loss',
+                "    return True",
+            ),
+        ),
+        ("tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",),
+    ),
+    Mutant(
+        "gap-val-only",
+        "memorizing told only once validation turns up: a gap growing three times faster than "
+        "validation falls goes unwarned",
+        "sessions/run/report.py",
+        (
+            (
+                '    return gap - earlier["val_gap"] > earlier["val_loss"] - val_loss',
+                '    return val_loss > earlier["val_loss"]',
+            ),
+        ),
+        ("tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",),
+    ),
+    Mutant(
+        "gap-once",
+        "a run that met its data less than once told it memorized: a gap of noise warned",
+        "sessions/run/report.py",
+        (("gap <= data.MAX_GAP or (passes is not None and passes <= 1)", "gap <= data.MAX_GAP"),),
+        ("tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",),
+    ),
+    Mutant(
+        "gap-trend-short",
+        "the gap's trend taken since the evaluation just before: over 100 steps, batch noise",
+        "sessions/run/report.py",
+        (('if history[i]["step"] <= final * 2 / 3]', 'if history[i]["step"] < final]'),),
+        ("tests/test_train.py::test_memorizing_is_a_gap_outgrowing_validation_by_hand",),
     ),
     Mutant(
         "readme-table",

@@ -46,10 +46,47 @@ def test_a_process_loads_exactly_its_rows_of_the_global_batch():
     np.testing.assert_array_equal(part["inputs"], full["inputs"][2:4])
 
 
-def test_split_holds_out_the_last_tenth():
-    train, val = data.split(TOKENS, seq=8)
-    assert len(val) == 100 and len(train) == 900
-    assert val[0] == TOKENS[900]
+def test_split_holds_out_the_last_tenth_of_every_chunk(monkeypatch):
+    """Split positions, so each part shows where it came from. In chunks of 100,
+    1,000 positions give validation 90-99, 190-199, ..., 990-999 and training the
+    rest, in order; 1,050 give ten chunks of 105, whose 105 held out are 10 or 11
+    at the end of each. One chunk or less: the last tenth. Past IN_MEMORY_LIMIT:
+    the last tenth, as views of the tokens (a mapped corpus is not copied)."""
+    monkeypatch.setattr(data, "SPLIT_CHUNK", 100)
+    train, val = data.split(np.arange(1000), seq=8)
+    held = [p for c in range(0, 1000, 100) for p in range(c + 90, c + 100)]
+    assert val.tolist() == held
+    assert train.tolist() == [p for p in range(1000) if p not in held]
+
+    train, val = data.split(np.arange(1050), seq=8)
+    assert len(val) == 105 and len(train) == 945
+    for c in range(0, 1050, 105):
+        mine = val[(c <= val) & (val < c + 105)].tolist()
+        assert len(mine) in (10, 11) and mine == list(range(c + 105 - len(mine), c + 105))
+
+    train, val = data.split(np.arange(150), seq=8)  # one chunk
+    assert val.tolist() == list(range(135, 150)) and train.tolist() == list(range(135))
+
+    monkeypatch.setattr(data, "IN_MEMORY_LIMIT", 999)
+    positions = np.arange(1000)
+    train, val = data.split(positions, seq=8)
+    assert val.tolist() == list(range(900, 1000)) and train.tolist() == list(range(900))
+    assert np.shares_memory(train, positions) and np.shares_memory(val, positions)
+
+
+def test_the_docs_hold_out_a_tenth_of_every_part():
+    """Validation samples the whole docs: each tenth of them (by position) gives it
+    a tenth of its bytes, give or take one chunk's held-out tail. The docs' own last
+    tenth, their last topics alphabetically (types* to yield), would be all of it."""
+    n = len(data.default_corpus())
+    chunks = n // data.SPLIT_CHUNK
+    tail = -(-int(n * 0.1) // chunks)  # the longest chunk's held-out tail: a tenth, rounded up
+    _, val = data.split(np.arange(n))
+    assert len(val) == int(n * 0.1)
+    for tenth in range(10):
+        start, end = n * tenth // 10, n * (tenth + 1) // 10
+        held = np.count_nonzero((start <= val) & (val < end))
+        assert abs(held - (end - start) / 10) <= tail, (tenth, held)
 
 
 def test_unigram_entropy_of_uniform_and_constant_bytes():

@@ -322,7 +322,7 @@ def logged(losses, val):
     return history
 
 
-def summary_of(history, corpus):
+def summary_of(history, corpus, passes=None):
     s = summarize(
         history,
         train_seconds=1.0,
@@ -333,6 +333,7 @@ def summary_of(history, corpus):
         unigram=3.15,
         first_step=0,
         corpus=corpus,
+        passes=passes,
     )
     return json.loads(json.dumps(s))  # what --summary-out writes
 
@@ -369,6 +370,10 @@ def test_the_final_gap_by_hand():
     lines = summary_lines(s)
     assert "  val - train +0.060 nats/byte (train loss 2.340, the mean at steps 30 and 40)" in lines
     assert not [line for line in lines if "warning" in line]
+    # Validated once, the gap alone decides: 0.06 is within noise.
+    s = summary_of(logged({30: 2.35, 40: 2.33}, {40: 2.4}), stdlib)
+    assert s["val_earlier"] is None and not s["memorizing"]
+    assert not [line for line in summary_lines(s) if "warning" in line]
 
     # One logged step, validated: its own loss. No validation: no gap.
     s = summary_of(logged({10: 2.5}, {10: 2.45}), stdlib)
@@ -377,6 +382,69 @@ def test_the_final_gap_by_hand():
     s = summary_of(logged({10: 2.5, 20: 2.4}, {}), stdlib)
     assert (s["val_gap"], s["val_gap_train_loss"], s["val_gap_train_steps"]) == (None, None, [])
     assert not [line for line in summary_lines(s) if "val - train" in line]
+
+
+def test_memorizing_is_a_gap_outgrowing_validation_by_hand():
+    """Past 0.1, the gap says memorizing only if it grew, since the evaluation a third
+    of the run back, by more than validation fell. Python 3.13's default run, when the
+    docs held out their last tenth (docs/data.md): 1.411 - (1.166 + 1.172) / 2 = +0.242
+    at step 600, against 1.538 - (1.378 + 1.392) / 2 = +0.153 at step 400; the gap grew
+    0.089 while validation fell 0.127: a model still learning, no warning."""
+    py313 = {350: 1.378, 400: 1.392, 450: 1.216, 500: 1.318, 550: 1.166, 600: 1.172}
+    s = summary_of(logged(py313, {400: 1.538, 600: 1.411}), "docs (pydoc_data)")
+    assert s["val_gap"] == pytest.approx(0.242)
+    assert (s["val_earlier"]["step"], s["val_earlier"]["val_loss"]) == (400, 1.538)
+    assert s["val_earlier"]["val_gap"] == pytest.approx(0.153)
+    assert not s["memorizing"]
+    lines = summary_lines(s)
+    assert "              since step 400: the gap +0.089, validation -0.127" in lines
+    assert not [line for line in lines if "warning" in line]
+
+    # The cpu preset for 1,800 steps on the docs, validated every 100 (docs/results.md,
+    # "Passes over the data"). At 1,800: 1.064 - (0.744 + 0.755) / 2 = +0.3145, and at
+    # 1,200, a third back: 1.134 - (1.064 + 1.028) / 2 = +0.088. The gap grew 0.2265,
+    # validation fell only 0.070: memorizing, though validation still fell.
+    docs = {950: 1.041, 1000: 1.034, 1050: 1.036, 1100: 0.972, 1150: 1.064, 1200: 1.028}
+    docs |= {1250: 0.958, 1300: 0.987, 1350: 0.915, 1400: 0.93, 1450: 0.839, 1500: 0.924}
+    docs |= {1550: 0.851, 1600: 0.845, 1650: 0.778, 1700: 0.824, 1750: 0.744, 1800: 0.755}
+    val = {1000: 1.185, 1100: 1.15, 1200: 1.134, 1300: 1.11, 1400: 1.086, 1500: 1.074}
+    val |= {1600: 1.066, 1700: 1.06, 1800: 1.064}
+    s = summary_of(logged(docs, val), "docs (pydoc_data)")
+    assert s["val_gap"] == pytest.approx(0.3145)
+    assert s["val_earlier"]["step"] == 1200
+    assert s["val_earlier"]["val_gap"] == pytest.approx(0.088)
+    assert s["memorizing"]
+    (warning,) = [line for line in summary_lines(s) if "warning" in line]
+    assert "past a gap of 0.1 nats/byte and growing faster than validation falls" in warning
+
+    # The same run at step 1,500: 1.074 - (0.839 + 0.924) / 2 = +0.1925 against 1,000's
+    # 1.185 - (1.041 + 1.034) / 2 = +0.1475: grown 0.045 while validation fell 0.111.
+    # (Against the evaluation just before, 1,400's +0.1635, the gap grew 0.029 and
+    # validation fell 0.012: over 100 steps the noise of two logged batches decides.)
+    at_1500 = summary_of(logged({k: v for k, v in docs.items() if k <= 1500}, val), "docs")
+    assert at_1500["val_gap"] == pytest.approx(0.1925)
+    assert at_1500["val_earlier"]["step"] == 1000
+    assert at_1500["val_earlier"]["val_gap"] == pytest.approx(0.1475)
+    assert not at_1500["memorizing"]
+
+    # Seen less than once, the data cannot have been learned by heart: each training
+    # batch was new, as validation is. At step 60, 2.75 - (2.62 + 2.58) / 2 = +0.15,
+    # grown 0.25 from 2.85 - (3.0 + 2.9) / 2 = -0.10 while validation fell 0.10: a
+    # warning after 2 passes, none after 0.15 (the tiny preset's, about).
+    short = logged({20: 3.0, 30: 2.9, 50: 2.62, 60: 2.58}, {30: 2.85, 60: 2.75})
+    assert summary_of(short, "docs", passes=2)["memorizing"]
+    s = summary_of(short, "docs", passes=0.15)
+    assert s["val_gap"] == pytest.approx(0.15)
+    assert s["val_earlier"]["val_gap"] == pytest.approx(-0.1)
+    assert s["passes"] == 0.15 and not s["memorizing"]
+
+    # Within 0.1 no gap warns, even one growing while validation stalls: at step 60
+    # 2.01 - (1.96 + 1.94) / 2 = +0.06, grown 0.04 from 2.02 - 2.00 while validation
+    # fell 0.01.
+    s = summary_of(logged({30: 2.0, 40: 2.0, 50: 1.96, 60: 1.94}, {40: 2.02, 60: 2.01}), "x")
+    assert s["val_gap"] == pytest.approx(0.06)
+    assert s["val_earlier"]["val_gap"] == pytest.approx(0.02)
+    assert not s["memorizing"]
 
 
 def test_steadiness_in_the_summary_by_hand():

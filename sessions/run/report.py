@@ -53,19 +53,22 @@ def summarize(
     memory=(None, ""),
     allocator=(None, ""),
     corpus="",
+    passes=None,
 ):
     """The run in numbers (what --summary-out writes). Throughput is over every
     step timed, compilation excluded. platform: where its n_devices were ("cpu",
     "gpu", "tpu"), so a reader (scripts/ladder.py) can check that it ran where it
     meant to. memory: (bytes per device, source) from roofline.memory.step_memory;
     allocator: the same from allocator_peak, the second figure, where the backend
-    keeps one. corpus: the data's name, for the remedies if the run memorized it."""
+    keeps one. corpus: the data's name, for the remedies if the run memorized it;
+    passes: how often the whole run goes over its training split."""
     steps = history[-1]["step"] - first_step
     seconds_per_step = train_seconds / max(steps, 1)
     val = [(r["val_loss"], r["step"]) for r in history if "val_loss" in r]
     peak_flops, peak_source = peak
     flops_per_s, mfu = run_utilisation(flops_per_step, seconds_per_step, peak_flops, n_devices)
     gap, gap_train, gap_steps = final_gap(history)
+    earlier = earlier_evaluation(history)
     # Each log interval's seconds per token: equal intervals, so as their seconds.
     intervals = [1 / r["tokens_per_sec"] for r in history if r.get("tokens_per_sec")]
     return {
@@ -90,7 +93,11 @@ def summarize(
         "val_gap": gap,
         "val_gap_train_loss": gap_train,
         "val_gap_train_steps": gap_steps,
+        # An evaluation a third of the run back, {step, val_loss, val_gap}: the trend.
+        "val_earlier": earlier,
+        "memorizing": memorizing(gap, val[-1][0] if val else None, earlier, passes),
         "corpus": corpus,
+        "passes": passes,
         "unigram": unigram,
         "unit": unit,  # what the losses are per: "byte", or "token" for token files
         "memory_bytes_per_device": memory[0],
@@ -114,6 +121,36 @@ def final_gap(history):
     logged = history[max(last - 1, 0) : last + 1]
     train = sum(r["loss"] for r in logged) / len(logged)
     return history[last]["val_loss"] - train, train, [r["step"] for r in logged]
+
+
+def earlier_evaluation(history):
+    """{step, val_loss, val_gap} at the last evaluation a third of the run or more before
+    the last one (else the first), its gap taken as final_gap takes the last one's; None
+    if the run validated once or never. Over a shorter stretch the gap's change would
+    drown in the noise of the logged training losses: the default runs' evaluations
+    are a third of the run apart."""
+    evaluated = [i for i, r in enumerate(history) if "val_loss" in r]
+    if len(evaluated) < 2:
+        return None
+    final = history[evaluated[-1]]["step"]
+    back = [i for i in evaluated[:-1] if history[i]["step"] <= final * 2 / 3]
+    i = back[-1] if back else evaluated[0]
+    gap = final_gap(history[: i + 1])[0]
+    return {"step": history[i]["step"], "val_loss": history[i]["val_loss"], "val_gap": gap}
+
+
+def memorizing(gap, val_loss, earlier, passes=None):
+    """Whether the run has begun to memorize its data: its final gap past MAX_GAP and,
+    since the earlier evaluation, grown by more than validation fell: those steps taught
+    the text more than the language. A gap growing slower than validation falls is a
+    model still learning; with one evaluation, the gap alone decides. A run that has not
+    passed over its data once met each training batch as new, as it meets validation:
+    its gap is noise, or a difference between the splits."""
+    if gap is None or gap <= data.MAX_GAP or (passes is not None and passes <= 1):
+        return False
+    if earlier is None:
+        return True
+    return gap - earlier["val_gap"] > earlier["val_loss"] - val_loss
 
 
 def summary_lines(s):
@@ -149,10 +186,18 @@ def summary_lines(s):
             f"  val - train {s['val_gap']:+.3f} nats/{unit} (train loss "
             f"{s['val_gap_train_loss']:.3f}, {at})"
         )
-        if s["val_gap"] > data.MAX_GAP:
+        earlier = s.get("val_earlier")
+        if earlier:  # how both moved since: memorizing() compares them
             lines.append(
-                f"  warning: past a gap of {data.MAX_GAP} nats/{unit} the run has begun to "
-                f"memorize its data; try {data.remedies(s.get('corpus') or '')}"
+                f"              since step {earlier['step']:,}: the gap "
+                f"{s['val_gap'] - earlier['val_gap']:+.3f}, validation "
+                f"{s['val_loss'] - earlier['val_loss']:+.3f}"
+            )
+        if s.get("memorizing"):
+            why = " and growing faster than validation falls" if earlier else ""
+            lines.append(
+                f"  warning: past a gap of {data.MAX_GAP} nats/{unit}{why}, the run has begun "
+                f"to memorize its data; try {data.remedies(s.get('corpus') or '')}"
             )
     lines.append(
         f"  unigram     {s['unigram']:.3f} nats/{unit} ({unit} frequencies alone, no context)"

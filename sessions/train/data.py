@@ -2,13 +2,12 @@
 
 Three kinds of corpus, each offline:
 
-    docs     the English documentation inside every CPython (`pydoc_data.topics`,
-             about 0.5 MB): the CPU default, whose losses the guides quote
-    stdlib   the standard library's own source, 8-10 MB of Python, split by
-             whole files: the GPU and TPU default, big enough for a chip's
-             default run to see it at most FRESH_PASSES times
-    PATH     a text file, folder or glob (bytes), or token files ending in .bin
-             that nanoGPT and llm.c write (sessions/train/token_files.py)
+    docs     CPython's English documentation (`pydoc_data.topics`, about 0.5 MB):
+             the CPU default, whose losses the guides quote
+    stdlib   the standard library's source, 8-10 MB of Python, split by whole
+             files: the GPU and TPU default, seen at most FRESH_PASSES times
+    PATH     a text file, folder or glob (bytes), or nanoGPT's and llm.c's token
+             files ending in .bin (sessions/train/token_files.py)
 
 Text is read as bytes: byte-level tokens (vocabulary 256) need no tokenizer,
 and a loss in nats per token is nats per byte. Token files carry a tokenizer's
@@ -33,27 +32,22 @@ from sessions.train import token_files
 
 DOCS, STDLIB = "docs", "stdlib"
 VAL_FRACTION = 0.1  # a tenth is held out for validation
-# Past this size, several files are concatenated once into a memory-mapped
-# cache instead of being held in memory.
-IN_MEMORY_LIMIT = 256 * 2**20
-# How much a run may repeat its data: three numbers, kept here and nowhere else.
-# Data-constrained scaling finds repeats worth nearly fresh data up to about 4
-# passes, fading after (Muennighoff et al. 2023, arXiv:2305.16264): a chip's
-# default run (the course and gpt2 presets over the stdlib) stays within
-# FRESH_PASSES on every Python 3.11-3.13, the smallest stdlib seen included.
+SPLIT_CHUNK = 10_000  # text's tenth is held out from every chunk this long (split)
+IN_MEMORY_LIMIT = 256 * 2**20  # bytes past which text stays mapped, never copied into memory
+# How much a run may repeat its data: three numbers, kept here and nowhere else. Repeats
+# are worth nearly fresh data up to about 4 passes, fading after (Muennighoff et al. 2023,
+# arXiv:2305.16264): a chip's default run (the course and gpt2 presets over the stdlib)
+# stays within FRESH_PASSES on every Python 3.11-3.13, the smallest stdlib seen included.
 FRESH_PASSES = 4
-# The header's warning, for any run: past this many passes. The cpu preset run for
-# 1,800 steps on the docs (17.6 passes; docs/results.md, "Passes over the data")
-# shows why: by pass 10 its validation loss trails the training loss by 0.2
-# nats/byte, and the next 7.8 passes lower it by only 0.05 while the gap doubles.
-# Its default run (5.9 passes, whose losses the guides quote) stays below it. A
-# larger model memorizes in fewer passes (the course preset on an H100 ended 0.22
-# above its training loss after 4.7 passes, the same page), so no count of passes
-# tells: the summary measures the gap.
+# The header's warning, for any run: past this many passes. The cpu preset run for 1,800
+# steps on the docs learns the text faster than the language from about pass 10: its gap
+# then doubles while validation falls less (docs/results.md, "Passes over the data"). A
+# larger model memorizes in fewer passes, so no count tells: the summary's gap does.
 MAX_PASSES = 10
-# Validation minus training loss, nats per token, past which the summary says the
-# run has begun to memorize. The cpu preset over the stdlib, seen less than once,
-# kept it within -0.11 to +0.09 (the same page): past 0.1 is more than noise.
+# Validation minus training loss, nats per token, past which the summary says the run has
+# begun to memorize, if the gap also outgrew validation's fall (memorizing, run/report.py).
+# The cpu preset over the stdlib, seen less than once, kept it within -0.11 to +0.09 (the
+# same page). Both splits must sample the same text, as split and stdlib_corpus draw them.
 MAX_GAP = 0.1
 
 
@@ -86,11 +80,10 @@ def default_corpus():
     return np.frombuffer(docs_text().encode("utf-8"), dtype=np.uint8)
 
 
-# The standard library's source, without what is not the library or differs by
-# install: test packages (Debian's and Docker's Pythons ship without them; they
-# hold deliberately malformed files), installed packages, the codec tables in
-# encodings/ (generated: 1.4 MB of `'\x80'  #  0x80 -> ...` lines), and the docs
-# corpus itself (pydoc_data), so docs and stdlib stay disjoint.
+# The standard library's source, without what is not the library or differs by install:
+# test packages (Debian's and Docker's Pythons ship without them; they hold deliberately
+# malformed files), installed packages, the codec tables in encodings/ (generated: 1.4 MB
+# of `'\x80'  #  0x80 -> ...` lines), and the docs (pydoc_data), so the two stay disjoint.
 STDLIB_SKIPPED = {"test", "tests", "idle_test", "site-packages", "dist-packages"}
 STDLIB_SKIPPED |= {"encodings", "pydoc_data", "__pycache__"}
 MIN_STDLIB_BYTES = 2**20  # less than this: the install keeps only .pyc files
@@ -136,7 +129,8 @@ def stdlib_corpus(root=None):
 
 def docs_corpus():
     tokens = default_corpus()
-    name = f"docs (pydoc_data.topics, {python_name()}, {len(tokens):,} bytes)"
+    held = f"a tenth of every {SPLIT_CHUNK // 1000} KB held out"
+    name = f"docs (pydoc_data.topics, {python_name()}, {len(tokens):,} bytes; {held})"
     return Corpus(name, *split(tokens))
 
 
@@ -210,10 +204,16 @@ def _cached_concatenation(files, cache_dir):
 
 
 def split(tokens, seq=0):
-    """(train, val) views of the corpus, its last tenth held out; each must
-    hold at least one sequence of `seq` + 1 tokens."""
-    n_val = int(len(tokens) * VAL_FRACTION)
-    train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
+    """(train, val): the last tenth of every chunk of about SPLIT_CHUNK tokens held out,
+    so that validation samples the whole text as training does (docs/data.md: why); past
+    IN_MEMORY_LIMIT, the last tenth, as views. Each holds `seq` + 1 tokens or more."""
+    n, n_val = len(tokens), int(len(tokens) * VAL_FRACTION)
+    chunks = max(1, n // SPLIT_CHUNK) if n <= IN_MEMORY_LIMIT else 1
+    ends = np.linspace(0, n, chunks + 1).astype(int)  # the chunks' edges
+    cuts = ends[1:] - np.diff(np.linspace(0, n_val, chunks + 1).astype(int))  # tails' starts
+    train = [tokens[a:b] for a, b in zip(ends, cuts)]
+    val = [tokens[a:b] for a, b in zip(cuts, ends[1:])]
+    train, val = (p[0] if chunks == 1 else np.concatenate(p) for p in (train, val))
     check_split_lengths(train, val, seq)
     return train, val
 

@@ -13,7 +13,8 @@ Two formats, told apart by each file's first four bytes:
 Files are mapped, never read: a 17 GB `train.bin` costs no memory until a batch
 touches its pages. Validation is the file beside the training one with "train"
 renamed "val" (train.bin -> val.bin, fineweb_train_*.bin -> fineweb_val_*.bin);
-with none, the last tenth of the training tokens is held out, as in data.py.
+with none, the last tenth of the training tokens is held out, as data.py does
+for text past its IN_MEMORY_LIMIT: taking a tenth of every chunk would copy them.
 """
 
 import bisect
@@ -199,7 +200,7 @@ def open_token_files(spec: str, held_out: float = 0.1) -> TokenSplit:
                 f"{val_files[0]}: is {val_fmt}, but {files[0]} is {fmt}; formats must match"
             )
         return TokenSplit(train, val, fmt, val_spec)
-    # No val file: hold out the end, as data.split does for text.
+    # No val file: hold out the end, as views (data.split does so for mapped text).
     n_val = int(len(train) * held_out)
     if n_val == 0:
         raise UsageError(
