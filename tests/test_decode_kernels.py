@@ -10,6 +10,7 @@ counted in kernels a token (roofline/compiled/launches.py).
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -40,30 +41,39 @@ interpreted = pytest.mark.skipif(
 )
 
 
-def setup(cfg, batch, seed=0):
+def build(cfg, batch, seed=0):
     """(decode weights, params, logits of the prompt, the prefilled cache, prompts)."""
     params = init_params(cfg, jax.random.key(seed))
-    prompts = jax.random.randint(jax.random.key(seed + 1), (batch, P), 0, cfg.vocab)
-    logits, cache = kv_cache.prefill(params, prompts, cfg)
+    prompts = np.random.default_rng(seed + 1).integers(0, cfg.vocab, (batch, P), np.int32)
+    logits, cache = kv_cache.prefill(params, jnp.asarray(prompts), cfg)
     return decode_weights(params, cfg), params, logits, cache, prompts
+
+
+# Built once per (cfg, batch) for the tests that share them; nothing donates them.
+setup = functools.cache(build)
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def xla_step(w, cache, token, live, cfg):
+    return kv_cache.decode_step(w, cache, token, jnp.int32(P), cfg, live)
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def kernels_step(w, cache, token, live, cfg):
+    """Compiled once per cfg and shapes, whether the step is live or not (live is traced)."""
+    return kernel_step.kernel_decode_step(w, cache, token, jnp.int32(P), cfg, live, interpret=True)
+
+
+def first_token(logits):
+    return jnp.asarray(np.argmax(np.asarray(logits), axis=-1).astype(np.int32))
 
 
 def both_steps(cfg, batch, live):
     """(XLA's (logits, cache), the kernels' (logits, cache), the cache before), one
     step at position P from the same prefilled cache."""
     w, _, logits, cache, _ = setup(cfg, batch)
-    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    def xla(w, cache, token, live):
-        return kv_cache.decode_step(w, cache, token, jnp.int32(P), cfg, live)
-
-    def ours(w, cache, token, live):
-        return kernel_step.kernel_decode_step(
-            w, cache, token, jnp.int32(P), cfg, live, interpret=True
-        )
-
-    live = jnp.bool_(live)
-    return jax.jit(xla)(w, cache, token, live), jax.jit(ours)(w, cache, token, live), cache
+    token, live = first_token(logits), jnp.bool_(live)
+    return xla_step(w, cache, token, live, cfg), kernels_step(w, cache, token, live, cfg), cache
 
 
 @interpreted
@@ -104,8 +114,10 @@ def test_the_kernel_step_equals_xla_s(cfg, batch):
 
 @interpreted
 def test_a_step_that_is_not_live_writes_nothing():
-    """decode_steps runs steps past n that must leave the cache as it was."""
-    _, (_, got_cache), before = both_steps(ONE, 2, live=False)
+    """decode_steps runs steps past n that must leave the cache as it was. The kernels'
+    step of the mha-b1 case above, its program and its inputs, with live false."""
+    w, _, logits, before, _ = setup(ONE, 1)
+    _, got_cache = kernels_step(w, before, first_token(logits), jnp.bool_(False), ONE)
     for ours, old in zip(got_cache, before, strict=True):
         for name in ("k", "v"):
             np.testing.assert_array_equal(
@@ -116,10 +128,11 @@ def test_a_step_that_is_not_live_writes_nothing():
 @interpreted
 def test_generated_tokens_equal_xla_s():
     """Greedy, a few tokens: --decode-impl pallas gives XLA's tokens (on a CPU its
-    kernels run in the interpreter)."""
-    _, params, _, _, prompts = setup(TINY, 2)
-    want = kv_cache.generate(params, TINY, prompts, 3)
-    got = kv_cache.generate(params, TINY, prompts, 3, decode_impl="pallas")
+    kernels run in the interpreter). One layer: the loop runs kv_cache.STEPS steps of the
+    kernels whatever the count, and the layers' hand-over is the two-layer case's above."""
+    _, params, _, _, prompts = setup(ONE, 2)
+    want = kv_cache.generate(params, ONE, prompts, 3)
+    got = kv_cache.generate(params, ONE, prompts, 3, decode_impl="pallas")
     assert got.shape == (2, P + 3)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
@@ -182,11 +195,15 @@ def test_the_step_refuses_as_it_is_traced():
     """Any program that traces the kernels' step (s3's --target, the benchmark)
     stops on what they do not run, not inside a kernel."""
     cfg = dataclasses.replace(TINY, dtype="float32")
-    w, _, _, cache, _ = setup(cfg, 1)
+    w, cache = jax.eval_shape(lambda: build(cfg, 1)[::3])  # shapes: nothing compiled
     token = jnp.zeros((1,), jnp.int32)
     with pytest.raises(UsageError, match="runs bfloat16"):
         jax.eval_shape(
-            lambda: kernel_step.kernel_decode_step(w, cache, token, 0, cfg, interpret=True)
+            lambda w, cache: kernel_step.kernel_decode_step(
+                w, cache, token, 0, cfg, interpret=True
+            ),
+            w,
+            cache,
         )
 
 

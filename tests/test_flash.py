@@ -19,19 +19,23 @@ from sessions.shard import sharding
 from tests.helpers import need, run_script
 
 
+def normal(shape, seed, dtype=jnp.float32):
+    """Drawn by NumPy: no JAX program to compile for the inputs."""
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
+
+
 def qkv(B, S, H, D, dtype=jnp.float32, seed=0):
-    return tuple(
-        jax.random.normal(jax.random.key(seed + i), (B, S, H, D)).astype(dtype) for i in range(3)
-    )
+    return tuple(normal((B, S, H, D), seed + i, dtype) for i in range(3))
 
 
 def test_online_softmax_equals_softmax_attention():
     S, T, D = 12, 40, 8
-    q, k, v = (jax.random.normal(jax.random.key(i), (n, D)) for i, n in enumerate((S, T, T)))
+    q, k, v = (normal((n, D), i) for i, n in enumerate((S, T, T)))
     # Scaled up so that later key blocks raise the running max: the rescaling must work.
     q = 4 * q
     probs = jax.nn.softmax(q @ k.T * D**-0.5, axis=-1)
-    np.testing.assert_allclose(online_softmax(q, k, v, block_k=16), probs @ v, atol=1e-5)
+    online = jax.jit(online_softmax, static_argnames="block_k")  # one program, not op by op
+    np.testing.assert_allclose(online(q, k, v, block_k=16), probs @ v, atol=1e-5)
 
 
 # One shape per case; each compiles once. S=80 is not a multiple of the 32-query,
@@ -50,7 +54,7 @@ CASES = [
 def test_flash_equals_the_reference_forward_and_backward(D, dtype, atol, grad_atol):
     B, S, H = 2, 80, 2
     q, k, v = qkv(B, S, H, D, dtype)
-    probe = jax.random.normal(jax.random.key(9), (B, S, H, D))  # a loss that weighs every output
+    probe = normal((B, S, H, D), 9)  # a loss that weighs every output
 
     def flash(q, k, v):
         return flash_attention(q, k, v, block_q=32, block_k=16)
@@ -72,32 +76,28 @@ def test_flash_equals_the_reference_forward_and_backward(D, dtype, atol, grad_at
         np.testing.assert_allclose(f32(mine), f32(theirs), atol=grad_atol, err_msg=f"d{name}")
 
 
-def test_blocks_above_the_diagonal_are_never_read():
+def test_blocks_above_the_diagonal_are_never_read_forward_or_backward():
     # Keys and values from position 64 on are NaN. Queries before 64 may not see
     # them, and with 32 x 32 tiles every one of their key blocks from 64 on lies
     # wholly above the diagonal: skipped, so never read. Were such a block read,
-    # its masked probabilities (0) times NaN values would be NaN in those rows.
-    B, S, H, D = 1, 128, 2, 64
-    q, k, v = qkv(B, S, H, D)
-    poisoned = [x.at[:, 64:].set(jnp.nan) for x in (k, v)]
-    out = jax.jit(lambda q, k, v: flash_attention(q, k, v, block_q=32, block_k=32))(q, *poisoned)
-    np.testing.assert_allclose(out[:, :64], einsum_attention(q, k, v)[:, :64], atol=2e-5)
-
-
-def test_the_backward_skips_them_too():
-    # The gradient of the first 64 queries' outputs: dq of those rows may not
-    # touch the NaN keys and values from position 64 on.
+    # its masked probabilities (0) times NaN values would be NaN in those rows:
+    # in the outputs of the first 64 queries (the forward kernel, which the
+    # backward's forward runs too), and in their dq (the backward).
     B, S, H, D = 1, 128, 2, 64
     q, k, v = qkv(B, S, H, D)
     poisoned = [x.at[:, 64:].set(jnp.nan) for x in (k, v)]
 
-    def first_rows(fn, k, v):
-        return jax.grad(lambda q: fn(q, k, v)[:, :64].sum())(q)[:, :64]
+    def first_rows(fn, q, k, v):
+        out, grad = jax.vjp(lambda q: fn(q, k, v)[:, :64], q)
+        return out, grad(jnp.ones_like(out))[0][:, :64]
 
-    flash = jax.jit(
-        lambda q, k, v: first_rows(lambda *a: flash_attention(*a, block_q=32, block_k=32), k, v)
-    )
-    np.testing.assert_allclose(flash(q, *poisoned), first_rows(einsum_attention, k, v), atol=2e-5)
+    def flash(q, k, v):
+        return flash_attention(q, k, v, block_q=32, block_k=32)
+
+    out, dq = jax.jit(lambda q, k, v: first_rows(flash, q, k, v))(q, *poisoned)
+    want_out, want_dq = first_rows(einsum_attention, q, k, v)
+    np.testing.assert_allclose(out, want_out, atol=2e-5, err_msg="forward")
+    np.testing.assert_allclose(dq, want_dq, atol=2e-5, err_msg="dq")
 
 
 def test_over_a_mesh_each_device_runs_the_kernel_on_its_rows_and_heads():

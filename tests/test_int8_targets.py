@@ -138,10 +138,15 @@ def test_the_cpu_backend_converts_every_int8_array_to_float32():
     the loop, so XLA hoists it out), each int8 cache array every step; the steps
     then read float32. The criterion finds exactly these copies."""
     cfg, batch = PRESETS["cpu"].model, 4
-    w8 = layout.quantize_decode_weights(decode_weights(init_params(cfg, jax.random.key(0)), cfg))
-    cache = kv_cache.init_cache(cfg, batch, int8=True)
-    tokens = jax.numpy.zeros((batch, cfg.seq), jax.numpy.int32)
-    logits = jax.numpy.zeros((batch, cfg.vocab), jax.numpy.float32)
+
+    def inputs():  # as shapes: the program is compiled, never run
+        params = init_params(cfg, jax.random.key(0))
+        w8 = layout.quantize_decode_weights(decode_weights(params, cfg))
+        tokens = jax.numpy.zeros((batch, cfg.seq), jax.numpy.int32)
+        logits = jax.numpy.zeros((batch, cfg.vocab), jax.numpy.float32)
+        return w8, kv_cache.init_cache(cfg, batch, int8=True), tokens, logits
+
+    w8, cache, tokens, logits = jax.eval_shape(inputs)
     text = (
         kv_cache.decode_steps.lower(
             w8, cache, tokens, logits, 0, 1, jax.random.key(0), 1.0, cfg=cfg, greedy=True

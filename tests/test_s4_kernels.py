@@ -1,6 +1,7 @@
 """sessions/s4_kernels.py tells session 4's story: each equality it prints holds."""
 
 import argparse
+import dataclasses
 import functools
 import os
 import re
@@ -14,10 +15,19 @@ from helpers import REPO, run_script
 from roofline.plan.targets import local_target
 from sessions.kernels import flash, precision
 from sessions.model.attention import einsum_attention
+from sessions.model.config import PRESETS
 from sessions.plan import programs
+from sessions.shard import collective_matmul
 
 H100 = "NVIDIA H100 80GB HBM3"
 SCRIPT = "sessions/s4_kernels.py"
+
+
+def ring_in_one_program(monkeypatch):
+    """Step 4's ring, jitted: called op by op, as the script calls it, each op dispatches
+    over the 8 devices on its own, 20 times the time; the same ppermutes and matmuls."""
+    ring = jax.jit(collective_matmul.collective_matmul, static_argnums=2)
+    monkeypatch.setattr(collective_matmul, "collective_matmul", ring)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +45,12 @@ def test_every_check_holds_and_is_printed(capsys, monkeypatch):
 
     exact = precision.exact
     monkeypatch.setattr(precision, "exact", recorded)
+    # Step 3 trains the tiny preset both ways; one layer of it shows manual == auto as two
+    # do (tests/test_manual_fsdp.py trains both layers) and compiles in less time.
+    tiny = PRESETS["tiny"]
+    one_layer = dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, layers=1))
+    monkeypatch.setitem(PRESETS, "tiny", one_layer)
+    ring_in_one_program(monkeypatch)
     argv = ["--no-target", "--seq", "40", "--fsdp-steps", "2"]
     code, out, err = run_script(SCRIPT, argv, capsys)
     assert code == 0, out[-3000:] + err[-2000:]
@@ -77,6 +93,7 @@ def test_a_failed_check_fails_the_run(capsys, monkeypatch):
     kernel = flash.flash_attention
     monkeypatch.setattr(manual_fsdp, "train_both_ways", drifting)
     monkeypatch.setattr(flash, "flash_attention", lambda q, k, v: kernel(q, k, v) + 2e-4)
+    ring_in_one_program(monkeypatch)
     argv = ["--no-target", "--seq", "40", "--fsdp-steps", "2"]
     code, out, _ = run_script(SCRIPT, argv, capsys)
     assert code == 1 and "FAIL manual == auto, step for step (relative)" in out

@@ -13,7 +13,7 @@ import math
 
 import jax
 import pytest
-from helpers import need, run_python, run_script, s2_in_process
+from helpers import need, run_script, s2_in_process
 
 from roofline.flops import param_count, train_flops
 from roofline.hardware import CHIPS
@@ -66,29 +66,19 @@ def test_param_count_formula_equals_the_params_built(cfg):
         assert param_count(c) == sum(math.prod(x.shape) for x in jax.tree.leaves(built))
 
 
-def test_a_step_too_big_for_the_chip_exits_2_with_what_to_try():
+def test_a_step_too_big_for_the_chip_exits_2_with_what_to_try(capsys):
     need("tpu")
     # 2.1e9 parameters, replicated by data=4: weights and Adam's two moments alone
-    # take 25 GB a chip, more than a v5e's 16 GB.
-    result = run_python(
-        "sessions/s2_train.py",
-        "--preset",
-        "tiny",
-        "--embed",
-        "8192",
-        "--ff",
-        "65536",
-        "--layers",
-        "2",
-        "--target",
-        "tpu-v5e:2x2",
-        "--mesh",
-        "data=4",
+    # take 25 GB a chip, more than a v5e's 16 GB. In this process, as the command line
+    # runs it (a traceback would end the test with the exception, not exit 2).
+    argv = ["--preset", "tiny", "--embed", "8192", "--ff", "65536", "--layers", "2"]
+    code, _, err = run_script(
+        "sessions/s2_train.py", [*argv, "--target", "tpu-v5e:2x2", "--mesh", "data=4"], capsys
     )
-    assert result.returncode == 2, result.stderr[-2000:]
-    error = result.stderr.strip().splitlines()[-1]
+    assert code == 2, err[-2000:]
+    error = err.strip().splitlines()[-1]
     assert error.startswith("error: the step does not fit on tpu-v5e:2x2")
-    assert "--batch" in error and "fsdp" in error and "Traceback" not in result.stderr
+    assert "--batch" in error and "fsdp" in error and "Traceback" not in err
 
 
 @pytest.mark.parametrize(
