@@ -23,7 +23,7 @@ from sessions.run.cli import infer_flags, serving_config
 from sessions.run.serving import inference_config, load_params
 from sessions.shard import sharding
 from sessions.train import data
-from sessions.train.step import init_state, loss_fn, make_optimizer, make_train_step
+from sessions.train.step import init_state, make_optimizer, make_train_step
 
 model = jax.jit(forward, static_argnames="cfg")
 
@@ -369,12 +369,12 @@ def test_the_llama_block_learns():
     state = {"params": params, "opt": optimizer.init(params)}  # as step.init_state builds it
     train, _ = data.split(data.default_corpus(), cfg.seq)
     batch = functools.partial(data.get_batch, train, batch=tc.batch, seq=cfg.seq, seed=tc.seed)
-    untrained = float(loss_fn(state["params"], batch(0), cfg))
     step = make_train_step(cfg, optimizer)
     losses = []
     for i in range(tc.steps):
         state, metrics = step(state, batch(i))
         losses.append(float(metrics["loss"]))
+    untrained = losses[0]  # a step's loss is of the params it was given: the first, untrained
     unigram = data.unigram_entropy(train)
     assert untrained > unigram + 1, (untrained, unigram)
     assert np.mean(losses[-10:]) < unigram - 0.3, (losses[-10:], unigram)
