@@ -17,6 +17,7 @@ from sessions.model.transformer import cross_entropy
 
 B, P = 2, 5
 EPS32 = 2.0**-24  # float32's unit roundoff
+model = jax.jit(forward, static_argnames="cfg")  # one compile, not the model op by op
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +277,7 @@ def test_the_full_decode_path_s_validation_loss_is_the_model_s(cfg, params):
     with int8 weights and cache, another number (the path it claims to measure)."""
     tokens = prompts(cfg, length=cfg.seq + 1, seed=4)
     batches = [{"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}]
-    logits = np.asarray(forward(params, tokens[:, :-1], cfg), np.float64)
+    logits = np.asarray(model(params, tokens[:, :-1], cfg=cfg), np.float64)
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     expected = -np.take_along_axis(logp, np.asarray(tokens[:, 1:])[..., None], -1).mean()
@@ -290,7 +291,7 @@ def test_the_full_decode_path_s_validation_loss_is_the_model_s(cfg, params):
         return x if order is None else jnp.transpose(x, np.argsort(order))
 
     round_trip = jax.tree_util.tree_map_with_path(back, w)
-    expected8 = cross_entropy(forward(round_trip, tokens[:, :-1], cfg), tokens[:, 1:])
+    expected8 = cross_entropy(model(round_trip, tokens[:, :-1], cfg=cfg), tokens[:, 1:])
     int8 = quality.val_loss(params, cfg, batches, int8_weights=True)
     assert int8 == pytest.approx(float(expected8), rel=1e-5) and int8 != pytest.approx(expected)
 
