@@ -146,7 +146,7 @@ def test_int8_cache_attention_equals_attention_over_the_dequantized_cache(K):
         "v_scale": jnp.asarray(v_scale, jnp.float32),
     }
     f32 = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
-    got = kv_cache.cached_attention(*f32, cache, pos)
+    got = jax.jit(kv_cache.cached_attention)(*f32, cache, pos)  # as decode runs it: compiled
     want = attention_reference(
         q, k, v, k8, np.float32(k_scale), v8, np.float32(v_scale), pos
     )  # the scales as the cache holds them
@@ -161,7 +161,8 @@ def test_the_int8_write_quantizes_each_token_and_head_in_its_slots(cfg):
     cache = kv_cache.init_cache(c, B, int8=True)[0]
     rng = np.random.default_rng(3)
     k, v = rng.standard_normal((2, B, 2, c.heads, c.head_dim)).astype(np.float32)
-    written = kv_cache.write(cache, jnp.asarray(k), jnp.asarray(v), 3)
+    write = jax.jit(kv_cache.write)  # as decode runs it: compiled
+    written = write(cache, jnp.asarray(k), jnp.asarray(v), 3)
     k_scale = np.abs(k).max(-1) / 127  # [B, S, H]
     v_scale = np.abs(v).max(-1) / 127
     np.testing.assert_allclose(written["k_scale"][..., 3:5], k_scale.transpose(0, 2, 1), 1e-6)
@@ -182,7 +183,7 @@ def test_the_int8_write_quantizes_each_token_and_head_in_its_slots(cfg):
             np.delete(np.asarray(written[name]), [3, 4], axis=axis),
             np.delete(np.asarray(cache[name]), [3, 4], axis=axis),
         )
-    dead = kv_cache.write(written, jnp.asarray(k) + 1, jnp.asarray(v) + 1, 3, live=jnp.bool_(False))
+    dead = write(written, jnp.asarray(k) + 1, jnp.asarray(v) + 1, 3, live=jnp.bool_(False))
     for name in written:
         np.testing.assert_array_equal(dead[name], written[name])
 
