@@ -1410,7 +1410,7 @@ MUTANTS = [
         ),
         (
             f"{FAMILY}::test_the_cached_decode_gives_the_model_s_logits[rope]",
-            f"{FAMILY}::test_the_cached_decode_gives_the_model_s_logits[llama]",
+            f"{FAMILY}::test_the_llama_block_decodes_alike_on_a_mesh",
         ),
     ),
     Mutant(
@@ -1438,7 +1438,7 @@ MUTANTS = [
                 "q = q.reshape(B, S, H // K, K, D).transpose(0, 3, 2, 1, 4)",
             ),
         ),
-        (f"{FAMILY}::test_the_cached_decode_gives_the_model_s_logits[llama]",),
+        (f"{FAMILY}::test_the_llama_block_decodes_alike_on_a_mesh",),
     ),
     Mutant(
         "kv-heads-over-tp",

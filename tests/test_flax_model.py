@@ -106,7 +106,7 @@ def test_one_flax_training_step_equals_ours(cfg, key):
     theirs = [flax_step(model, opt, batch) for _ in range(2)]  # the 2nd sees the 1st's update
 
     state = {"params": params, "opt": optimizer.init(params)}
-    step = make_train_step(cfg, optimizer, jit=False)
+    step = make_train_step(cfg, optimizer)  # jitted, as the Flax step is: one compile, not op by op
     ours = []
     for _ in range(2):
         state, metrics = step(state, batch)

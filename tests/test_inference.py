@@ -24,6 +24,7 @@ from sessions.model import forward, init_params
 from sessions.shard import sharding
 
 B, P = 2, 5
+model = jax.jit(forward, static_argnames="cfg")  # one compile, not the model op by op
 
 
 def prompts(cfg, batch=B, length=P, seed=1):
@@ -45,7 +46,6 @@ def test_greedy_equals_the_uncached_argmax_at_every_position(cfg, params):
     # The model without a cache, over the growing sequence. It is causal, so the
     # sequence can sit at the start of a fixed [B, S] window: one compile.
     seq = jnp.zeros((B, cfg.seq), jnp.int32).at[:, :P].set(prompts(cfg))
-    model = jax.jit(forward, static_argnames="cfg")
     for n in range(P, cfg.seq):
         nxt = jnp.argmax(model(params, seq, cfg=cfg)[:, n - 1], axis=-1)
         seq = seq.at[:, n].set(nxt)
@@ -55,7 +55,7 @@ def test_greedy_equals_the_uncached_argmax_at_every_position(cfg, params):
 def test_each_decode_step_gives_the_model_s_logits(cfg, params):
     """Teacher-forced: fed the same tokens, the cache's logits equal forward's at every position."""
     tokens = prompts(cfg, length=cfg.seq, seed=2)
-    expected = forward(params, tokens, cfg)  # [B, S, V]
+    expected = model(params, tokens, cfg=cfg)  # [B, S, V]
     logits, cache = kv_cache.prefill(params, tokens[:, :P], cfg)
     np.testing.assert_allclose(logits, expected[:, P - 1], atol=1e-3, rtol=1e-3)
     step = jax.jit(kv_cache.decode_step, static_argnames="cfg")  # pos traced: one compile
@@ -195,10 +195,13 @@ def test_sharded_equals_one_device(cfg, key):
         n = c.seq - P
         return kv_cache.generate(params, c, tokens, n, key=jax.random.key(5), temperature=0.5)
 
-    expected = sample(init(key), prompts(c, batch=batch))
+    one_device = init(key)
+    expected = sample(one_device, prompts(c, batch=batch))
     mesh = sharding.make_mesh(sizes)
     with jax.set_mesh(mesh):
-        params, _ = sharding.init_sharded(init, key, mesh)
+        # The same weights placed by the partition rules (tests/test_multichip.py holds
+        # that init_sharded builds these very shards; compiling it here would add nothing).
+        params = jax.device_put(one_device, sharding.tree_shardings(one_device, mesh))
         tokens = jax.device_put(prompts(c, batch=batch), sharding.batch_sharding(mesh))
         _, cache = kv_cache.prefill(params, tokens, c)
         for layer in cache:  # rows over data x fsdp = 4, heads over tp = 2
@@ -280,23 +283,20 @@ def test_s3_bad_input_is_one_line_and_exit_2(argv, why, capsys, checkpoint_dir):
     assert len(err.strip().splitlines()) == 1 and why in err, err
 
 
-def test_s3_runs_on_a_preset_s_defaults(tmp_path, capsys):
+def test_s3_from_a_checkpoint_on_the_preset_s_defaults_and_its_summary(
+    tmp_path, capsys, checkpoint_dir
+):
     """The tiny preset's context of 64 holds the 21-byte prompt and 43 new tokens:
-    by default s3 decodes what fits, up to 64."""
-    argv = [*TINY, "--batches", "1", "--run-dir", str(tmp_path)]
-    code, out, err = s3_in_process(argv, capsys)
-    assert code == 0, err
-    assert "prompt 21 bytes, 43 decode steps" in out and "sample:\nThe import statement " in out
-
-
-def test_s3_summary_from_a_checkpoint(tmp_path, capsys, checkpoint_dir):
+    by default s3 decodes what fits, up to 64. One run, from session 2's checkpoint,
+    at two batches: what it prints, its summary and its plot."""
     summary = tmp_path / "s3.json"
-    argv = ["--checkpoint-dir", checkpoint_dir, "--batches", "1,2", "--new-tokens", "4"]
+    argv = ["--checkpoint-dir", checkpoint_dir, "--batches", "1,2"]
     code, out, err = s3_in_process(
         [*argv, "--summary-out", str(summary), "--run-dir", str(tmp_path)], capsys
     )
     assert code == 0, err
-    assert "checkpoint at step 1" in out and "sample:\nThe import statement " in out
+    assert "checkpoint at step 1" in out and "prompt 21 bytes, 43 decode steps" in out
+    assert "sample:\nThe import statement " in out
     s = json.loads(summary.read_text())
     assert s["prefill_seconds"] > 0
     assert [r["batch"] for r in s["batches"]] == [1, 2]

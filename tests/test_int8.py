@@ -17,6 +17,7 @@ from sessions.model.transformer import cross_entropy
 
 B, P = 2, 5
 EPS32 = 2.0**-24  # float32's unit roundoff
+model = jax.jit(forward, static_argnames="cfg")  # one compile, not the model op by op
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +146,7 @@ def test_int8_cache_attention_equals_attention_over_the_dequantized_cache(K):
         "v_scale": jnp.asarray(v_scale, jnp.float32),
     }
     f32 = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
-    got = kv_cache.cached_attention(*f32, cache, pos)
+    got = jax.jit(kv_cache.cached_attention)(*f32, cache, pos)  # as decode runs it: compiled
     want = attention_reference(
         q, k, v, k8, np.float32(k_scale), v8, np.float32(v_scale), pos
     )  # the scales as the cache holds them
@@ -160,7 +161,8 @@ def test_the_int8_write_quantizes_each_token_and_head_in_its_slots(cfg):
     cache = kv_cache.init_cache(c, B, int8=True)[0]
     rng = np.random.default_rng(3)
     k, v = rng.standard_normal((2, B, 2, c.heads, c.head_dim)).astype(np.float32)
-    written = kv_cache.write(cache, jnp.asarray(k), jnp.asarray(v), 3)
+    write = jax.jit(kv_cache.write)  # as decode runs it: compiled
+    written = write(cache, jnp.asarray(k), jnp.asarray(v), 3)
     k_scale = np.abs(k).max(-1) / 127  # [B, S, H]
     v_scale = np.abs(v).max(-1) / 127
     np.testing.assert_allclose(written["k_scale"][..., 3:5], k_scale.transpose(0, 2, 1), 1e-6)
@@ -181,7 +183,7 @@ def test_the_int8_write_quantizes_each_token_and_head_in_its_slots(cfg):
             np.delete(np.asarray(written[name]), [3, 4], axis=axis),
             np.delete(np.asarray(cache[name]), [3, 4], axis=axis),
         )
-    dead = kv_cache.write(written, jnp.asarray(k) + 1, jnp.asarray(v) + 1, 3, live=jnp.bool_(False))
+    dead = write(written, jnp.asarray(k) + 1, jnp.asarray(v) + 1, 3, live=jnp.bool_(False))
     for name in written:
         np.testing.assert_array_equal(dead[name], written[name])
 
@@ -276,7 +278,7 @@ def test_the_full_decode_path_s_validation_loss_is_the_model_s(cfg, params):
     with int8 weights and cache, another number (the path it claims to measure)."""
     tokens = prompts(cfg, length=cfg.seq + 1, seed=4)
     batches = [{"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}]
-    logits = np.asarray(forward(params, tokens[:, :-1], cfg), np.float64)
+    logits = np.asarray(model(params, tokens[:, :-1], cfg=cfg), np.float64)
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     expected = -np.take_along_axis(logp, np.asarray(tokens[:, 1:])[..., None], -1).mean()
@@ -290,7 +292,7 @@ def test_the_full_decode_path_s_validation_loss_is_the_model_s(cfg, params):
         return x if order is None else jnp.transpose(x, np.argsort(order))
 
     round_trip = jax.tree_util.tree_map_with_path(back, w)
-    expected8 = cross_entropy(forward(round_trip, tokens[:, :-1], cfg), tokens[:, 1:])
+    expected8 = cross_entropy(model(round_trip, tokens[:, :-1], cfg=cfg), tokens[:, 1:])
     int8 = quality.val_loss(params, cfg, batches, int8_weights=True)
     assert int8 == pytest.approx(float(expected8), rel=1e-5) and int8 != pytest.approx(expected)
 

@@ -23,7 +23,7 @@ from sessions.run.cli import infer_flags, serving_config
 from sessions.run.serving import inference_config, load_params
 from sessions.shard import sharding
 from sessions.train import data
-from sessions.train.step import init_state, loss_fn, make_optimizer, make_train_step
+from sessions.train.step import init_state, make_optimizer, make_train_step
 
 model = jax.jit(forward, static_argnames="cfg")
 
@@ -248,24 +248,34 @@ def teacher_forced(params, cfg, positions, P=5, mesh=None):
     return np.stack(steps, axis=1), tokens, cache
 
 
-@pytest.mark.parametrize("option", OPTIONS.values(), ids=OPTIONS.keys())
+# The LLaMA block's cached decode is checked on a mesh, below: the same property, sharded.
+ALONE = {name: option for name, option in OPTIONS.items() if name != "llama"}
+
+
+def check_cache_and_logits(logits, tokens, cache, params, cfg, P, n):
+    """The cache holds K heads; its logits are forward's (on one device) at each position."""
+    assert cache[0]["k"].shape == (2, cfg.n_kv_heads, cfg.head_dim, cfg.seq)
+    assert cache[0]["v"].shape == (2, cfg.n_kv_heads, cfg.seq, cfg.head_dim)
+    expected = model(params, np.asarray(tokens), cfg=cfg)[:, P - 1 : P + n]
+    np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("option", ALONE.values(), ids=ALONE.keys())
 def test_the_cached_decode_gives_the_model_s_logits(option):
     """Teacher-forced: the cache (K heads, keys turned at their positions) gives, step by
     step, forward's logits at each position."""
     cfg = dataclasses.replace(TINY, **option)
     params, P, n = numpy_params(cfg), 5, 8
     logits, tokens, cache = teacher_forced(params, cfg, n, P)
-    assert cache[0]["k"].shape == (2, cfg.n_kv_heads, cfg.head_dim, cfg.seq)
-    assert cache[0]["v"].shape == (2, cfg.n_kv_heads, cfg.seq, cfg.head_dim)
-    expected = model(params, tokens, cfg=cfg)[:, P - 1 : P + n]
-    np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
+    check_cache_and_logits(logits, tokens, cache, params, cfg, P, n)
 
 
 def test_the_llama_block_decodes_alike_on_a_mesh():
-    """On fsdp=2 x tp=2 the K = 2 KV heads split over tp like the queries (one per
-    device), w_gate like w_in and the untied unembed like the embedding's transpose;
-    the cached decode still gives forward's logits, computed on one device."""
-    cfg, P, n = dataclasses.replace(TINY, **OPTIONS["llama"]), 5, 4
+    """Every switch at once, K = 2, on fsdp=2 x tp=2: the KV heads split over tp like
+    the queries (one per device), w_gate like w_in and the untied unembed like the
+    embedding's transpose; the cached decode still gives, step by step, forward's
+    logits, computed on one device."""
+    cfg, P, n = dataclasses.replace(TINY, **OPTIONS["llama"]), 5, 8
     sizes = {"data": 1, "fsdp": 2, "tp": 2}
     sharding.check_divisible(cfg, 2, sizes)
     params = numpy_params(cfg)
@@ -280,8 +290,7 @@ def test_the_llama_block_decodes_alike_on_a_mesh():
         gate, unembed = w["layers"][0]["w_gate"], w["unembed"]
         assert gate.sharding.shard_shape(gate.shape) == (F // 2, E // 2)
         assert unembed.sharding.shard_shape(unembed.shape) == (V // 2, E // 2)
-    expected = model(params, np.asarray(tokens), cfg=cfg)[:, P - 1 : P + n]
-    np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
+    check_cache_and_logits(logits, tokens, cache, params, cfg, P, n)
 
 
 def test_a_llama_checkpoint_is_served_with_its_own_switches(tmp_path):
@@ -369,12 +378,12 @@ def test_the_llama_block_learns():
     state = {"params": params, "opt": optimizer.init(params)}  # as step.init_state builds it
     train, _ = data.split(data.default_corpus(), cfg.seq)
     batch = functools.partial(data.get_batch, train, batch=tc.batch, seq=cfg.seq, seed=tc.seed)
-    untrained = float(loss_fn(state["params"], batch(0), cfg))
     step = make_train_step(cfg, optimizer)
     losses = []
     for i in range(tc.steps):
         state, metrics = step(state, batch(i))
         losses.append(float(metrics["loss"]))
+    untrained = losses[0]  # a step's loss is of the params it was given: the first, untrained
     unigram = data.unigram_entropy(train)
     assert untrained > unigram + 1, (untrained, unigram)
     assert np.mean(losses[-10:]) < unigram - 0.3, (losses[-10:], unigram)
