@@ -17,17 +17,9 @@ from sessions.kernels import flash, precision
 from sessions.model.attention import einsum_attention
 from sessions.model.config import PRESETS
 from sessions.plan import programs
-from sessions.shard import collective_matmul
 
 H100 = "NVIDIA H100 80GB HBM3"
 SCRIPT = "sessions/s4_kernels.py"
-
-
-def ring_in_one_program(monkeypatch):
-    """Step 4's ring, jitted: called op by op, as the script calls it, each op dispatches
-    over the 8 devices on its own, 20 times the time; the same ppermutes and matmuls."""
-    ring = jax.jit(collective_matmul.collective_matmul, static_argnums=2)
-    monkeypatch.setattr(collective_matmul, "collective_matmul", ring)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +42,6 @@ def test_every_check_holds_and_is_printed(capsys, monkeypatch):
     tiny = PRESETS["tiny"]
     one_layer = dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, layers=1))
     monkeypatch.setitem(PRESETS, "tiny", one_layer)
-    ring_in_one_program(monkeypatch)
     argv = ["--no-target", "--seq", "40", "--fsdp-steps", "2"]
     code, out, err = run_script(SCRIPT, argv, capsys)
     assert code == 0, out[-3000:] + err[-2000:]
@@ -93,7 +84,6 @@ def test_a_failed_check_fails_the_run(capsys, monkeypatch):
     kernel = flash.flash_attention
     monkeypatch.setattr(manual_fsdp, "train_both_ways", drifting)
     monkeypatch.setattr(flash, "flash_attention", lambda q, k, v: kernel(q, k, v) + 2e-4)
-    ring_in_one_program(monkeypatch)
     argv = ["--no-target", "--seq", "40", "--fsdp-steps", "2"]
     code, out, _ = run_script(SCRIPT, argv, capsys)
     assert code == 1 and "FAIL manual == auto, step for step (relative)" in out
