@@ -158,7 +158,9 @@ def test_the_compiled_initialiser_outputs_the_intended_shardings(sharded):
     mesh_text, run = sharded
     mesh = run["mesh"]
     init = functools.partial(init_state, cfg=CFG, optimizer=OPTIMIZER)
-    compiled = jax.jit(init, out_shardings=run["shardings"]).lower(jax.random.key(0)).compile()
+    # Under the mesh, as the fixture's init_sharded ran: the program it compiled, read back.
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(init, out_shardings=run["shardings"]).lower(jax.random.key(0)).compile()
     out = jax.tree.leaves(compiled.output_shardings)
     leaves = jax.tree_util.tree_flatten_with_path(run["initial"])[0]
     assert len(out) == len(leaves)
@@ -176,7 +178,8 @@ def test_params_are_never_whole_on_one_device_under_fsdp():
     init = functools.partial(init_state, cfg=CFG, optimizer=OPTIMIZER)
     shapes = jax.eval_shape(init, jax.random.key(0))
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(shapes))
-    state, shardings = sharding.init_sharded(init, jax.random.key(0), mesh)
+    with jax.set_mesh(mesh):  # as the fixture built fsdp=8's: its initialiser, read back
+        state, shardings = sharding.init_sharded(init, jax.random.key(0), mesh)
     held, total = sharding.bytes_per_device(state, shardings)
     # Everything but the small norm vectors and step counters is split 8 ways.
     assert total / 8 <= held < total / 7
