@@ -213,7 +213,8 @@ def test_tiny_preset_learns_well_below_the_unigram_baseline():
     # Before any update (the loop donates the state), not at the first log
     # step: how far ten steps get depends on the corpus, which differs by
     # Python release (3.12's docs took step 10 below the baseline already).
-    untrained = float(loss_fn(state["params"], make_batch(0), cfg))
+    # One compiled forward pass: op by op, each op would be compiled on its own.
+    untrained = float(jax.jit(loss_fn, static_argnums=2)(state["params"], make_batch(0), cfg))
     step_fn = make_train_step(cfg, optimizer, jit=True)
     history = []
     for step in range(tc.steps):
