@@ -15,7 +15,15 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import PYTHON, REPO, run_python, run_script, s2_in_process, subprocess_env
+from helpers import (
+    PYTHON,
+    REPO,
+    TINY_STEPS,
+    run_python,
+    run_script,
+    s2_in_process,
+    subprocess_env,
+)
 
 from sessions.errors import UsageError
 from sessions.model.config import PRESETS
@@ -375,11 +383,11 @@ def test_a_checkpoint_folder_that_cannot_be_one_stops_the_run_before_its_first_s
 def test_a_named_checkpoint_folder_gets_the_last_step_without_checkpoint_every(tmp_path, capsys):
     """A user who names a folder expects a checkpoint in it at the end."""
     folder = tmp_path / "named"
-    argv = ["--preset", "tiny", "--steps", "2", "--log-every", "1", "--sample-bytes", "0"]
+    argv = ["--preset", "tiny", "--steps", str(TINY_STEPS), "--sample-bytes", "0"]
     argv += ["--run-dir", str(tmp_path)]
     code, err = s2_in_process([*argv, "--checkpoint-dir", str(folder)], capsys)
     assert code == 0, err
-    assert newest_meta(str(folder))["step"] == 2
+    assert newest_meta(str(folder))["step"] == TINY_STEPS
     # The folder left to its default is still kept empty without --checkpoint-every.
     code, err = s2_in_process(argv, capsys)
     assert code == 0, err
