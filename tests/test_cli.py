@@ -60,6 +60,9 @@ def test_s2_runs_end_to_end_and_every_number_it_prints_is_right(tmp_path, capsys
     metrics, summary_path = tmp_path / "metrics.jsonl", tmp_path / "summary.json"
     argv = ["--preset", "tiny", *STEPS, "--log-every", "1", "--metrics-out", str(metrics)]
     argv += ["--summary-out", str(summary_path), "--run-dir", str(tmp_path)]
+    # A sample in the context's first window: one prefill, one decode (the window
+    # sliding past the context: test_inference.py's text helper test).
+    argv += ["--sample-bytes", "8"]
     code, out, err = run_script("sessions/s2_train.py", argv, capsys)
     assert code == 0, err
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
