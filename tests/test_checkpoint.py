@@ -195,7 +195,10 @@ def _abstract(mesh_text):
 
 def _state(mesh_text, seed=0):
     init, mesh = _init(mesh_text)
-    state, _ = sharding.init_sharded(init, jax.random.key(seed), mesh)
+    # Under the mesh, as s2_train.py builds its state: one initialiser program for
+    # this file's runs of it and for these states.
+    with jax.set_mesh(mesh):
+        state, _ = sharding.init_sharded(init, jax.random.key(seed), mesh)
     return state, _abstract(mesh_text)
 
 
