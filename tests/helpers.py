@@ -19,6 +19,15 @@ from roofline.plan.targets import EXTRAS, missing_extras
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 
+# The steps of the suite's tiny-preset training on the 8 devices of the test process,
+# wherever a test needs no other number: s2_train.py's runs (tests/test_cli.py,
+# test_train.py, test_checkpoint.py) and test_multichip.py's steps by hand, as
+# test_manual_fsdp.py's and test_profile_script.py's 4. The steps are a constant of the
+# compiled step (its learning-rate schedule), so with one number the step one test
+# compiles for a mesh is read back from the suite's compile cache (tests/conftest.py)
+# by the others, whichever file runs first.
+TINY_STEPS = 4
+
 
 def subprocess_env(devices=1):
     """Environment for a child process with `devices` simulated CPU devices."""

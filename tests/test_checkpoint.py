@@ -15,7 +15,15 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import PYTHON, REPO, run_python, run_script, s2_in_process, subprocess_env
+from helpers import (
+    PYTHON,
+    REPO,
+    TINY_STEPS,
+    run_python,
+    run_script,
+    s2_in_process,
+    subprocess_env,
+)
 
 from sessions.errors import UsageError
 from sessions.model.config import PRESETS
@@ -172,13 +180,26 @@ def _tiny(**train):
     return preset.model, dataclasses.replace(preset.train, **train)
 
 
-def _state(mesh_text, seed=0):
+def _init(mesh_text):
     cfg, tc = _tiny()
     mesh = sharding.make_mesh(sharding.parse_mesh(mesh_text, 8))
-    init = functools.partial(init_state, cfg=cfg, optimizer=make_optimizer(tc, tc.steps))
-    abstract = sharding.abstract_sharded(init, jax.random.key(seed), mesh)
-    state, _ = sharding.init_sharded(init, jax.random.key(seed), mesh)
-    return state, abstract
+    return functools.partial(init_state, cfg=cfg, optimizer=make_optimizer(tc, tc.steps)), mesh
+
+
+def _abstract(mesh_text):
+    """The state's shapes, each with its sharding on the mesh: what a restore reads into.
+    Nothing is built, so no initialiser is compiled for a mesh that only restores."""
+    init, mesh = _init(mesh_text)
+    return sharding.abstract_sharded(init, jax.random.key(0), mesh)
+
+
+def _state(mesh_text, seed=0):
+    init, mesh = _init(mesh_text)
+    # Under the mesh, as s2_train.py builds its state: one initialiser program for
+    # this file's runs of it and for these states.
+    with jax.set_mesh(mesh):
+        state, _ = sharding.init_sharded(init, jax.random.key(seed), mesh)
+    return state, _abstract(mesh_text)
 
 
 def _assert_equal_trees(a, b):
@@ -191,7 +212,7 @@ def test_restores_onto_another_mesh_of_the_same_size(tmp_path):
     saved, _ = _state("fsdp=8")
     with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
         checkpoints.maybe_save(10, saved)
-    _, abstract = _state("fsdp=4,tp=2", seed=1)
+    abstract = _abstract("fsdp=4,tp=2")
     with Checkpoints(tmp_path, 10, cfg, tc) as checkpoints:
         step, restored = checkpoints.restore_latest(abstract, log=print)
     assert step == 10
@@ -326,8 +347,7 @@ def test_a_diverged_state_is_never_saved_over_the_last_good_one(tmp_path, capsys
     tc = dataclasses.replace(tc, steps=30)
     with Checkpoints(tmp_path / "checkpoints", 1, cfg, tc) as checkpoints:
         kept = checkpoints.steps()
-        _, abstract = _state("fsdp=8")
-        _, restored = checkpoints.restore_latest(abstract, log=lambda line: None)
+        _, restored = checkpoints.restore_latest(_abstract("fsdp=8"), log=lambda line: None)
     assert kept and kept[-1] < 30
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored))
 
@@ -366,11 +386,11 @@ def test_a_checkpoint_folder_that_cannot_be_one_stops_the_run_before_its_first_s
 def test_a_named_checkpoint_folder_gets_the_last_step_without_checkpoint_every(tmp_path, capsys):
     """A user who names a folder expects a checkpoint in it at the end."""
     folder = tmp_path / "named"
-    argv = ["--preset", "tiny", "--steps", "2", "--log-every", "1", "--sample-bytes", "0"]
+    argv = ["--preset", "tiny", "--steps", str(TINY_STEPS), "--sample-bytes", "0"]
     argv += ["--run-dir", str(tmp_path)]
     code, err = s2_in_process([*argv, "--checkpoint-dir", str(folder)], capsys)
     assert code == 0, err
-    assert newest_meta(str(folder))["step"] == 2
+    assert newest_meta(str(folder))["step"] == TINY_STEPS
     # The folder left to its default is still kept empty without --checkpoint-every.
     code, err = s2_in_process(argv, capsys)
     assert code == 0, err

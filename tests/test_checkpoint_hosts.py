@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO, subprocess_env
 
 from sessions.run.checkpoint import checkpoint_path
@@ -24,12 +25,13 @@ jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
 from sessions.run.checkpoint import Checkpoints
 from sessions.model.config import ModelConfig, TrainConfig
 from sessions.errors import UsageError
-try:
-    Checkpoints(sys.argv[3], 1, ModelConfig(), TrainConfig()).close()
-except UsageError as e:
-    print(f"error: {e}")
-    sys.exit(2)
-print("shared")
+for path in sys.argv[3:]:
+    try:
+        Checkpoints(path, 1, ModelConfig(), TrainConfig()).close()
+    except UsageError as e:
+        print(f"{path}: error: {e}")
+    else:
+        print(f"{path}: shared")
 """
 
 
@@ -41,8 +43,17 @@ def test_a_bucket_stays_a_bucket_and_a_local_folder_becomes_absolute(tmp_path, m
     assert str(checkpoint_path("runs/s2/checkpoints")) == str(tmp_path / "runs/s2/checkpoints")
 
 
-def run_two_processes(folders, path):
-    """Two processes, each in its own working folder, open Checkpoints(path)."""
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory):
+    """Two processes, each started in its own working folder, open Checkpoints
+    on two paths in turn: the relative "checkpoints", which names a different
+    folder on each, then SHARED, an absolute path both see. One pair of processes
+    for both tests below: (exit statuses, outputs, SHARED)."""
+    root = tmp_path_factory.mktemp("hosts")
+    folders = [root / "host0", root / "host1"]
+    for folder in folders:
+        folder.mkdir()
+    shared = root / "shared"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         coordinator = f"127.0.0.1:{s.getsockname()[1]}"
@@ -50,7 +61,7 @@ def run_two_processes(folders, path):
     env["PYTHONPATH"] = REPO
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD, coordinator, str(i), path],
+            [sys.executable, "-c", CHILD, coordinator, str(i), "checkpoints", str(shared)],
             cwd=folder,
             env=env,
             stdout=subprocess.PIPE,
@@ -60,20 +71,21 @@ def run_two_processes(folders, path):
         for i, folder in enumerate(folders)
     ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
-    return [p.returncode for p in procs], outputs
+    return [p.returncode for p in procs], outputs, shared
 
 
-def test_hosts_that_see_different_folders_are_refused_on_every_host(tmp_path):
-    folders = [tmp_path / "host0", tmp_path / "host1"]
-    for folder in folders:
-        folder.mkdir()
-    codes, outputs = run_two_processes(folders, "checkpoints")
-    assert codes == [2, 2], outputs
-    for out in outputs:
-        assert "processes [1] do not see what process 0 writes there" in out, out
-
-
-def test_hosts_that_share_the_folder_go_on(tmp_path):
-    codes, outputs = run_two_processes([tmp_path, tmp_path], str(tmp_path / "checkpoints"))
+def test_hosts_that_see_different_folders_are_refused_on_every_host(two_hosts):
+    codes, outputs, _ = two_hosts
     assert codes == [0, 0], outputs
-    assert os.listdir(tmp_path / "checkpoints") == []  # the token was removed
+    for out in outputs:
+        (answer,) = [line for line in out.splitlines() if line.startswith("checkpoints: ")]
+        assert answer.startswith("checkpoints: error: "), out
+        assert "processes [1] do not see what process 0 writes there" in answer, out
+
+
+def test_hosts_that_share_the_folder_go_on(two_hosts):
+    codes, outputs, shared = two_hosts
+    assert codes == [0, 0], outputs
+    for out in outputs:
+        assert f"{shared}: shared" in out.splitlines(), out
+    assert os.listdir(shared) == []  # the token was removed

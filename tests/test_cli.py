@@ -9,7 +9,7 @@ import time
 import types
 
 import pytest
-from helpers import REPO, hand_flops, hand_params, run_python, run_script, s2_in_process
+from helpers import REPO, TINY_STEPS, hand_flops, hand_params, run_script, s2_in_process
 
 from roofline import calibrate
 from sessions.model.config import PRESETS
@@ -50,32 +50,24 @@ def test_s1_runs_end_to_end_and_counts_its_tokens(monkeypatch, capsys):
     assert all(line.endswith("| 1,024 tok/s") for line in lines), lines
 
 
-def test_s2_runs_end_to_end_and_every_number_it_prints_is_right(tmp_path):
-    """The tiny preset for 3 steps on 8 simulated devices (fsdp=8). Counts are
+STEPS = ["--steps", str(TINY_STEPS)]  # the suite's (tests/helpers.py): one compiled step
+
+
+def test_s2_runs_end_to_end_and_every_number_it_prints_is_right(tmp_path, capsys):
+    """The tiny preset for 4 steps on 8 simulated devices (fsdp=8). Counts are
     checked against hand counts; timed figures against each other and the
     step time, so a factor (devices, tokens, a step too many) shows."""
     metrics, summary_path = tmp_path / "metrics.jsonl", tmp_path / "summary.json"
-    result = run_python(
-        "sessions/s2_train.py",
-        "--preset",
-        "tiny",
-        "--steps",
-        "3",
-        "--log-every",
-        "1",
-        "--metrics-out",
-        str(metrics),
-        "--summary-out",
-        str(summary_path),
-        "--run-dir",
-        str(tmp_path),
-        devices=8,
-    )
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+    argv = ["--preset", "tiny", *STEPS, "--log-every", "1", "--metrics-out", str(metrics)]
+    argv += ["--summary-out", str(summary_path), "--run-dir", str(tmp_path)]
+    # A sample in the context's first window: one prefill, one decode (the window
+    # sliding past the context: test_inference.py's text helper test).
+    argv += ["--sample-bytes", "8"]
+    code, out, err = run_script("sessions/s2_train.py", argv, capsys)
+    assert code == 0, err
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     summary = json.loads(summary_path.read_text())
-    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["step"] for r in records] == list(range(1, TINY_STEPS + 1))
     assert all(set(r) >= REQUIRED for r in records)
     assert "val_loss" in records[-1]
     assert (summary["platform"], summary["n_devices"]) == ("cpu", 8)  # where it ran
@@ -108,7 +100,7 @@ def test_s2_runs_end_to_end_and_every_number_it_prints_is_right(tmp_path):
         assert r["mfu"] * peak * n * r["step_time_s"] == pytest.approx(exact)
         assert format_record(r) in out
     # Each log interval is one step, so the summary's step time is their mean.
-    step = sum(r["step_time_s"] for r in records) / 3
+    step = sum(r["step_time_s"] for r in records) / TINY_STEPS
     assert summary["step_time_s"] == pytest.approx(step)
     assert summary["tokens_per_sec"] == pytest.approx(tokens / step)
     assert summary["tflops_per_device"] == pytest.approx(exact / step / n / 1e12)
@@ -199,7 +191,7 @@ def test_a_run_dir_that_cannot_be_made_stops_the_run_before_it_trains(
 
 
 def test_prompt_longer_than_the_context_is_one_line_and_exit_2(tmp_path, capsys):
-    argv = ["--preset", "tiny", "--steps", "1", "--prompt", "x" * 65, "--run-dir", str(tmp_path)]
+    argv = ["--preset", "tiny", *STEPS, "--prompt", "x" * 65, "--run-dir", str(tmp_path)]
     code, err = s2_in_process(argv, capsys)
     assert code == 2 and "longer than the context of 64" in err
 

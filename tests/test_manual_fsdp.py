@@ -146,7 +146,8 @@ def test_manual_collectives_with_tp_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_s2_train_runs_the_manual_step_and_says_so(tmp_path, capsys):
-    argv = ["--preset", "tiny", "--steps", "2", "--log-every", "1", "--mesh", "fsdp=8"]
+    # TC's steps on MESHES[0]: the step `both` compiled there, read back from the compile cache.
+    argv = ["--preset", "tiny", "--steps", str(TC.steps), "--log-every", "1", "--mesh", "fsdp=8"]
     argv += ["--collectives", "manual", "--sample-bytes", "0", "--run-dir", str(tmp_path)]
     code, out, err = run_script("sessions/s2_train.py", argv, capsys)
     assert code == 0, err

@@ -9,7 +9,7 @@ import math
 import jax
 import numpy as np
 import pytest
-from helpers import run_python
+from helpers import TINY_STEPS, run_python
 from jax.sharding import NamedSharding
 
 from sessions.model.config import PRESETS
@@ -19,13 +19,13 @@ from sessions.train.step import init_state, make_optimizer, make_train_step
 
 PRESET = PRESETS["tiny"]
 CFG = PRESET.model
-TC = dataclasses.replace(PRESET.train, steps=3)
+TC = dataclasses.replace(PRESET.train, steps=TINY_STEPS)  # the suite's: one compiled step
 OPTIMIZER = make_optimizer(TC, TC.steps)
 TRAIN = data.split(data.default_corpus(), CFG.seq)[0]
 MESHES = ["data=8", "fsdp=8", "fsdp=4,tp=2", "data=2,fsdp=2,tp=2"]
 
 
-def train_three_steps(mesh_text, n_devices):
+def train_steps(mesh_text, n_devices):
     sizes = sharding.parse_mesh(mesh_text, n_devices)
     mesh = sharding.make_mesh(sizes, devices=jax.devices()[:n_devices])
     with jax.set_mesh(mesh):
@@ -38,7 +38,7 @@ def train_three_steps(mesh_text, n_devices):
         # Keep the initial state: the step donates its input.
         initial = jax.tree.map(lambda x: x.copy(), state)
         losses = []
-        for i in range(3):
+        for i in range(TC.steps):
             batch = data.get_batch(TRAIN, i, batch=TC.batch, seq=CFG.seq, seed=TC.seed)
             state, metrics = step(state, sharding.place_batch(batch, batch_sharding))
             losses.append(float(metrics["loss"]))
@@ -53,12 +53,12 @@ def train_three_steps(mesh_text, n_devices):
 
 @pytest.fixture(scope="module")
 def single():
-    return train_three_steps(None, 1)
+    return train_steps(None, 1)
 
 
 @pytest.fixture(scope="module", params=MESHES)
 def sharded(request):
-    return request.param, train_three_steps(request.param, 8)
+    return request.param, train_steps(request.param, 8)
 
 
 def test_sharded_losses_equal_single_device_losses(single, sharded):
@@ -158,7 +158,9 @@ def test_the_compiled_initialiser_outputs_the_intended_shardings(sharded):
     mesh_text, run = sharded
     mesh = run["mesh"]
     init = functools.partial(init_state, cfg=CFG, optimizer=OPTIMIZER)
-    compiled = jax.jit(init, out_shardings=run["shardings"]).lower(jax.random.key(0)).compile()
+    # Under the mesh, as the fixture's init_sharded ran: the program it compiled, read back.
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(init, out_shardings=run["shardings"]).lower(jax.random.key(0)).compile()
     out = jax.tree.leaves(compiled.output_shardings)
     leaves = jax.tree_util.tree_flatten_with_path(run["initial"])[0]
     assert len(out) == len(leaves)
@@ -176,7 +178,8 @@ def test_params_are_never_whole_on_one_device_under_fsdp():
     init = functools.partial(init_state, cfg=CFG, optimizer=OPTIMIZER)
     shapes = jax.eval_shape(init, jax.random.key(0))
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(shapes))
-    state, shardings = sharding.init_sharded(init, jax.random.key(0), mesh)
+    with jax.set_mesh(mesh):  # as the fixture built fsdp=8's: its initialiser, read back
+        state, shardings = sharding.init_sharded(init, jax.random.key(0), mesh)
     held, total = sharding.bytes_per_device(state, shardings)
     # Everything but the small norm vectors and step counters is split 8 ways.
     assert total / 8 <= held < total / 7
@@ -186,7 +189,8 @@ def test_two_processes_match_one(single, tmp_path):
     """2 processes x 2 devices, joined over loopback, train like one device."""
     metrics = tmp_path / "metrics.jsonl"
     launch = ["scripts/launch_local.py", "--processes", "2", "--devices-per-process", "2"]
-    train = ["--preset", "tiny", "--steps", "3", "--log-every", "1", "--sample-bytes", "0"]
+    train = ["--preset", "tiny", "--steps", str(TC.steps), "--log-every", "1"]
+    train += ["--sample-bytes", "0"]
     outputs = ["--metrics-out", str(metrics), "--run-dir", str(tmp_path)]
     result = run_python(*launch, "--log-dir", str(tmp_path), "--", *train, *outputs)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

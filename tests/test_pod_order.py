@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import PYTHON, REPO, run_python, run_script, subprocess_env
+from helpers import PYTHON, REPO, run_python, subprocess_env
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from pod_devices import slice_devices
@@ -26,6 +26,14 @@ from sessions.run.checkpoint import Checkpoints
 from sessions.shard import sharding
 
 TINY = ["--preset", "tiny", "--sample-bytes", "0"]
+# One run, three ways: in one process, on two interleaved hosts never stopped, and on
+# two such hosts stopped by SIGTERM and resumed. Two hosts of 2 devices: every step
+# crosses the loopback, and 4 devices a host take several times as long a step.
+RUN = [*TINY, "--steps", "20", "--log-every", "4", "--eval-every", "8", "--mesh", "fsdp=4"]
+# 2 processes x 2 devices, the mesh taking them alternately: device k of process p at
+# position 2k + p (launch_local.py --device-order interleaved), so process 0 holds
+# blocks 0 and 2 of 4.
+INTERLEAVED = "0,2,1,3"
 
 
 def metrics_of(path):
@@ -34,28 +42,38 @@ def metrics_of(path):
     return {r["step"]: (r["loss"], r.get("val_loss")) for r in records}
 
 
-def test_interleaved_processes_train_and_evaluate_like_one(tmp_path, capsys):
-    """2 processes x 4 devices, the mesh taking them alternately (process 0
-    holds blocks 0, 2, 4, 6 of 8): train and validation losses equal one
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory):
+    """RUN on 2 processes x 2 devices, interleaved, never stopped: (process 0's
+    output, step -> (loss, val_loss or None)). Both tests below read it."""
+    folder = tmp_path_factory.mktemp("two_hosts")
+    metrics = folder / "metrics.jsonl"
+    launch = ["scripts/launch_local.py", "--processes", "2", "--devices-per-process", "2"]
+    launch += ["--device-order", "interleaved", "--log-dir", str(folder)]
+    outputs = ["--metrics-out", str(metrics), "--run-dir", str(folder)]
+    result = run_python(*launch, "--", *RUN, *outputs)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return result.stdout, metrics_of(metrics)
+
+
+def test_interleaved_processes_train_and_evaluate_like_one(two_hosts, tmp_path):
+    """2 processes x 2 devices, the mesh taking them alternately (process 0
+    holds blocks 0 and 2 of 4): train and validation losses equal one
     process's, with the same mesh. Before each process loaded its own blocks,
     this died placing the first validation batch."""
-    run = [*TINY, "--steps", "8", "--log-every", "2", "--eval-every", "4", "--mesh", "fsdp=8"]
     one = tmp_path / "one.jsonl"
     alone = ["--metrics-out", str(one), "--run-dir", str(tmp_path / "one")]
-    code, _, err = run_script("sessions/s2_train.py", [*run, *alone], capsys)
-    assert code == 0, err
-    two = tmp_path / "two.jsonl"
-    launch = ["scripts/launch_local.py", "--processes", "2", "--devices-per-process", "4"]
-    launch += ["--device-order", "interleaved", "--log-dir", str(tmp_path)]
-    outputs = ["--metrics-out", str(two), "--run-dir", str(tmp_path)]
-    result = run_python(*launch, "--", *run, *outputs)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "process 0 of 2 loads 8 of 16, blocks 0, 2, 4, 6 of 8" in result.stdout
-    expected, got = metrics_of(one), metrics_of(two)
-    assert sorted(got) == sorted(expected) == [2, 4, 6, 8]
+    result = run_python("sessions/s2_train.py", *RUN, *alone, devices=4)
+    assert result.returncode == 0, result.stderr
+    out, got = two_hosts
+    assert "process 0 of 2 loads 8 of 16, blocks 0, 2 of 4" in out
+    expected = metrics_of(one)
+    assert sorted(got) == sorted(expected) == list(range(4, 21, 4))
     np.testing.assert_allclose([got[s][0] for s in got], [expected[s][0] for s in got], rtol=1e-4)
+    validated = [s for s in sorted(expected) if expected[s][1] is not None]
+    assert validated == [8, 16, 20]
     np.testing.assert_allclose(
-        [got[s][1] for s in (4, 8)], [expected[s][1] for s in (4, 8)], rtol=1e-4
+        [got[s][1] for s in validated], [expected[s][1] for s in validated], rtol=1e-4
     )
 
 
@@ -113,6 +131,7 @@ def start_host(process, coordinator, run_dir, argv):
             "HPLLM_COORDINATOR": coordinator,
             "HPLLM_NUM_PROCESSES": "2",
             "HPLLM_PROCESS_ID": str(process),
+            "HPLLM_DEVICE_ORDER": INTERLEAVED,
             "PYTHONUNBUFFERED": "1",
         }
     )
@@ -128,23 +147,21 @@ def free_coordinator():
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def test_sigterm_to_one_host_stops_both_after_the_same_step(tmp_path):
+def test_sigterm_to_one_host_stops_both_after_the_same_step(two_hosts, tmp_path):
     """SIGTERM reaches process 1 only. Both stop after the same step (the first
     log step whose agreement comes after the signal), save that one checkpoint
     together, exit 130, and --resume finishes on the trajectory of a run never
-    stopped.
+    stopped (the fixture's: the same hosts, the same mesh, the same order).
 
     The signal goes out once a log step's line is in the file. A host writes that
     line before it meets the other at the step's agreement (preemption.SaveHook),
     so a signal that lands in between stops both at that very step: the checkpoint
     is at or after the step read, and which depends on timing alone."""
     metrics = tmp_path / "metrics.jsonl"
-    # Two hosts over loopback take about 80 ms a step on a 2-core CPU: 32 steps, not 60.
-    run = [*TINY, "--steps", "32", "--log-every", "4", "--eval-every", "32", "--mesh", "fsdp=4"]
     saving = ["--checkpoint-every", "1000", "--metrics-out", str(metrics)]
-    slow = ["--data-delay-ms", "100"]  # 10 steps a second at most: 2.8 s left after step 4
+    slow = ["--data-delay-ms", "200"]  # 5 steps a second at most: 3.2 s left after step 4
     coordinator = free_coordinator()
-    hosts = [start_host(p, coordinator, tmp_path, [*run, *saving, *slow]) for p in (0, 1)]
+    hosts = [start_host(p, coordinator, tmp_path, [*RUN, *saving, *slow]) for p in (0, 1)]
     try:
         while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
             assert hosts[0].poll() is None, hosts[0].stdout.read()
@@ -167,20 +184,14 @@ def test_sigterm_to_one_host_stops_both_after_the_same_step(tmp_path):
     assert f"after step {saved[0]};" in stops[0]
 
     coordinator = free_coordinator()
-    hosts = [start_host(p, coordinator, tmp_path, [*run, *saving, "--resume"]) for p in (0, 1)]
+    hosts = [start_host(p, coordinator, tmp_path, [*RUN, *saving, "--resume"]) for p in (0, 1)]
     outputs = [h.communicate(timeout=300)[0] for h in hosts]
     assert [h.returncode for h in hosts] == [0, 0], outputs
     assert f"resumed from the checkpoint at step {saved[0]}" in outputs[0]
 
-    # The run never stopped: the same two hosts, from the start to the end.
-    reference = tmp_path / "reference.jsonl"
-    launch = ["scripts/launch_local.py", "--processes", "2", "--devices-per-process", "2"]
-    launch += ["--log-dir", str(tmp_path / "alone")]
-    alone = ["--metrics-out", str(reference), "--run-dir", str(tmp_path / "alone")]
-    result = run_python(*launch, "--", *run, *alone)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    expected, got = metrics_of(reference), metrics_of(metrics)
-    assert sorted(got) == sorted(expected) == list(range(4, 33, 4))
+    _, expected = two_hosts
+    got = metrics_of(metrics)
+    assert sorted(got) == sorted(expected) == list(range(4, 21, 4))
     np.testing.assert_allclose(
         [got[s][0] for s in sorted(got)], [expected[s][0] for s in sorted(got)], rtol=1e-6
     )
