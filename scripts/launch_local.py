@@ -66,8 +66,9 @@ def main(argv=None):
                     "HPLLM_COORDINATOR": coordinator,
                     "HPLLM_NUM_PROCESSES": str(args.processes),
                     "HPLLM_PROCESS_ID": str(i),
-                    "XLA_FLAGS": "--xla_force_host_platform_device_count="
-                    f"{args.devices_per_process}",
+                    # After any flags of the user's (a dump folder): the last one wins.
+                    "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
+                    f"--xla_force_host_platform_device_count={args.devices_per_process}",
                     "JAX_PLATFORMS": "cpu",
                     "HPLLM_DEVICE_ORDER": order,
                 }

@@ -30,9 +30,11 @@ TINY_STEPS = 4
 
 
 def subprocess_env(devices=1):
-    """Environment for a child process with `devices` simulated CPU devices."""
+    """Environment for a child process with `devices` simulated CPU devices, and the
+    suite's other XLA flags (tests/conftest.py): of a flag given twice, the last wins."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    flags = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = flags.strip()
     env["JAX_PLATFORMS"] = "cpu"
     return env
 

@@ -1346,6 +1346,25 @@ MUTANTS = [
         (f"{PLANNER}::test_kv_cache_bytes_under_gqa_and_int8_for_llama3_8b",),
     ),
     Mutant(
+        "decode-cache-one-sequence",
+        "a decode step's cache counted for one sequence, whatever the batch",
+        "roofline/decode_cost.py",
+        (
+            (
+                "    c = kv_cache_bytes(cfg, batch, dtype, cache=cache)\n    flops",
+                "    c = kv_cache_bytes(cfg, 1, dtype, cache=cache)\n    flops",
+            ),
+        ),
+        ("tests/test_s5_serve.py::test_s5_levers_bytes_quality_and_ladder",),
+    ),
+    Mutant(
+        "decode-tokens-one-sequence",
+        "a measured decode step's tokens/s counted for one sequence, whatever the batch",
+        "roofline/decode_cost.py",
+        (("tokens_per_s=step.batch / step_s,", "tokens_per_s=1 / step_s,"),),
+        ("tests/test_s5_serve.py::test_s5_levers_bytes_quality_and_ladder",),
+    ),
+    Mutant(
         "int8-weights-no-scales",
         "int8 weights counted without their float32 scale per output channel",
         "roofline/decode_cost.py",

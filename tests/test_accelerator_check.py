@@ -5,20 +5,20 @@ from what the session scripts really wrote."""
 import json
 import os
 
-from helpers import run_script
+from helpers import run_script, subprocess_env
 
 BENCH = "--preset tiny --mbu-preset tiny --batches 1,2 --cache-batches 1,2 --repeats 1"
 
 
 def test_without_an_accelerator_it_refuses_unless_asked(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    monkeypatch.setenv("XLA_FLAGS", subprocess_env(devices=1)["XLA_FLAGS"])
     code, _, err = run_script("scripts/accelerator_check.py", ["--run-dir", str(tmp_path)], capsys)
     assert code == 2
     assert "JAX sees no GPU or TPU here" in err
 
 
 def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    monkeypatch.setenv("XLA_FLAGS", subprocess_env(devices=1)["XLA_FLAGS"])
     argv = [
         "--cpu",
         "--run-dir",

@@ -65,7 +65,9 @@ def run_rung(flags, args, devices, tmp, platform):
     summary, metrics = os.path.join(tmp, "summary.json"), os.path.join(tmp, "metrics.jsonl")
     env = dict(os.environ)
     if platform == "cpu":
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        # After any flags of the user's (a dump folder): the last one wins.
+        xla = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+        env["XLA_FLAGS"] = xla.strip()
     command = [
         sys.executable,
         SCRIPT,
