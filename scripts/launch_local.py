@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from scripts.harness import simulated_cpu_flags
+
 SCRIPT = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sessions", "s2_train.py"
 )
@@ -66,9 +68,9 @@ def main(argv=None):
                     "HPLLM_COORDINATOR": coordinator,
                     "HPLLM_NUM_PROCESSES": str(args.processes),
                     "HPLLM_PROCESS_ID": str(i),
-                    # After any flags of the user's (a dump folder): the last one wins.
-                    "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
-                    f"--xla_force_host_platform_device_count={args.devices_per_process}",
+                    "XLA_FLAGS": simulated_cpu_flags(
+                        args.devices_per_process, os.environ.get("XLA_FLAGS")
+                    ),
                     "JAX_PLATFORMS": "cpu",
                     "HPLLM_DEVICE_ORDER": order,
                 }

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import pytest
 
 from roofline.plan.targets import EXTRAS, missing_extras
+from scripts.harness import simulated_cpu_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
@@ -31,10 +32,9 @@ TINY_STEPS = 4
 
 def subprocess_env(devices=1):
     """Environment for a child process with `devices` simulated CPU devices, and the
-    suite's other XLA flags (tests/conftest.py): of a flag given twice, the last wins."""
+    suite's other XLA flags (tests/conftest.py)."""
     env = dict(os.environ)
-    flags = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
-    env["XLA_FLAGS"] = flags.strip()
+    env["XLA_FLAGS"] = simulated_cpu_flags(devices, env.get("XLA_FLAGS"))
     env["JAX_PLATFORMS"] = "cpu"
     return env
 

@@ -12,6 +12,8 @@ import statistics
 import subprocess
 import sys
 
+from scripts.harness import simulated_cpu_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "sessions", "s2_train.py")
 
@@ -65,9 +67,7 @@ def run_rung(flags, args, devices, tmp, platform):
     summary, metrics = os.path.join(tmp, "summary.json"), os.path.join(tmp, "metrics.jsonl")
     env = dict(os.environ)
     if platform == "cpu":
-        # After any flags of the user's (a dump folder): the last one wins.
-        xla = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
-        env["XLA_FLAGS"] = xla.strip()
+        env["XLA_FLAGS"] = simulated_cpu_flags(devices, env.get("XLA_FLAGS"))
     command = [
         sys.executable,
         SCRIPT,
