@@ -58,6 +58,8 @@ CMATMUL = "sessions/shard/collective_matmul.py"
 CMATMUL_TEST = "tests/test_collective_matmul.py"
 TRUTH = "tests/test_trace_truth.py"
 PLANS = "tests/test_step_plans.py"
+MEMORY_PLAN = "roofline/plan/training_memory.py"
+MEMORY_TEST = "tests/test_training_memory.py"
 S4 = "tests/test_s4_kernels.py"
 EMBED_GRAD = "tests/test_embedding_gradient.py"
 HLO_READING = "tests/test_hlo_reading.py"
@@ -1530,6 +1532,83 @@ MUTANTS = [
         "roofline/plan/serving.py",
         (("{r.launch.bound:<9}", "{r.step.bound:<9}"),),
         (f"{LAUNCH_BOUND}::test_the_planner_names_the_bound_of_each_batch",),
+    ),
+    Mutant(
+        "master-costs-nothing",
+        "the float32 master copy counted at 0 bytes: ZeRO's 16 and Megatron's 18 fall short",
+        MEMORY_PLAN,
+        (('"master": 4 if self.master else 0,', '"master": 0,'),),
+        (f"{MEMORY_TEST}::test_the_three_conventions_count_10_16_and_18_bytes_a_parameter",),
+    ),
+    Mutant(
+        "zero2-leaves-the-gradients-whole",
+        "ZeRO's stage 2 divides the optimizer and master but keeps each gradient whole",
+        MEMORY_PLAN,
+        (
+            (
+                '"gradients": ("optimizer", "master", "grads"),',
+                '"gradients": ("optimizer", "master"),',
+            ),
+        ),
+        (f"{MEMORY_TEST}::test_zero_s_stages_divide_the_state_as_its_paper_writes[8]",),
+    ),
+    Mutant(
+        "tp-splits-the-norms",
+        "tensor parallelism divides every parameter, the copied norm scales too",
+        MEMORY_PLAN,
+        (
+            (
+                "per_chip[part] = size * (matrices / tp + rest) / divide",
+                "per_chip[part] = size * (matrices + rest) / tp / divide",
+            ),
+        ),
+        (f"{MEMORY_TEST}::test_tensor_parallelism_splits_the_matrices_and_the_split_activations",),
+    ),
+    Mutant(
+        "dots-saves-the-mlp-output",
+        "the dots policy counted as saving w_out's output, which no backward reads",
+        MEMORY_PLAN,
+        (
+            (
+                'return saved | {"w_in\'s output": (F, True), **gate}',
+                'return saved | {"w_in\'s output": (F, True), "w_out": (E, False), **gate}',
+            ),
+        ),
+        (
+            f"{MEMORY_TEST}::test_the_saved_tensors_are_what_jax_saves_for_our_layer",
+            f"{MEMORY_TEST}::test_activations_by_policy_and_accumulation",
+        ),
+    ),
+    Mutant(
+        "accum-keeps-every-microbatch",
+        "gradient accumulation's activations counted for the whole batch, not one microbatch",
+        MEMORY_PLAN,
+        (("micro = tokens / accum", "micro = tokens"),),
+        (f"{MEMORY_TEST}::test_activations_by_policy_and_accumulation",),
+    ),
+    Mutant(
+        "block-remat-is-free",
+        "block remat's recompute left out of the step's FLOPs: 6·B·P, not about 8",
+        MEMORY_PLAN,
+        (
+            (
+                "return 2 * batch * cfg.seq * layer_matrices(cfg) + attention_flops(cfg, batch)",
+                "return attention_flops(cfg, batch)",
+            ),
+        ),
+        (f"{MEMORY_TEST}::test_remat_s_recompute_is_priced_in_flops",),
+    ),
+    Mutant(
+        "min-chips-one-short",
+        "the fewest chips rounded down: a count that does not hold the step",
+        MEMORY_PLAN,
+        (
+            (
+                "min_chips = tp * math.ceil(divided / (hbm - kept))",
+                "min_chips = tp * math.floor(divided / (hbm - kept))",
+            ),
+        ),
+        (f"{MEMORY_TEST}::test_the_fewest_chips_and_the_largest_batch_are_the_edges_of_fitting",),
     ),
 ]
 

@@ -1,0 +1,119 @@
+"""python -m roofline's flags: each command's arguments, read off the command line.
+With roofline/__main__.py, the only modules of roofline/ that import from sessions/
+(its flag types, presets and attention choices)."""
+
+import argparse
+
+from roofline.hardware import CHIPS
+from roofline.plan import memory_report
+from sessions.model.attention import IMPLEMENTATIONS
+from sessions.model.config import PRESETS, PUBLISHED
+from sessions.run.cli import ArgumentParser, output_file, positive_float, positive_int
+
+PRESET_HELP = (
+    f"a published model ({', '.join(PUBLISHED)}), or a course preset "
+    f"({', '.join(p for p in PRESETS if p not in PUBLISHED)}); gpt2 is the published one, V=50,257"
+)
+CHIP_HELP = f"one of {', '.join(sorted(CHIPS))}"
+
+
+def parse_args(argv, description):
+    parser = ArgumentParser(prog="python -m roofline", description=description)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("chips", help="the chip table: peaks, bandwidths, sources")
+
+    cal = commands.add_parser(
+        "calibrate", help="measure this machine's matmul FLOP/s and copy bandwidth, and cache them"
+    )
+    cal.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+
+    pred = commands.add_parser(
+        "predict", help="the best case for one training step on a chip; with --tokens, a run"
+    )
+    add_model_flags(pred, published=True)
+    add_kv_heads_flag(pred)
+    pred.add_argument("--chip", default="local", help=f"{CHIP_HELP}, or local (measured; default)")
+    pred.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32", "tf32"],
+        help="matmul dtype (default: bfloat16 on a table chip, float32 locally)",
+    )
+    pred.add_argument("--chips", type=positive_int, default=1, help="chips sharing the step")
+    pred.add_argument("--tokens", type=positive_float, help="a training run's tokens (2e12)")
+    pred.add_argument("--mfu", type=positive_float, help="with --tokens: a fraction (0.4)")
+    pred.add_argument("--summary-out", type=output_file, help="write the numbers as JSON")
+    # decode's levers, refused here with the line that says so
+    pred.add_argument("--weights", help=argparse.SUPPRESS)
+    pred.add_argument("--cache", help=argparse.SUPPRESS)
+
+    dec = commands.add_parser(
+        "decode", help="serving a model on chips: bytes, fits, bound, tokens/s per batch"
+    )
+    dec.add_argument(
+        "--preset", required=True, choices=sorted({*PUBLISHED, *PRESETS}), help=PRESET_HELP
+    )
+    dec.add_argument("--chip", default="h100", help=f"{CHIP_HELP} (default: h100)")
+    dec.add_argument("--chips", type=positive_int, default=1, metavar="N", help="TP over N")
+    dec.add_argument("--batches", type=batch_list, default=[1, 8, 64], help="default 1,8,64")
+    dec.add_argument("--context", type=positive_int, help="T, cache positions (preset's seq)")
+    add_kv_heads_flag(dec)
+    dec.add_argument("--weights", choices=["int8"], help="int8: 1 byte + a scale per channel")
+    dec.add_argument("--cache", choices=["int8"], help="int8: 1 byte + a scale per token, head")
+    dec.add_argument("--prompt", type=positive_int, help="TTFT's tokens (1024, or T if less)")
+    dec.add_argument("--kernels-per-layer", type=positive_int, help="2: a fused layer (XLA's 13)")
+    dec.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="the compute dtype: the matmuls' peak, and every byte that is not int8",
+    )
+    dec.add_argument("--summary-out", type=output_file, help="write the plan as JSON")
+
+    mem = commands.add_parser("memory", help="a training step's bytes a chip, and its levers")
+    add_model_flags(mem, published=True)
+    memory_report.add_memory_flags(mem)
+    mem.set_defaults(dtype=None)  # the preset's compute dtype
+    mem.add_argument("--summary-out", type=output_file, help="write the plan as JSON")
+
+    comp = commands.add_parser(
+        "compare",
+        help="napkin vs XLA vs a trace written by scripts/profile_s2.py or s2_train.py --profile",
+    )
+    comp.add_argument("logdir", help="the directory given to --profile")
+    comp.add_argument("--summary-out", help="write the measured and predicted step as JSON")
+    add_model_flags(comp, preset_default=None)
+    comp.set_defaults(dtype=None, kv_heads=None)  # no --dtype: resolve's, float32
+    return parser.parse_args(argv)
+
+
+def batch_list(text):
+    try:
+        return [positive_int(b) for b in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"'{text}': positive integers, e.g. 1,8,64") from None
+
+
+def add_kv_heads_flag(parser):
+    parser.add_argument("--kv-heads", type=positive_int, help="K: key/value heads, dividing H")
+
+
+def add_model_flags(parser, preset_default="cpu", published=False):
+    parser.add_argument(
+        "--preset",
+        choices=sorted({*PUBLISHED, *PRESETS} if published else PRESETS),
+        default=preset_default,
+        help=f"{PRESET_HELP if published else 'named shapes'} (default: {preset_default})",
+    )
+    parser.add_argument("--batch", type=positive_int, help="sequences per step (default: preset's)")
+    for flag in ("seq", "embed", "ff", "heads", "head-dim", "layers", "vocab"):
+        parser.add_argument(f"--{flag}", type=positive_int)
+    parser.add_argument(
+        "--attention-impl",
+        choices=sorted(IMPLEMENTATIONS),
+        help="einsum and fused (XLA's) keep the [B, H, S, S] probabilities for "
+        "backward; the flash kernels (cudnn, splash) do not",
+    )
+    # What the session scripts' resolve reads that one step's cost does not depend on.
+    parser.set_defaults(steps=None, lr=None, seed=None, log_every=None, eval_every=None)
+    parser.set_defaults(data=None, no_attention=False, no_positions=False)
+    parser.set_defaults(kv_heads=None, rope=None, gated=None, tied=None)  # the preset's model

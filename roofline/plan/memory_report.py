@@ -1,0 +1,97 @@
+"""The memory plan as python -m roofline memory prints it, writes it as JSON, and
+takes its levers on the command line (roofline/plan/training_memory.py plans it)."""
+
+import argparse
+import dataclasses
+
+from roofline.flops import param_count
+from roofline.plan.training_memory import DTYPE_BYTES, SHARDS, STATE
+from roofline.units import flop, gb
+
+
+def _remat_name(remat):
+    return f"{remat} x [tokens, E]" if isinstance(remat, int) else remat
+
+
+def memory_lines(plan, heading):
+    """The plan as python -m roofline memory prints it: each part for the whole
+    model and batch and on one chip, whether it fits, the fewest chips, the largest batch."""
+    cfg, chip, r = plan.cfg, plan.chip, plan.recipe
+    per = r.bytes_per_param(plan.accum)
+    recipe = f"weights {r.weights}" + (", float32 master" if r.master else "")
+    recipe += f", grads {r.grads}" + (" + a float32 sum (--accum)" if plan.accum > 1 else "")
+    recipe += f", {r.optimizer} in {r.optimizer_dtype}: {sum(per.values())} bytes a parameter"
+    lines = [
+        heading,
+        f"step: {plan.batch_tokens:,} tokens ({plan.batch_tokens // cfg.seq:,} x {cfg.seq:,})"
+        f", {plan.accum} microbatch(es) | remat {_remat_name(plan.remat)} | "
+        f"{plan.chips} x {chip.name}, tp={plan.tp}, state sharded: {plan.shard}",
+        f"recipe: {recipe}",
+        f"  {'':<12}{'whole model':>14}{'per chip':>14}",
+    ]
+    for part in (*STATE, "activations", "transients"):
+        lines.append(f"  {part:<12}{gb(plan.whole[part]):>14}{gb(plan.per_chip[part]):>14}")
+    total = plan.per_chip["total"]
+    lines.append(f"  {'total':<12}{'':>14}{gb(total):>14}")
+    verdict = "fits" if plan.fits else "does NOT fit"
+    lines.append(f"HBM: {gb(chip.hbm_bytes)} a chip ({chip.name}, the chip table): {verdict}")
+    least = f"{plan.min_chips:,}" if plan.min_chips else "none (what is not sharded is too big)"
+    lines.append(f"fewest chips that hold this step: {least}")
+    most = f"{plan.max_batch_tokens:,} tokens" if plan.max_batch_tokens else "none"
+    lines.append(f"largest batch on {plan.chips} chip(s): {most}")
+    saved = ", ".join(f"{name} {n:,}" for name, (n, _) in plan.saved.items())
+    lines.append(f"saved a layer a token ({cfg.dtype if r.weights == 'float32' else r.weights})"
+                 f": {saved}")  # fmt: skip
+    six = 6 * plan.batch_tokens * param_count(cfg)
+    lines.append(f"FLOPs a step: {flop(plan.flops_per_step)} ({plan.flops_per_step / six:.2f} x "
+                 "6·B·P, recompute included)")  # fmt: skip
+    return lines
+
+
+def memory_summary(plan):
+    """--summary-out's numbers, bytes throughout."""
+    return {
+        **{part: plan.whole[part] for part in (*STATE, "activations", "transients")},
+        "per_chip": dict(plan.per_chip),
+        "hbm_per_chip": plan.chip.hbm_bytes,
+        "fits": plan.fits,
+        "min_chips": plan.min_chips,
+        "max_batch_tokens": plan.max_batch_tokens,
+        "flops_per_step": plan.flops_per_step,
+        "saved_per_layer_per_token": {name: n for name, (n, _) in plan.saved.items()},
+        "chip": plan.chip.name,
+        "chips": plan.chips,
+        "tp": plan.tp,
+        "batch_tokens": plan.batch_tokens,
+        "remat": plan.remat,
+        "accum": plan.accum,
+        "shard": plan.shard,
+        "recipe": dataclasses.asdict(plan.recipe),
+    }
+
+
+def _count(text):
+    """An argparse type: a positive integer (1, 4, 1e6 and 4M are not: digits only)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive integer")
+    return int(text)
+
+
+def _remat(text):
+    return int(text) if text.isdigit() and int(text) > 0 else text
+
+
+def add_memory_flags(parser):
+    """python -m roofline memory's levers (the model's flags are the command line's)."""
+    parser.add_argument("--chip", default="h100", help="a chip of the table (default: h100)")
+    parser.add_argument("--chips", type=_count, default=1, help="chips the step runs on (N)")
+    parser.add_argument("--tp", type=_count, default=1, help="tensor parallelism over T of them")
+    parser.add_argument("--batch-tokens", type=_count, required=True, help="tokens a step")
+    parser.add_argument("--remat", type=_remat, default="none", help="none, dots, block or N")
+    parser.add_argument("--weights", choices=DTYPE_BYTES, default="float32")
+    parser.add_argument("--master", action="store_true", help="a float32 copy of bf16 weights")
+    parser.add_argument("--grads", choices=DTYPE_BYTES, default="float32")
+    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    parser.add_argument("--optimizer-dtype", choices=DTYPE_BYTES, default="float32")
+    parser.add_argument("--shard", choices=SHARDS, default="none", help="ZeRO's stages 0 to 3")
+    parser.add_argument("--accum", type=_count, default=1, help="microbatches a step")

@@ -1,0 +1,225 @@
+"""The training-memory napkin (roofline/plan/training_memory.py), held to hand counts:
+bytes a parameter by recipe (the scaling book's 10, ZeRO's 16, Megatron's 18), ZeRO's
+stages as its paper writes them, the activations each remat policy saves (and, for
+dots and block, exactly what jax.ad_checkpoint.print_saved_residuals lists for our
+layer), tensor parallelism, accumulation, the recompute's FLOPs, the fewest chips and
+the largest batch; and `python -m roofline memory`'s JSON and its bad input."""
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import REPO, roofline_command
+from jax.ad_checkpoint import print_saved_residuals
+
+from roofline.hardware import find_chip
+from roofline.plan.training_memory import CONVENTIONS, Recipe, plan_memory
+from sessions.model import init_params
+from sessions.model.attention import attention
+from sessions.model.config import PRESETS, PUBLISHED, ModelConfig
+from sessions.model.transformer import block
+
+# Sizes that differ pairwise: E=24, F=40, H=4, K=2, D=6, S=16, V=256, L=3.
+CFG = ModelConfig(embed=24, ff=40, heads=4, kv_heads=2, head_dim=6, layers=3, seq=16)
+# Its parameters by hand: embedding 256·24 = 6,144; positions 16·24 = 384; a layer's
+# wq, wo 24·4·6 = 576 each, wk, wv 24·2·6 = 288 each, w_in, w_out 24·40 = 960 each and
+# two norm scales of 24: 3,696; three layers 11,088; the final norm 24. In all 17,640,
+# of which the matrices (embedding and the layers' matmuls) are 6,144 + 3·3,648 = 17,088.
+P, MATRICES = 17_640, 17_088
+H100 = find_chip("h100")
+
+
+def per_parameter(recipe, parts):
+    return sum(recipe.bytes_per_param()[p] for p in parts)
+
+
+def test_the_three_conventions_count_10_16_and_18_bytes_a_parameter():
+    counted = {name: per_parameter(recipe, parts) for name, (recipe, parts) in CONVENTIONS.items()}
+    assert list(counted.values()) == [2 + 4 + 4, 2 + 2 + 4 + 4 + 4, 2 + 4 + 4 + 4 + 4]
+    # Ours, all float32 with AdamW: 4 + 4 + 8; SGD's one moment: 4 + 4 + 4; bf16 moments 4.
+    assert sum(Recipe().bytes_per_param().values()) == 16
+    assert sum(Recipe(optimizer="sgd").bytes_per_param().values()) == 12
+    assert Recipe(optimizer_dtype="bfloat16").bytes_per_param()["optimizer"] == 4
+    assert Recipe().bytes_per_param(accum=4)["grads"] == 4 + 4  # the float32 running sum
+
+
+@pytest.mark.parametrize("replicas", [1, 8])
+def test_zero_s_stages_divide_the_state_as_its_paper_writes(replicas):
+    """Rajbhandari et al. 2020, Table 1, with Ψ parameters, N_d replicas, K = 12
+    (float32 master, m, v) in mixed precision: (2 + 2 + K)Ψ; 2Ψ + 2Ψ + KΨ/N_d;
+    2Ψ + (2 + K)Ψ/N_d; (2 + 2 + K)Ψ/N_d."""
+    zero = CONVENTIONS["ZeRO (16)"][0]
+    expected = {
+        "none": 16 * P,
+        "optimizer": 4 * P + 12 * P / replicas,
+        "gradients": 2 * P + 14 * P / replicas,
+        "params": 16 * P / replicas,
+    }
+    for shard, bytes_per_chip in expected.items():
+        plan = plan_memory(CFG, H100, chips=replicas, batch_tokens=16 * replicas, recipe=zero,
+                           shard=shard)  # fmt: skip
+        state = sum(plan.per_chip[p] for p in ("params", "master", "grads", "optimizer"))
+        assert state == pytest.approx(bytes_per_chip), shard
+        assert sum(plan.whole[p] for p in ("params", "master", "grads", "optimizer")) == 16 * P
+
+
+def test_tensor_parallelism_splits_the_matrices_and_the_split_activations():
+    tp = plan_memory(CFG, H100, chips=2, tp=2, batch_tokens=64, remat="dots")
+    assert tp.per_chip["params"] == 4 * (MATRICES / 2 + (P - MATRICES))
+    # dots a layer a token: the input E and wo's output E whole on each chip; q H·D,
+    # k and v 2·K·D, w_in's output F split: 24 + 24 + (24 + 24 + 40) / 2 = 92. After the
+    # layers, the final norm's input and output, 2·E = 48. float32, 64 tokens.
+    assert tp.per_chip["activations"] == (3 * 92 + 48) * 64 * 4
+
+
+def saved_by_hand(remat):
+    """Values a layer of CFG keeps a token, by policy, by hand."""
+    E, F, H, K, D, S = 24, 40, 4, 2, 6, 16
+    return {
+        "block": E,
+        "dots": E + H * D + 2 * K * D + E + F,
+        # input, attention norm out, q, k and v, heads' out, probabilities, stream into
+        # the MLP's norm, its output, ReLU's input and output
+        "none": E + E + H * D + 2 * K * D + H * D + H * S + E + E + F + F,
+        3: 3 * E,
+    }[remat]
+
+
+@pytest.mark.parametrize("remat", ["none", "dots", "block", 3])
+def test_activations_by_policy_and_accumulation(remat):
+    plan = plan_memory(CFG, H100, batch_tokens=64, remat=remat)
+    assert sum(n for n, _ in plan.saved.values()) == saved_by_hand(remat)
+    assert plan.whole["activations"] == (3 * saved_by_hand(remat) + 2 * 24) * 64 * 4
+    accum = plan_memory(CFG, H100, batch_tokens=64, remat=remat, accum=4)
+    assert accum.whole["activations"] == plan.whole["activations"] / 4
+    assert accum.whole["grads"] == plan.whole["grads"] + 4 * P
+
+
+def residual_values(fn, *args):
+    """Values a token among the residuals print_saved_residuals lists for fn: those
+    whose leading axes are the batch and sequence ([2, 16, ...]) or both flattened
+    ([32, ...]); the weights and constants aside."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_saved_residuals(fn, *args)
+    total = 0
+    for shape in re.findall(r"^\w+\[([\d,]*)\]", printed.getvalue(), re.M):
+        dims = [int(d) for d in shape.split(",") if d]
+        if dims[:2] == [2, 16]:
+            total += jnp.prod(jnp.array(dims[2:], int)).item() if dims[2:] else 1
+        elif dims[:1] == [32]:
+            total += jnp.prod(jnp.array(dims[1:], int)).item()
+    return total
+
+
+@pytest.mark.parametrize("cfg", [CFG, dataclasses.replace(CFG, gated=True, kv_heads=None)],
+                         ids=["gqa", "gated"])  # fmt: skip
+@pytest.mark.parametrize("remat", ["dots", "block"])
+def test_the_saved_tensors_are_what_jax_saves_for_our_layer(cfg, remat):
+    """Our layer under jax.checkpoint with the policy the napkin names, 2 sequences of
+    16: JAX's own list of residuals holds exactly the napkin's values a token."""
+    policy = {
+        "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        "block": jax.checkpoint_policies.nothing_saveable,
+    }[remat]
+    layer = init_params(cfg, jax.random.key(0))["layers"][0]
+
+    def causal(q, k, v):
+        return attention(q, k, v), None
+
+    layer_fn = jax.checkpoint(lambda w, x: block(w, x, cfg, causal)[0], policy=policy)
+    x = jnp.ones((2, 16, cfg.embed))
+    napkin = plan_memory(cfg, H100, batch_tokens=32, remat=remat).saved
+    assert residual_values(lambda w, x: layer_fn(w, x).sum(), layer, x) == sum(
+        n for n, _ in napkin.values()
+    )
+
+
+def test_remat_s_recompute_is_priced_in_flops():
+    """block recomputes each layer's forward: 2 FLOPs a matmul weight a token, and
+    attention's two products; dots recomputes those products alone."""
+    tokens, batch = 64, 4
+    layer_matmuls = 3 * (2 * 24 * (4 + 2) * 6 + 2 * 24 * 40)  # 3 layers, 3,648 each
+    matmuls = layer_matmuls + 256 * 24  # and the tied output projection
+    attention_forward = 3 * 2 * 2 * batch * 16 * 16 * 4 * 6  # q·k and p·v, 3 layers, H=4
+    plain = 6 * tokens * matmuls + 3 * attention_forward
+    flops = {r: plan_memory(CFG, H100, batch_tokens=tokens, remat=r).flops_per_step
+             for r in ("none", "dots", "block")}  # fmt: skip
+    assert flops == {
+        "none": plain,
+        "dots": plain + attention_forward,
+        "block": plain + 2 * tokens * layer_matmuls + attention_forward,
+    }
+
+
+def test_the_fewest_chips_and_the_largest_batch_are_the_edges_of_fitting():
+    """5,040 sequences of 16 (any chip count up to 10 divides them) on chips of 60 MB."""
+    small = dataclasses.replace(H100, hbm_bytes=60e6)
+
+    def plan(chips, tokens=16 * 5040):
+        return plan_memory(CFG, small, chips=chips, batch_tokens=tokens, shard="params")
+
+    least = plan(4).min_chips
+    assert 1 < least <= 10 and plan(least).fits and not plan(least - 1).fits
+    most = plan(4).max_batch_tokens
+    assert most > 0 and most % (16 * 4) == 0
+    assert plan(4, most).fits and not plan(4, most + 16 * 4).fits
+    # Unsharded state that alone overflows a chip: no number of chips holds it.
+    full = dataclasses.replace(H100, hbm_bytes=16 * P - 1)
+    assert plan_memory(CFG, full, batch_tokens=16).min_chips is None
+
+
+@pytest.mark.parametrize("preset", sorted({*PUBLISHED, *PRESETS}))
+def test_every_preset_of_predict_and_decode_is_planned(preset, tmp_path, capsys):
+    summary = tmp_path / "memory.json"
+    argv = ["memory", "--preset", preset, "--chip", "h100", "--chips", "8", "--tp", "2"]
+    argv += ["--batch-tokens", str(8 * 1024 * 4), "--summary-out", str(summary)]
+    argv += ["--seq", "1024"]
+    assert roofline_command(argv) == 0, capsys.readouterr().err
+    s = json.loads(summary.read_text())
+    keys = ["params", "master", "grads", "optimizer", "activations", "transients"]
+    assert set(keys) <= set(s) and set(s["per_chip"]) == {*keys, "total"}
+    assert s["per_chip"]["total"] == pytest.approx(sum(s["per_chip"][k] for k in keys))
+    assert s["fits"] == (s["per_chip"]["total"] <= s["hbm_per_chip"])
+    assert "per chip" in capsys.readouterr().out
+
+
+MEMORY = ["memory", "--preset", "gpt2", "--chip", "h100", "--batch-tokens", "32768"]
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        ([*MEMORY, "--remat", "some"], "--remat some: one of none, dots, block"),
+        ([*MEMORY, "--accum", "3"], "a multiple of --accum x replicas (3 x 1)"),
+        ([*MEMORY, "--chips", "0"], "not a positive integer"),
+        ([*MEMORY, "--master"], "--master keeps a float32 copy of bfloat16 weights"),
+        ([*MEMORY, "--chips", "3", "--tp", "2"], "--tp 2 must divide --chips 3"),
+        ([*MEMORY[:-1], "1000"], "whole sequences of 1,024"),
+        ([*MEMORY, "--shard", "zero3"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, says, capsys):
+    assert roofline_command(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_the_readme_quotes_the_napkin_s_counts_for_the_course_preset():
+    """roofline/README.md gives the course preset's values a layer a token by policy."""
+    with open(os.path.join(REPO, "roofline", "README.md")) as f:
+        readme = " ".join(f.read().split())
+    course = PRESETS["course"].model
+    counts = {
+        r: sum(n for n, _ in plan_memory(course, H100, batch_tokens=128, remat=r).saved.values())
+        for r in ("none", "dots", "block")
+    }
+    assert f"in float32: {counts['none']:,.0f} values, 512 of them the probabilities" in readme
+    assert f"w_in's: {counts['dots']:,.0f});" in readme
+    assert f"only the layer's input ({counts['block']:,.0f})" in readme
