@@ -1570,8 +1570,8 @@ MUTANTS = [
         MEMORY_PLAN,
         (
             (
-                'return saved | {"w_in\'s output": (F, True), **gate}',
-                'return saved | {"w_in\'s output": (F, True), "w_out": (E, False), **gate}',
+                'return saved | {"w_in\'s output": (F, True, None), **gate}',
+                'return saved | {"w_in\'s output": (F, True, None), "w_out": (E, False, None), **gate}',
             ),
         ),
         (
@@ -1597,6 +1597,32 @@ MUTANTS = [
             ),
         ),
         (f"{MEMORY_TEST}::test_remat_s_recompute_is_priced_in_flops",),
+    ),
+    Mutant(
+        "none-forgets-the-scores",
+        "no remat counted as keeping only the probabilities, not the scores and exponentials",
+        MEMORY_PLAN,
+        (("(3 * H * S, True, None)", "(H * S, True, None)"),),
+        (
+            f"{MEMORY_TEST}::test_activations_by_policy_and_accumulation[none]",
+            f"{MEMORY_TEST}::test_the_napkin_is_within_15_percent_above_xla_s_plan_of_our_step",
+        ),
+    ),
+    Mutant(
+        "backward-holds-nothing",
+        "the transients leave out one layer's backward: the napkin falls short of XLA's plan",
+        MEMORY_PLAN,
+        (
+            (
+                'whole["transients"] = max(logits, layer(1)) * micro',
+                'whole["transients"] = logits * micro',
+            ),
+            (
+                'per_chip["transients"] = max(logits / tp, layer(tp)) * micro / replicas',
+                'per_chip["transients"] = logits / tp * micro / replicas',
+            ),
+        ),
+        (f"{MEMORY_TEST}::test_the_napkin_is_within_15_percent_above_xla_s_plan_of_our_step",),
     ),
     Mutant(
         "min-chips-one-short",

@@ -39,7 +39,7 @@ def memory_lines(plan, heading):
     lines.append(f"fewest chips that hold this step: {least}")
     most = f"{plan.max_batch_tokens:,} tokens" if plan.max_batch_tokens else "none"
     lines.append(f"largest batch on {plan.chips} chip(s): {most}")
-    saved = ", ".join(f"{name} {n:,}" for name, (n, _) in plan.saved.items())
+    saved = ", ".join(f"{name} {n:,}" for name, (n, *_) in plan.saved.items())
     lines.append(f"saved a layer a token ({cfg.dtype if r.weights == 'float32' else r.weights})"
                  f": {saved}")  # fmt: skip
     six = 6 * plan.batch_tokens * param_count(cfg)
@@ -58,7 +58,7 @@ def memory_summary(plan):
         "min_chips": plan.min_chips,
         "max_batch_tokens": plan.max_batch_tokens,
         "flops_per_step": plan.flops_per_step,
-        "saved_per_layer_per_token": {name: n for name, (n, _) in plan.saved.items()},
+        "saved_per_layer_per_token": {name: n for name, (n, *_) in plan.saved.items()},
         "chip": plan.chip.name,
         "chips": plan.chips,
         "tp": plan.tp,

@@ -19,7 +19,8 @@ Three kinds of bytes, each counted for the whole model and batch, then per chip:
                    block  the layer's input alone (nothing_saveable)
                    N      N tensors of [tokens, E] a layer: the scaling book's convention
     transients   the largest temporary, held apart: the logits and their gradient
-                 [tokens, V], or one layer's tensors rebuilt during the backward
+                 [tokens, V], or one layer's backward: the gradients of everything it
+                 saves under none (and, under remat, that set rebuilt first)
 
 Sharding: --tp T splits every weight matrix (the embedding's too) and the activations
 with an H, K, F or S axis over T chips; the other chips = N / T hold data-parallel
@@ -114,34 +115,46 @@ def split_params(cfg):
 
 
 def saved_per_layer_per_token(cfg, remat):
-    """{tensor: (values a token, split by tp)} one layer keeps for the backward.
-    remat: 'none', 'dots', 'block', or an int N (N tensors of E)."""
+    """{tensor: (values a token, split by tp, bytes a value or None for the compute
+    dtype's)} one layer keeps for the backward. remat: 'none', 'dots', 'block', or an
+    int N (N tensors of E).
+
+    none is what JAX's autodiff keeps of our layer (print_saved_residuals lists it),
+    each buffer once: each norm's input, its statistics (2 a token), its input times
+    the statistic and its output; q, k, v and the heads' output; without a flash kernel,
+    the causal mask (bool), the scores, their exponentials and the probabilities, H·S
+    each, and two sums a head; ReLU's mask (bool) and output (gated: 6 tensors of F)."""
     E, F, H, K, D, S = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim, cfg.seq
     if isinstance(remat, int):
-        return {f"{remat} x [tokens, E]": (remat * E, False)}
-    saved = {"the layer's input": (E, False)}
+        return {f"{remat} x [tokens, E]": (remat * E, False, None)}
+    saved = {"the layer's input": (E, False, None)}
     if remat == "block":
         return saved
-    gate = {"w_gate's output": (F, True)} if cfg.gated else {}
+    gate = {"w_gate's output": (F, True, None)} if cfg.gated else {}
     if remat == "dots":
         if cfg.attention:
-            saved |= {"q": (H * D, True), "k and v": (2 * K * D, True), "wo's output": (E, False)}
-        return saved | {"w_in's output": (F, True), **gate}
+            saved |= {"q": (H * D, True, None), "k and v": (2 * K * D, True, None)}
+            saved["wo's output"] = (E, False, None)
+        return saved | {"w_in's output": (F, True, None), **gate}
+    norm = {"statistics": (2, False, None), "x·rsqrt and output": (2 * E, False, None)}
     if cfg.attention:
-        saved |= {"the attention norm's output": (E, False), "q": (H * D, True)}
-        saved |= {"k and v": (2 * K * D, True), "the heads' output": (H * D, True)}
+        saved |= {f"the attention norm's {name}": t for name, t in norm.items()}
+        saved |= {"q": (H * D, True, None), "k and v": (2 * K * D, True, None)}
         if not flash_kernel(cfg):
-            saved["the probabilities [H, S]"] = (H * S, True)
-        saved["the stream into the MLP's norm"] = (E, False)
-    saved["the MLP norm's output"] = (E, False)
+            saved["the causal mask (bool)"] = (H * S, True, 1)
+            saved["scores, exp, probabilities"] = (3 * H * S, True, None)
+            saved["the softmax's sums"] = (2 * H, True, None)
+        saved["the heads' output"] = (H * D, True, None)
+        saved["the stream into the MLP's norm"] = (E, False, None)
+    saved |= {f"the MLP norm's {name}": t for name, t in norm.items()}
     if cfg.gated:
-        return saved | {"w_in's output": (F, True), **gate, "silu(gate) x in": (F, True)}
-    return saved | {"ReLU's input": (F, True), "ReLU's output": (F, True)}
+        return saved | {"w_in, w_gate, SiLU's 3, their product": (6 * F, True, None)}
+    return saved | {"ReLU's mask (bool)": (F, True, 1), "ReLU's output": (F, True, None)}
 
 
-def per_token(saved, tp=1):
-    """Values a token keeps on one chip: the split tensors divided by tp."""
-    return sum(n / tp if split else n for n, split in saved.values())
+def saved_bytes(saved, act_bytes, tp=1):
+    """Bytes a token keeps on one chip: the split tensors divided by tp."""
+    return sum(n * (size or act_bytes) / (tp if split else 1) for n, split, size in saved.values())
 
 
 def recompute_flops(cfg, batch, remat):
@@ -189,16 +202,22 @@ def _per_chip(cfg, chips, tp, tokens, remat, recipe, shard, accum, act_bytes):
     micro = tokens / accum  # one microbatch's tokens are alive at a time
     # After the layers: the final norm's input and output, E each, on every tp chip.
     outside = 2 * cfg.embed
-    whole["activations"] = (cfg.layers * per_token(saved) + outside) * micro * act_bytes
+    layers = cfg.layers * micro
+    whole["activations"] = layers * saved_bytes(saved, act_bytes) + outside * micro * act_bytes
     per_chip["activations"] = (
-        (cfg.layers * per_token(saved, tp) + outside) * micro / replicas * act_bytes
-    )
-    # The logits and their gradient, or one layer's full set rebuilt in the backward.
+        layers * saved_bytes(saved, act_bytes, tp) + outside * micro * act_bytes
+    ) / replicas
+    # The logits and their gradient; or one layer's backward: the gradients of all it
+    # saved, and under remat that set itself, rebuilt first.
     logits = 2 * cfg.vocab * act_bytes
     full = saved_per_layer_per_token(cfg, "none")
-    rebuilt = (lambda tp: per_token(full, tp) * act_bytes) if remat != "none" else lambda tp: 0
-    whole["transients"] = max(logits, rebuilt(1)) * micro
-    per_chip["transients"] = max(logits / tp, rebuilt(tp)) * micro / replicas
+    sets = 1 if remat == "none" else 2
+
+    def layer(tp):
+        return sets * saved_bytes(full, act_bytes, tp)
+
+    whole["transients"] = max(logits, layer(1)) * micro
+    per_chip["transients"] = max(logits / tp, layer(tp)) * micro / replicas
     per_chip["total"] = sum(per_chip.values())
     return whole, per_chip
 
