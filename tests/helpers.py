@@ -6,13 +6,18 @@ everything a test file imports comes from here, never from conftest or from
 another test file.
 """
 
+import contextlib
+import io
+import math
 import os
+import re
 import runpy
 import subprocess
 import sys
 from typing import NamedTuple
 
 import pytest
+from jax.ad_checkpoint import print_saved_residuals
 
 from roofline.plan.targets import EXTRAS, missing_extras
 from scripts.harness import simulated_cpu_flags
@@ -154,3 +159,20 @@ def hand_flops(cfg, B):
     matmuls = 6 * tokens * (L * (4 * E * H * D + 2 * E * F) + V * E)
     attention = 3 * L * (2 * 2 * B * S * S * H * D)
     return matmuls, attention
+
+
+def residual_values(fn, *args):
+    """Values a token among the residuals jax.ad_checkpoint.print_saved_residuals lists
+    for fn, at 2 sequences of 16: those whose leading axes are the batch and sequence
+    ([2, 16, ...]) or both flattened ([32, ...]); the weights and constants aside."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_saved_residuals(fn, *args)
+    total = 0
+    for shape in re.findall(r"^\w+\[([\d,]*)\]", printed.getvalue(), re.M):
+        dims = [int(d) for d in shape.split(",") if d]
+        if dims[:2] == [2, 16]:
+            total += math.prod(dims[2:])
+        elif dims[:1] == [32]:
+            total += math.prod(dims[1:])
+    return total

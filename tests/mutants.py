@@ -60,6 +60,7 @@ TRUTH = "tests/test_trace_truth.py"
 PLANS = "tests/test_step_plans.py"
 MEMORY_PLAN = "roofline/plan/training_memory.py"
 MEMORY_TEST = "tests/test_training_memory.py"
+REMAT_TEST = "tests/test_remat.py"
 S4 = "tests/test_s4_kernels.py"
 EMBED_GRAD = "tests/test_embedding_gradient.py"
 HLO_READING = "tests/test_hlo_reading.py"
@@ -1623,6 +1624,42 @@ MUTANTS = [
             ),
         ),
         (f"{MEMORY_TEST}::test_the_napkin_is_within_15_percent_above_xla_s_plan_of_our_step",),
+    ),
+    Mutant(
+        "remat-ignored",
+        "--remat reaches the config, and the forward leaves every layer as it is",
+        "sessions/model/transformer.py",
+        (
+            (
+                "layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], cfg.remat)",
+                'layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], "none")',
+            ),
+        ),
+        (f"{REMAT_TEST}::test_the_gpu_plans_less_for_each_policy_and_this_cpu_the_same",),
+    ),
+    Mutant(
+        "remat-dots-saves-everything",
+        "the dots lever saves every value, not the matmuls' outputs alone",
+        "sessions/model/transformer.py",
+        (
+            (
+                "jax.checkpoint_policies.dots_with_no_batch_dims_saveable,",
+                "jax.checkpoint_policies.everything_saveable,",
+            ),
+        ),
+        (f"{REMAT_TEST}::test_the_model_s_own_lever_keeps_what_the_napkin_counts[dots]",),
+    ),
+    Mutant(
+        "checkpoint-holds-remat",
+        "a checkpoint trained under one remat policy refused by a run under another",
+        "sessions/run/checkpoint.py",
+        (
+            (
+                '"model": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "remat"},',
+                '"model": dataclasses.asdict(cfg),',
+            ),
+        ),
+        (f"{REMAT_TEST}::test_a_checkpoint_resumes_under_another_policy",),
     ),
     Mutant(
         "min-chips-one-short",

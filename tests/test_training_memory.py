@@ -5,18 +5,14 @@ dots and block, exactly what jax.ad_checkpoint.print_saved_residuals lists for o
 layer), tensor parallelism, accumulation, the recompute's FLOPs, the fewest chips and
 the largest batch; and `python -m roofline memory`'s JSON and its bad input."""
 
-import contextlib
 import dataclasses
-import io
 import json
 import os
-import re
 
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import REPO, roofline_command
-from jax.ad_checkpoint import print_saved_residuals
+from helpers import REPO, residual_values, roofline_command
 
 from roofline.hardware import find_chip
 from roofline.plan.training_memory import CONVENTIONS, Recipe, plan_memory, saved_bytes
@@ -105,23 +101,6 @@ def test_activations_by_policy_and_accumulation(remat):
     accum = plan_memory(CFG, H100, batch_tokens=64, remat=remat, accum=4)
     assert accum.whole["activations"] == plan.whole["activations"] / 4
     assert accum.whole["grads"] == plan.whole["grads"] + 4 * P
-
-
-def residual_values(fn, *args):
-    """Values a token among the residuals print_saved_residuals lists for fn: those
-    whose leading axes are the batch and sequence ([2, 16, ...]) or both flattened
-    ([32, ...]); the weights and constants aside."""
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        print_saved_residuals(fn, *args)
-    total = 0
-    for shape in re.findall(r"^\w+\[([\d,]*)\]", printed.getvalue(), re.M):
-        dims = [int(d) for d in shape.split(",") if d]
-        if dims[:2] == [2, 16]:
-            total += jnp.prod(jnp.array(dims[2:], int)).item() if dims[2:] else 1
-        elif dims[:1] == [32]:
-            total += jnp.prod(jnp.array(dims[1:], int)).item()
-    return total
 
 
 @pytest.mark.parametrize("cfg", [CFG, dataclasses.replace(CFG, gated=True, kv_heads=None)],

@@ -38,6 +38,10 @@ class ModelConfig:
     rope_base: float = 10_000.0  # RoPE's base wavelength (LLaMA-3: 500,000)
     gated: bool = False  # SwiGLU feed-forward: silu(x·W_gate) * (x·W_in), then W_out
     tied: bool = True  # the output projection is the embedding's transpose (False: its own)
+    # Session 6's lever, which changes no arithmetic: what each layer keeps for the backward
+    # (sessions/model/transformer.py REMAT): everything (none), its matmuls' outputs
+    # (dots), or its input alone (block), recomputing the rest in the backward.
+    remat: str = "none"
 
     def __post_init__(self):
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
@@ -46,6 +50,8 @@ class ModelConfig:
                 f"--kv-heads {self.kv_heads} must divide the {self.heads} query heads "
                 f"(try {divisors})"
             )
+        if self.remat not in ("none", "dots", "block"):
+            raise UsageError(f"--remat {self.remat}: none, dots or block")
         if self.rope and self.head_dim % 2:  # RoPE turns the head's dims in pairs
             raise UsageError(f"--rope needs an even --head-dim, not {self.head_dim}")
 

@@ -233,9 +233,23 @@ def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
         return attention(q, k, v, segment_ids, impl=cfg.attention_impl), None
 
     x = embed(params, tokens, cfg)
+    layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], cfg.remat)
     for layer in p["layers"]:
-        x, _ = block(layer, x, cfg, causal)
+        x = layer_fn(layer, x)
     return unembed(p, x)
+
+
+# What a layer keeps for the backward under each remat lever; the rest is recomputed
+# there. roofline/plan/training_memory.py counts each one's bytes and FLOPs.
+REMAT = {
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # q, k, v, wo, w_in
+    "block": jax.checkpoint_policies.nothing_saveable,  # the layer's input alone
+}
+
+
+def remat(layer_fn, policy):
+    """layer_fn(layer, x) -> x under jax.checkpoint with REMAT[policy] (none: as it is)."""
+    return layer_fn if policy == "none" else jax.checkpoint(layer_fn, policy=REMAT[policy])
 
 
 def cross_entropy(logits, targets):

@@ -49,9 +49,10 @@ def _fingerprint_list(state):
 
 def identity(cfg, tc, unit="byte"):
     """What must match for a checkpoint to continue this run. unit: what its
-    tokens are, "byte" or "token" (a tokenizer's ids, from token files)."""
+    tokens are, "byte" or "token" (a tokenizer's ids, from token files). Not remat:
+    it changes what the step recomputes, never the weights."""
     return {
-        "model": dataclasses.asdict(cfg),
+        "model": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "remat"},
         "batch": tc.batch,
         "seed": tc.seed,
         "steps": tc.steps,

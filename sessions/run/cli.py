@@ -165,6 +165,7 @@ def train_flags(argv=None):
         help="FSDP's collectives: inserted by the partitioner (auto), or written by hand "
         "under jax.shard_map (manual: meshes over data and fsdp, tp=1)",
     )
+    parser.add_argument("--remat", choices=["none", "dots", "block"], help="what a layer keeps")
     for flag in ("--no-attention", "--no-positions", "--no-jit", "--show-sharding"):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--no-overlap", action="store_true", help="load each batch in the loop")
@@ -256,6 +257,7 @@ def resolve(args, platform=None, **model_overrides):
         raise TypeError(f"resolve reads {', '.join(missing)}: not a flag of this command")
     device = None if platform else jax.local_devices()[0]  # this machine's, when it is the chip
     flags = {"attention": not args.no_attention, "positions": not args.no_positions}
+    lever = {"remat": args.remat} if vars(args).get("remat") else {}  # s2_train.py's alone
     return configs_for(
         platform or jax.default_backend(),
         device,
@@ -263,7 +265,7 @@ def resolve(args, platform=None, **model_overrides):
         dtype=args.dtype,
         attention_impl=args.attention_impl,
         data=args.data,
-        model_fields={**given(args, MODEL_FLAGS), **flags, **model_overrides},
+        model_fields={**given(args, MODEL_FLAGS), **flags, **lever, **model_overrides},
         train_fields=given(args, TRAIN_FLAGS),
     )
 

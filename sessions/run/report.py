@@ -25,7 +25,8 @@ def header_lines(run, flops, peak, corpus, unigram):
         f"({processes} process{'es' if processes > 1 else ''})",
         f"model: {model_line(cfg)} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype} "
         f"matmuls | attention {on[cfg.attention]}, "
-        f"positions {'rotary' if cfg.positions and cfg.rope else on[cfg.positions]}",
+        f"positions {'rotary' if cfg.positions and cfg.rope else on[cfg.positions]}"
+        + (f" | remat {cfg.remat}" if cfg.remat != "none" else ""),
         f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens | 6·B·P = "
         f"{napkin_train_flops(cfg, tc.batch) / 1e9:.2f} GFLOP | exact with attention = "
         f"{flops / 1e9:.2f} GFLOP",
