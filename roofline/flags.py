@@ -114,6 +114,6 @@ def add_model_flags(parser, preset_default="cpu", published=False):
         "backward; the flash kernels (cudnn, splash) do not",
     )
     # What the session scripts' resolve reads that one step's cost does not depend on.
-    parser.set_defaults(steps=None, lr=None, seed=None, log_every=None, eval_every=None)
+    parser.set_defaults(steps=None, lr=None, seed=None, log_every=None, eval_every=None, accum=None)
     parser.set_defaults(data=None, no_attention=False, no_positions=False)
     parser.set_defaults(kv_heads=None, rope=None, gated=None, tied=None)  # the preset's model

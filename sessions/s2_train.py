@@ -80,7 +80,7 @@ def main(argv=None):
 
     # Multichip: a mesh over every device of every process, checked before use.
     sizes = sharding.parse_mesh(args.mesh, jax.device_count())
-    sharding.check_divisible(cfg, B, sizes, jax.process_count())
+    sharding.check_divisible(cfg, B // tc.accum, sizes, jax.process_count())  # a microbatch
     check_collectives(args.collectives, sizes)
     mesh = sharding.make_mesh(sizes, multihost.mesh_devices())
     batch_sharding = sharding.batch_sharding(mesh)
@@ -122,11 +122,14 @@ def main(argv=None):
     # loop from shapes alone (--no-jit: op by op, as session 1 ran).
     jit = not args.no_jit
     if args.collectives == "manual":  # every collective written out (sessions/train/manual_fsdp.py)
-        step_fn = make_manual_step(cfg, optimizer, tc.clip, shardings, batch_sharding, jit=jit)
+        step_fn = make_manual_step(
+            cfg, optimizer, tc.clip, shardings, batch_sharding, jit=jit, accum=tc.accum
+        )
     else:
         step_fn = make_train_step(
-            cfg, optimizer, jit=jit, state_shardings=shardings, batch_sharding=batch_sharding
-        )
+            cfg, optimizer, jit=jit, state_shardings=shardings, batch_sharding=batch_sharding,
+            accum=tc.accum,
+        )  # fmt: skip
     if jit:
         with jax.set_mesh(mesh):
             step_fn = compile_ahead(step_fn, state, abstract_batch(B, S, batch_sharding), say)

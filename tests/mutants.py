@@ -60,7 +60,7 @@ TRUTH = "tests/test_trace_truth.py"
 PLANS = "tests/test_step_plans.py"
 MEMORY_PLAN = "roofline/plan/training_memory.py"
 MEMORY_TEST = "tests/test_training_memory.py"
-REMAT_TEST = "tests/test_remat.py"
+REMAT_TEST = "tests/test_memory_levers.py"
 S4 = "tests/test_s4_kernels.py"
 EMBED_GRAD = "tests/test_embedding_gradient.py"
 HLO_READING = "tests/test_hlo_reading.py"
@@ -1660,6 +1660,25 @@ MUTANTS = [
             ),
         ),
         (f"{REMAT_TEST}::test_a_checkpoint_resumes_under_another_policy",),
+    ),
+    Mutant(
+        "accum-sums-not-means",
+        "accumulated gradients summed over the microbatches and never divided",
+        "sessions/train/step.py",
+        (
+            (
+                "return jax.tree.map(lambda total: total / accum, (loss, grads))",
+                "return loss / accum, grads",
+            ),
+        ),
+        (f"{REMAT_TEST}::test_four_microbatches_give_one_batch_s_loss_and_gradient",),
+    ),
+    Mutant(
+        "accum-not-passed-on",
+        "s2_train.py takes --accum and compiles a step of one whole batch",
+        "sessions/s2_train.py",
+        (("            accum=tc.accum,\n", ""),),
+        (f"{REMAT_TEST}::test_s2_with_accum_logs_the_losses_of_one_batch",),
     ),
     Mutant(
         "min-chips-one-short",

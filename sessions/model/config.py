@@ -73,6 +73,13 @@ class TrainConfig:
     log_every: int = 50
     eval_every: int = 200  # validation loss every this many steps
     eval_batches: int = 4
+    # Session 6's lever: the batch as this many microbatches, one after another, their
+    # gradients summed in float32 for one update (sessions/train/step.py accumulate).
+    accum: int = 1
+
+    def __post_init__(self):
+        if self.accum < 1 or self.batch % self.accum:
+            raise UsageError(f"--accum {self.accum} must divide --batch {self.batch}")
 
 
 @dataclasses.dataclass(frozen=True)

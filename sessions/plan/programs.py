@@ -107,9 +107,11 @@ def train_step_program(cfg, tc, mesh, collectives="auto"):
     shardings = jax.tree.map(lambda x: x.sharding, state)
     rows = sharding.batch_sharding(mesh)
     if collectives == "manual":
-        step = make_manual_step(cfg, optimizer, tc.clip, shardings, rows)
+        step = make_manual_step(cfg, optimizer, tc.clip, shardings, rows, accum=tc.accum)
     else:
-        step = make_train_step(cfg, optimizer, state_shardings=shardings, batch_sharding=rows)
+        step = make_train_step(
+            cfg, optimizer, state_shardings=shardings, batch_sharding=rows, accum=tc.accum
+        )
     return step, (state, abstract_batch(tc.batch, cfg.seq, rows)), {}
 
 

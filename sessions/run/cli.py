@@ -166,6 +166,7 @@ def train_flags(argv=None):
         "under jax.shard_map (manual: meshes over data and fsdp, tp=1)",
     )
     parser.add_argument("--remat", choices=["none", "dots", "block"], help="what a layer keeps")
+    parser.add_argument("--accum", type=positive_int, help="microbatches a step, one update")
     for flag in ("--no-attention", "--no-positions", "--no-jit", "--show-sharding"):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--no-overlap", action="store_true", help="load each batch in the loop")
@@ -220,7 +221,7 @@ def infer_parser(prog="s3_infer.py", description="Session 3: inference."):
     )
     # What resolve reads that s3 has no flag for: the model as trained, XLA's attention.
     parser.set_defaults(no_attention=False, no_positions=False, attention_impl=None)
-    parser.set_defaults(eval_every=None)
+    parser.set_defaults(eval_every=None, accum=None)
     return parser
 
 
@@ -240,7 +241,7 @@ def infer_flags(argv=None, parser=None):
 
 FAMILY = ("kv_heads", "rope", "gated", "tied")  # session 5's switches
 MODEL_FLAGS = ("seq", "embed", "ff", "heads", "head_dim", "layers", "vocab", *FAMILY)
-TRAIN_FLAGS = ("steps", "batch", "lr", "seed", "log_every", "eval_every")
+TRAIN_FLAGS = ("steps", "batch", "lr", "seed", "log_every", "eval_every", "accum")
 READ = ("preset", "dtype", "attention_impl", "no_attention", "no_positions", "data")
 
 

@@ -152,10 +152,12 @@ def device_step(state, batch, *, cfg, optimizer, clip):
     return {"params": params, "opt": opt}, {"loss": loss, "grad_norm": norm}
 
 
-def make_manual_step(cfg, optimizer, clip, state_shardings, batch_sharding, *, jit=True):
+def make_manual_step(cfg, optimizer, clip, state_shardings, batch_sharding, *, jit=True, accum=1):
     """The step the loop calls, as sessions.train.step.make_train_step makes it (jitted, the
     state donated), with every collective in device_step: shard_map hands each device
     its shards and rows, by the same rules. clip: the optimizer's (TrainConfig.clip)."""
+    if accum > 1:
+        raise UsageError("--accum: the hand-written step takes one batch (--collectives auto)")
     mesh = batch_sharding.mesh
     specs = jax.tree.map(lambda s: s.spec, state_shardings)
     rows = {"inputs": P(BATCH, None), "targets": P(BATCH, None)}

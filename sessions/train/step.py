@@ -12,6 +12,7 @@ import functools
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -61,18 +62,40 @@ def compile_ahead(step_fn, state, batch, log=print):
     return compiled
 
 
-def train_step(state, batch, *, cfg, optimizer):
-    """One step. Returns (new state, {"loss", "grad_norm"}), both still on device."""
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, cfg)
+def accumulate(params, batch, cfg, accum):
+    """(mean loss, mean gradient) of the batch as `accum` microbatches of B/accum rows,
+    run one after another under lax.scan: one microbatch's activations alive at a time.
+    Row r of microbatch i is row r·accum + i, so each device keeps its own rows. The
+    gradients sum in float32 (the weights' dtype), then divide once."""
+    micro = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(-1, accum, *x.shape[1:]), 1, 0), batch)
+
+    def add(totals, microbatch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, microbatch, cfg)
+        return jax.tree.map(jnp.add, totals, (loss, grads)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, (jnp.zeros((), jnp.float32), params))
+    (loss, grads), _ = jax.lax.scan(add, zeros, micro)
+    return jax.tree.map(lambda total: total / accum, (loss, grads))
+
+
+def train_step(state, batch, *, cfg, optimizer, accum=1):
+    """One step. Returns (new state, {"loss", "grad_norm"}), both still on device.
+    accum > 1: the batch in that many microbatches, one update (accumulate)."""
+    if accum == 1:
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, cfg)
+    else:
+        loss, grads = accumulate(state["params"], batch, cfg, accum)
     updates, opt = optimizer.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     return {"params": params, "opt": opt}, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
-def make_train_step(cfg, optimizer, *, jit=True, state_shardings=None, batch_sharding=None):
+def make_train_step(
+    cfg, optimizer, *, jit=True, state_shardings=None, batch_sharding=None, accum=1
+):
     """The step function the loop calls: jitted with the state donated, or
-    (jit=False, session 1's way) run op by op."""
-    step = functools.partial(train_step, cfg=cfg, optimizer=optimizer)
+    (jit=False, session 1's way) run op by op; accum microbatches a step."""
+    step = functools.partial(train_step, cfg=cfg, optimizer=optimizer, accum=accum)
     return jit_step(step, state_shardings, batch_sharding) if jit else step
 
 

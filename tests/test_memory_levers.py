@@ -1,17 +1,23 @@
-"""Session 6's remat lever (ModelConfig.remat, s2_train.py --remat): what each layer
-keeps for the backward changes, the arithmetic does not. The same loss and gradients
-under every policy; the layer the forward runs keeps exactly what the napkin says
+"""Session 6's levers in the step, which change what it holds and never its arithmetic.
+
+remat (ModelConfig.remat, s2_train.py --remat): the same loss and gradients under every
+policy; the layer the forward runs keeps exactly what the napkin says
 (jax.ad_checkpoint.print_saved_residuals); the GPU's compiler plans less memory for
 each policy down the list, while XLA's CPU backend, with the layers unrolled, plans the
-same bytes for all three (it honours remat only inside a scan)."""
+same bytes for all three (it honours remat only inside a scan).
+
+accum (TrainConfig.accum, s2_train.py --accum): N microbatches of B/N give one batch's
+loss and gradient, to summation order, and the compiled step holds one microbatch's
+activations, within 15% above the napkin's plan."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import need, residual_values
+from helpers import need, residual_values, s2_in_process
 
 from roofline.hardware import find_chip
 from roofline.plan.training_memory import plan_memory
@@ -99,3 +105,64 @@ def test_the_gpu_plans_less_for_each_policy_and_this_cpu_the_same():
         compiled = fn.lower(state, {"inputs": tokens, "targets": tokens}).compile()
         here.add(compiled.memory_analysis().temp_size_in_bytes)
     assert len(here) == 1, here
+
+
+def random_batch(rows, seq, vocab, seed=1):
+    tokens = jax.random.randint(jax.random.key(seed), (rows, seq + 1), 0, vocab)
+    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+
+
+def test_four_microbatches_give_one_batch_s_loss_and_gradient():
+    params = init_params(CFG, jax.random.key(0))
+    batch = random_batch(8, CFG.seq, CFG.vocab)
+    loss, grads = jax.jit(jax.value_and_grad(step.loss_fn), static_argnums=2)(params, batch, CFG)
+    accumulated = jax.jit(step.accumulate, static_argnums=(2, 3))
+    micro_loss, micro_grads = accumulated(params, batch, CFG, 4)
+    assert float(micro_loss) == pytest.approx(float(loss), rel=1e-6)
+    # Summation order alone: float32's epsilon (1.2e-7) times the 128 terms the
+    # embedding's rows sum at most, against the largest gradient of each weight.
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(micro_grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=128 * 1.2e-7 * float(np.abs(a).max()))
+
+
+def test_s2_with_accum_logs_the_losses_of_one_batch(tmp_path, capsys):
+    """s2_train.py --accum 2 on the tiny preset, over 8 devices: the same losses at every
+    logged step as without, to float rounding; --accum 3 does not divide its batch of 16:
+    one line. XLA's plan of the step it compiled holds less with two microbatches."""
+    losses, memory = {}, {}
+    for accum in (1, 2):
+        metrics, summary = tmp_path / f"metrics{accum}.jsonl", tmp_path / f"summary{accum}.json"
+        argv = ["--preset", "tiny", "--steps", "4", "--log-every", "2", "--sample-bytes", "0"]
+        argv += ["--run-dir", str(tmp_path), "--metrics-out", str(metrics)]
+        argv += ["--summary-out", str(summary)]
+        code, err = s2_in_process([*argv, "--accum", str(accum)], capsys)
+        assert code in (0, None), err
+        losses[accum] = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+        memory[accum] = json.loads(summary.read_text())["memory_bytes_per_device"]
+    np.testing.assert_allclose(losses[2], losses[1], rtol=1e-5)
+    assert memory[2] < memory[1], memory
+    code, err = s2_in_process(["--preset", "tiny", "--accum", "3"], capsys)
+    assert code == 2 and "--accum 3 must divide --batch 16" in err and "\n" not in err.strip()
+
+
+def test_a_microbatch_s_activations_are_all_the_compiled_step_holds():
+    """The cpu preset, batch 64, on this CPU: XLA's plan with 4 microbatches is at least
+    the napkin's and at most 15% above it, and well under one batch's."""
+    cfg, preset_train = PRESETS["cpu"].model, PRESETS["cpu"].train
+    planned = {}
+    for accum in (1, 4):
+        train = dataclasses.replace(preset_train, batch=64, accum=accum)
+        optimizer = step.make_optimizer(train, train.steps)
+        state = jax.eval_shape(
+            lambda o=optimizer: step.init_state(jax.random.key(0), cfg=cfg, optimizer=o)
+        )
+        tokens = jax.ShapeDtypeStruct((64, cfg.seq), jnp.int32)
+        fn = step.make_train_step(cfg, optimizer, accum=accum)
+        m = fn.lower(state, {"inputs": tokens, "targets": tokens}).compile().memory_analysis()
+        planned[accum] = (
+            m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+            + m.temp_size_in_bytes
+        )  # fmt: skip
+    napkin = plan_memory(cfg, find_chip("h100"), batch_tokens=64 * cfg.seq, accum=4)
+    assert planned[4] <= napkin.per_chip["total"] <= 1.15 * planned[4], (planned, napkin.per_chip)
+    assert planned[4] < planned[1] / 2
