@@ -76,10 +76,11 @@ def test_a_bad_policy_is_one_line():
 
 
 def test_a_checkpoint_resumes_under_another_policy():
-    """remat changes what the step recomputes, never the weights: it is no part of
-    what a checkpoint must match to continue a run."""
+    """remat and accum change what the step recomputes or holds, never the weights nor
+    the update: no part of what a checkpoint must match to continue a run."""
     train = PRESETS["tiny"].train
     assert identity(dataclasses.replace(CFG, remat="block"), train) == identity(CFG, train)
+    assert identity(CFG, dataclasses.replace(train, accum=4)) == identity(CFG, train)
     assert identity(dataclasses.replace(CFG, layers=3), train) != identity(CFG, train)
 
 
