@@ -10,7 +10,8 @@ On a GPU the limit is not the whole HBM but the share JAX preallocates
     python scripts/max_batch.py --target h100:1 --preset gpt2 --vocab 50304
     python scripts/max_batch.py --target tpu-v5e:2x4 --preset course --mesh fsdp=8
 
-The other flags are s2_train.py's (the shapes, --dtype, --mesh, ...). Each
+The other flags are s2_train.py's (the shapes, --dtype, --mesh, --remat, --accum, ...),
+and the napkin's answer (roofline/plan/training_memory.py) is printed beside. Each
 candidate is one compile (seconds each for gpt2 on h100:1); the compiler may
 also refuse a batch outright (out of memory), which counts as not fitting.
 """
@@ -19,6 +20,7 @@ import dataclasses
 import sys
 
 from roofline.memory import largest_batch, planned_bytes, usable_fraction
+from roofline.plan.memory_report import napkin_batch_line
 from sessions.errors import UsageError, run_main
 from sessions.plan import programs
 from sessions.run.cli import resolve, train_flags
@@ -65,6 +67,7 @@ def main(argv=None):
         f"largest batch that fits: {batch:,} sequences ({batch * run.model.seq:,} tokens a step), "
         "by XLA's memory plan of the compiled step"
     )
+    print(napkin_batch_line(run.model, target.chip, hbm, sizes, run.train.accum))
     return 0
 
 

@@ -1681,6 +1681,13 @@ MUTANTS = [
         (f"{REMAT_TEST}::test_s2_with_accum_logs_the_losses_of_one_batch",),
     ),
     Mutant(
+        "max-batch-napkin-unsharded",
+        "max_batch.py's napkin keeps the whole state on each device of an fsdp mesh",
+        "roofline/plan/memory_report.py",
+        (('shard="params" if sizes["fsdp"] > 1 else "none"', 'shard="none"'),),
+        (f"{MEMORY_TEST}::test_max_batch_s_napkin_line_plans_the_mesh_it_is_given",),
+    ),
+    Mutant(
         "min-chips-one-short",
         "the fewest chips rounded down: a count that does not hold the step",
         MEMORY_PLAN,

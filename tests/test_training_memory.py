@@ -15,6 +15,7 @@ import pytest
 from helpers import REPO, residual_values, roofline_command
 
 from roofline.hardware import find_chip
+from roofline.plan.memory_report import napkin_batch_line
 from roofline.plan.training_memory import CONVENTIONS, Recipe, plan_memory, saved_bytes
 from sessions.model import init_params
 from sessions.model.attention import attention
@@ -230,3 +231,16 @@ def test_the_napkin_is_within_15_percent_above_xla_s_plan_of_our_step(preset, ba
     napkin = plan_memory(cfg, H100, batch_tokens=batch * cfg.seq).per_chip["total"]
     planned = xla + m.temp_size_in_bytes
     assert planned <= napkin <= 1.15 * planned, (napkin, planned)
+
+
+def test_max_batch_s_napkin_line_plans_the_mesh_it_is_given():
+    """scripts/max_batch.py prints the napkin's batch beside the compiler's: fsdp divides
+    the state as ZeRO-3 does, tp splits the matrices, the batch is whole sequences."""
+    small = dataclasses.replace(H100, hbm_bytes=80e6)
+    fsdp = plan_memory(CFG, small, chips=4, batch_tokens=16 * 4, shard="params")
+    line = napkin_batch_line(CFG, H100, 80e6, {"data": 1, "fsdp": 4, "tp": 1})
+    assert f"{fsdp.max_batch_tokens // 16:,} sequences" in line
+    data = plan_memory(CFG, small, chips=4, tp=2, batch_tokens=16 * 2)
+    line = napkin_batch_line(CFG, H100, 80e6, {"data": 2, "fsdp": 1, "tp": 2})
+    assert f"{data.max_batch_tokens // 16:,} sequences" in line
+    assert "not planned" in napkin_batch_line(CFG, H100, 80e6, {"data": 2, "fsdp": 2, "tp": 1})

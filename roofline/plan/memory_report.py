@@ -5,7 +5,7 @@ import argparse
 import dataclasses
 
 from roofline.flops import param_count
-from roofline.plan.training_memory import DTYPE_BYTES, SHARDS, STATE
+from roofline.plan.training_memory import DTYPE_BYTES, SHARDS, STATE, plan_memory
 from roofline.units import flop, gb
 
 
@@ -95,3 +95,20 @@ def add_memory_flags(parser):
     parser.add_argument("--optimizer-dtype", choices=DTYPE_BYTES, default="float32")
     parser.add_argument("--shard", choices=SHARDS, default="none", help="ZeRO's stages 0 to 3")
     parser.add_argument("--accum", type=_count, default=1, help="microbatches a step")
+
+
+def napkin_batch_line(cfg, chip, hbm, sizes, accum=1):
+    """scripts/max_batch.py's line beside the compiler's: the napkin's largest batch
+    for our step (float32 weights, gradients and AdamW) on a mesh of sizes {data, fsdp,
+    tp}, each device with `hbm` bytes. fsdp divides the state (ZeRO-3); a mesh with
+    both data and fsdp is one the napkin cannot say (it divides over every replica)."""
+    if sizes["data"] > 1 and sizes["fsdp"] > 1:
+        return "the napkin's largest batch: not planned for a mesh over both data and fsdp"
+    replicas = sizes["data"] * sizes["fsdp"]
+    plan = plan_memory(
+        cfg, dataclasses.replace(chip, hbm_bytes=hbm), chips=replicas * sizes["tp"],
+        tp=sizes["tp"], batch_tokens=cfg.seq * accum * replicas, remat=cfg.remat,
+        shard="params" if sizes["fsdp"] > 1 else "none", accum=accum,
+    )  # fmt: skip
+    batch = plan.max_batch_tokens // cfg.seq
+    return f"the napkin's largest batch: {batch:,} sequences (predicted; roofline memory)"
