@@ -11,10 +11,11 @@ Three kinds of bytes, each counted for the whole model and batch, then per chip:
                    optimizer  AdamW's m and v (2 x 4 or 2 x 2), SGD's momentum (1 x ...)
     activations  what the forward saves for the backward, per layer per token, by the
                  remat policy (jax.checkpoint around each layer):
-                   none   everything the backward reads (below), with attention's [S, S]
-                          probabilities unless a flash kernel recomputes them
-                   dots   the matmul outputs without batch dimensions (q, k, v, the output
-                          projection, the MLP's inputs; jax.checkpoint_policies.
+                   none   what JAX's autodiff saves of our layer (saved_per_layer_per_token),
+                          with attention's [S, S] scores, exponentials and probabilities
+                          unless a flash kernel recomputes them
+                   dots   the matmul outputs without batch dimensions (q, k, v, wo's,
+                          w_in's and w_gate's; jax.checkpoint_policies.
                           dots_with_no_batch_dims_saveable) and the layer's input
                    block  the layer's input alone (nothing_saveable)
                    N      N tensors of [tokens, E] a layer: the scaling book's convention
@@ -36,8 +37,10 @@ recomputes in the backward what it did not save: block, each layer's forward aga
 dimensions and are not saved.
 
 What the napkin leaves out, and the compiler's plan holds: the runtime's workspace,
-fusion buffers, alignment, and the compiler's own choices (an XLA backend may keep
-more, or rematerialize on its own).
+fusion buffers, alignment, a compute-dtype copy of the weights, and the compiler's own
+choices. A GPU's fusions keep less than JAX saves, recomputing cheap values such as a
+norm's x·rsqrt and ReLU's output, and near the memory limit XLA rematerializes on its
+own (roofline/README.md, "Training memory, on a napkin").
 """
 
 import dataclasses
