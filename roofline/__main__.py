@@ -131,6 +131,8 @@ def serving_plan_lines(args):
 
 def memory_plan_lines(args):
     """memory's lines and its --summary-out numbers (roofline/plan/training_memory.py)."""
+    if args.batch:  # a flag of every model command, and not this one's measure of a step
+        raise UsageError(f"--batch {args.batch}: memory counts tokens (--batch-tokens)")
     recipe = Recipe(args.weights, args.master, args.grads, args.optimizer, args.optimizer_dtype)
     cfg, _ = model_from_args(args, True)
     levers = {k: getattr(args, k) for k in ("chips", "tp", "batch_tokens", "remat", "accum")}

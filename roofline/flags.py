@@ -5,7 +5,7 @@ With roofline/__main__.py, the only modules of roofline/ that import from sessio
 import argparse
 
 from roofline.hardware import CHIPS
-from roofline.plan import memory_report
+from roofline.plan.training_memory import DTYPE_BYTES, SHARDS
 from sessions.model.attention import IMPLEMENTATIONS
 from sessions.model.config import PRESETS, PUBLISHED
 from sessions.run.cli import ArgumentParser, output_file, positive_float, positive_int
@@ -71,7 +71,7 @@ def parse_args(argv, description):
 
     mem = commands.add_parser("memory", help="a training step's bytes a chip, and its levers")
     add_model_flags(mem, published=True)
-    memory_report.add_memory_flags(mem)
+    add_memory_flags(mem)
     mem.set_defaults(dtype=None)  # the preset's compute dtype
     mem.add_argument("--summary-out", type=output_file, help="write the plan as JSON")
 
@@ -117,3 +117,23 @@ def add_model_flags(parser, preset_default="cpu", published=False):
     parser.set_defaults(steps=None, lr=None, seed=None, log_every=None, eval_every=None, accum=None)
     parser.set_defaults(data=None, no_attention=False, no_positions=False)
     parser.set_defaults(kv_heads=None, rope=None, gated=None, tied=None)  # the preset's model
+
+
+def _remat(text):
+    return int(text) if text.isdigit() and int(text) > 0 else text
+
+
+def add_memory_flags(parser):
+    """python -m roofline memory's levers (the model's flags are the command line's)."""
+    parser.add_argument("--chip", default="h100", help="a chip of the table (default: h100)")
+    parser.add_argument("--chips", type=positive_int, default=1, help="chips the step runs on (N)")
+    parser.add_argument("--tp", type=positive_int, default=1, help="tensor parallel over T of them")
+    parser.add_argument("--batch-tokens", type=positive_int, required=True, help="tokens a step")
+    parser.add_argument("--remat", type=_remat, default="none", help="none, dots, block or N")
+    parser.add_argument("--weights", choices=DTYPE_BYTES, default="float32")
+    parser.add_argument("--master", action="store_true", help="a float32 copy of bf16 weights")
+    parser.add_argument("--grads", choices=DTYPE_BYTES, default="float32")
+    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    parser.add_argument("--optimizer-dtype", choices=DTYPE_BYTES, default="float32")
+    parser.add_argument("--shard", choices=SHARDS, default="none", help="ZeRO's stages 0 to 3")
+    parser.add_argument("--accum", type=positive_int, default=1, help="microbatches a step")

@@ -184,11 +184,12 @@ MEMORY = ["memory", "--preset", "gpt2", "--chip", "h100", "--batch-tokens", "327
     [
         ([*MEMORY, "--remat", "some"], "--remat some: one of none, dots, block"),
         ([*MEMORY, "--accum", "3"], "a multiple of --accum x replicas (3 x 1)"),
-        ([*MEMORY, "--chips", "0"], "not a positive integer"),
+        ([*MEMORY, "--chips", "0"], "must be a positive integer, got 0"),
         ([*MEMORY, "--master"], "--master keeps a float32 copy of bfloat16 weights"),
         ([*MEMORY, "--chips", "3", "--tp", "2"], "--tp 2 must divide --chips 3"),
         ([*MEMORY[:-1], "1000"], "whole sequences of 1,024"),
         ([*MEMORY, "--shard", "zero3"], "invalid choice"),
+        ([*MEMORY, "--batch", "32"], "--batch 32: memory counts tokens (--batch-tokens)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, says, capsys):

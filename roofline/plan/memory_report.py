@@ -1,11 +1,10 @@
-"""The memory plan as python -m roofline memory prints it, writes it as JSON, and
-takes its levers on the command line (roofline/plan/training_memory.py plans it)."""
+"""The memory plan as python -m roofline memory prints it and writes it as JSON
+(roofline/plan/training_memory.py plans it; roofline/flags.py takes its levers)."""
 
-import argparse
 import dataclasses
 
 from roofline.flops import param_count
-from roofline.plan.training_memory import DTYPE_BYTES, SHARDS, STATE, plan_memory
+from roofline.plan.training_memory import STATE, plan_memory
 from roofline.units import flop, gb
 
 
@@ -68,33 +67,6 @@ def memory_summary(plan):
         "shard": plan.shard,
         "recipe": dataclasses.asdict(plan.recipe),
     }
-
-
-def _count(text):
-    """An argparse type: a positive integer (1, 4, 1e6 and 4M are not: digits only)."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive integer")
-    return int(text)
-
-
-def _remat(text):
-    return int(text) if text.isdigit() and int(text) > 0 else text
-
-
-def add_memory_flags(parser):
-    """python -m roofline memory's levers (the model's flags are the command line's)."""
-    parser.add_argument("--chip", default="h100", help="a chip of the table (default: h100)")
-    parser.add_argument("--chips", type=_count, default=1, help="chips the step runs on (N)")
-    parser.add_argument("--tp", type=_count, default=1, help="tensor parallelism over T of them")
-    parser.add_argument("--batch-tokens", type=_count, required=True, help="tokens a step")
-    parser.add_argument("--remat", type=_remat, default="none", help="none, dots, block or N")
-    parser.add_argument("--weights", choices=DTYPE_BYTES, default="float32")
-    parser.add_argument("--master", action="store_true", help="a float32 copy of bf16 weights")
-    parser.add_argument("--grads", choices=DTYPE_BYTES, default="float32")
-    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    parser.add_argument("--optimizer-dtype", choices=DTYPE_BYTES, default="float32")
-    parser.add_argument("--shard", choices=SHARDS, default="none", help="ZeRO's stages 0 to 3")
-    parser.add_argument("--accum", type=_count, default=1, help="microbatches a step")
 
 
 def napkin_batch_line(cfg, chip, hbm, sizes, accum=1):
