@@ -1635,7 +1635,7 @@ MUTANTS = [
                 'layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], "none")',
             ),
         ),
-        (f"{REMAT_TEST}::test_the_gpu_plans_less_for_each_policy_and_this_cpu_the_same",),
+        (f"{REMAT_TEST}::test_the_gpu_plans_less_under_block_remat_and_this_cpu_the_same",),
     ),
     Mutant(
         "remat-dots-saves-everything",

@@ -2,9 +2,9 @@
 
 remat (ModelConfig.remat, s2_train.py --remat): the same loss and gradients under every
 policy; the layer the forward runs keeps exactly what the napkin says
-(jax.ad_checkpoint.print_saved_residuals); the GPU's compiler plans less memory for
-each policy down the list, while XLA's CPU backend, with the layers unrolled, plans the
-same bytes for all three (it honours remat only inside a scan).
+(jax.ad_checkpoint.print_saved_residuals); the GPU's compiler plans less memory under
+block remat, while XLA's CPU backend, with the layers unrolled, plans the same bytes
+(it honours remat only inside a scan).
 
 accum (TrainConfig.accum, s2_train.py --accum): N microbatches of B/N give one batch's
 loss and gradient, to summation order, and the compiled step holds one microbatch's
@@ -84,24 +84,27 @@ def test_a_checkpoint_resumes_under_another_policy():
     assert identity(dataclasses.replace(CFG, layers=3), train) != identity(CFG, train)
 
 
-def test_the_gpu_plans_less_for_each_policy_and_this_cpu_the_same():
+def test_the_gpu_plans_less_under_block_remat_and_this_cpu_the_same():
+    """The tiny preset's step through s2_train.py --target h100:1 --remat, and compiled
+    here. (dots sits between the two on the GPU at two layers: gpt2's 8.68, 6.95 and
+    2.62 GB, roofline/README.md; two policies keep the test to four compiles.)"""
     need("gpu")
     target, devices = programs.devices_for("h100:1")
     planned = {}
-    for policy in POLICIES:
+    for policy in ("none", "block"):
         argv = ["--preset", "tiny", "--target", "h100:1", "--remat", policy]
         run = resolve(train_flags(argv), platform="gpu")
         assert run.model.remat == policy
         plan = plan_target(None, run, target, devices, lambda *a: None).plan
         planned[policy] = plan.memory_per_device_bytes
-    assert planned["none"] > planned["dots"] > planned["block"], planned
+    assert planned["none"] > planned["block"], planned
 
     cfg, train = PRESETS["tiny"].model, PRESETS["tiny"].train
     optimizer = step.make_optimizer(train, train.steps)
     state = jax.eval_shape(lambda: step.init_state(jax.random.key(0), cfg=cfg, optimizer=optimizer))
     tokens = jax.ShapeDtypeStruct((train.batch, cfg.seq), jnp.int32)
     here = set()
-    for policy in POLICIES:
+    for policy in ("none", "block"):
         fn = step.make_train_step(dataclasses.replace(cfg, remat=policy), optimizer)
         compiled = fn.lower(state, {"inputs": tokens, "targets": tokens}).compile()
         here.add(compiled.memory_analysis().temp_size_in_bytes)
