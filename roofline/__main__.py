@@ -135,7 +135,8 @@ def memory_plan_lines(args):
         raise UsageError(f"--batch {args.batch}: memory counts tokens (--batch-tokens)")
     recipe = Recipe(args.weights, args.master, args.grads, args.optimizer, args.optimizer_dtype)
     cfg, _ = model_from_args(args, True)
-    levers = {k: getattr(args, k) for k in ("chips", "tp", "batch_tokens", "remat", "accum")}
+    levers = {k: getattr(args, k) for k in ("chips", "tp", "batch_tokens", "accum")}
+    levers["remat"] = args.policy
     try:
         plan = plan_memory(cfg, table_chip(args.chip), recipe=recipe, shard=args.shard, **levers)
     except ValueError as e:

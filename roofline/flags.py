@@ -117,6 +117,7 @@ def add_model_flags(parser, preset_default="cpu", published=False):
     parser.set_defaults(steps=None, lr=None, seed=None, log_every=None, eval_every=None, accum=None)
     parser.set_defaults(data=None, no_attention=False, no_positions=False)
     parser.set_defaults(kv_heads=None, rope=None, gated=None, tied=None)  # the preset's model
+    parser.set_defaults(remat=None)  # the model's own lever: memory's --remat is the napkin's
 
 
 def _remat(text):
@@ -129,7 +130,9 @@ def add_memory_flags(parser):
     parser.add_argument("--chips", type=positive_int, default=1, help="chips the step runs on (N)")
     parser.add_argument("--tp", type=positive_int, default=1, help="tensor parallel over T of them")
     parser.add_argument("--batch-tokens", type=positive_int, required=True, help="tokens a step")
-    parser.add_argument("--remat", type=_remat, default="none", help="none, dots, block or N")
+    parser.add_argument(
+        "--remat", dest="policy", type=_remat, default="none", help="none, dots, block or N"
+    )
     parser.add_argument("--weights", choices=DTYPE_BYTES, default="float32")
     parser.add_argument("--master", action="store_true", help="a float32 copy of bf16 weights")
     parser.add_argument("--grads", choices=DTYPE_BYTES, default="float32")

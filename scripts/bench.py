@@ -54,7 +54,7 @@ def parse_args(argv):
     parser.add_argument("--compare", choices=["naive", "flax"], help="also time this step")
     # What s2_train.py's resolve reads that this bench has no flag for: the preset's.
     shapes = ("embed", "ff", "heads", "head_dim", "layers", "vocab", *FAMILY)
-    training = ("steps", "lr", "seed", "log_every", "eval_every", "accum", "data")
+    training = ("steps", "lr", "seed", "log_every", "eval_every", "accum", "remat", "data")
     parser.set_defaults(**dict.fromkeys(shapes + training), no_attention=False, no_positions=False)
     return parser.parse_args(argv)
 

@@ -245,3 +245,11 @@ def test_max_batch_s_napkin_line_plans_the_mesh_it_is_given():
     line = napkin_batch_line(CFG, H100, 80e6, {"data": 2, "fsdp": 1, "tp": 2})
     assert f"{data.max_batch_tokens // 16:,} sequences" in line
     assert "not planned" in napkin_batch_line(CFG, H100, 80e6, {"data": 2, "fsdp": 2, "tp": 1})
+
+
+def test_memory_s_remat_is_the_napkin_s_even_on_a_course_preset(capsys):
+    """--remat N (N tensors of [tokens, E]) is a policy of the napkin, not of the model:
+    a course preset, whose config goes through the session scripts' resolve, takes it."""
+    argv = ["memory", "--preset", "tiny", "--batch-tokens", "1024", "--remat", "3"]
+    assert roofline_command(argv) == 0, capsys.readouterr().err
+    assert "remat 3 x [tokens, E]" in capsys.readouterr().out

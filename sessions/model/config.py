@@ -14,6 +14,9 @@ import dataclasses
 
 from sessions.errors import UsageError
 
+# What a layer may keep for the backward (sessions/model/transformer.py REMAT).
+REMAT_POLICIES = ("none", "dots", "block")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -50,7 +53,7 @@ class ModelConfig:
                 f"--kv-heads {self.kv_heads} must divide the {self.heads} query heads "
                 f"(try {divisors})"
             )
-        if self.remat not in ("none", "dots", "block"):
+        if self.remat not in REMAT_POLICIES:
             raise UsageError(f"--remat {self.remat}: none, dots or block")
         if self.rope and self.head_dim % 2:  # RoPE turns the head's dims in pairs
             raise UsageError(f"--rope needs an even --head-dim, not {self.head_dim}")
