@@ -136,7 +136,7 @@ def memory_plan_lines(args):
     recipe = Recipe(args.weights, args.master, args.grads, args.optimizer, args.optimizer_dtype)
     cfg, _ = model_from_args(args, True)
     levers = {k: getattr(args, k) for k in ("chips", "tp", "batch_tokens", "accum")}
-    levers["remat"] = args.policy
+    levers["remat"], levers["scan"] = args.policy, bool(args.scan_layers)
     try:
         plan = plan_memory(cfg, table_chip(args.chip), recipe=recipe, shard=args.shard, **levers)
     except ValueError as e:

@@ -49,14 +49,16 @@ def measure(dtype="float32", n=None):
     read+write of a large array}, on the first local device, with everything in
     the whole host's threads (a CPU device uses every core).
 
-    An accelerator is measured only when the chip table lacks it, often in the
-    process that then trains, so the sizes are small: 4096 x 4096 operands (32 or
-    64 MiB; 137 GFLOP a product, a thousand 128 x 128 output tiles, several for
-    each of a GPU's SMs) and a 256 MiB array to copy, five times an H100's L2 (50
-    MiB: roofline/plan/targets.py GPU_SPECS). What it leaves in the allocator's
-    lifetime peak is recorded (roofline/memory.py)."""
+    An accelerator is measured where the chip table lacks it, or beside its
+    datasheet, often in the process that then trains: 8192 x 8192 operands (128
+    or 256 MiB; 1.1 TFLOP a product, 1.6 ms at 700 TFLOP/s) and a 256 MiB array
+    to copy, five times an H100's L2 (50 MiB: roofline/plan/targets.py
+    GPU_SPECS). Each product is timed from the host, so it must outlast the call's
+    own cost: one of 4096 (137 GFLOP) read 416 TFLOP/s on an H100 whose GPT-2 step
+    then ran at 427 (docs/results.md, the second H100 run). What it leaves in the
+    allocator's lifetime peak is recorded (roofline/memory.py)."""
     device = jax.local_devices()[0]
-    n = n or (2048 if device.platform == "cpu" else 4096)
+    n = n or (2048 if device.platform == "cpu" else 8192)
     # 64 MiB (CPU) or 256 MiB of float32: past the last-level cache, so DRAM or HBM answers.
     size = 2**24 if device.platform == "cpu" else 2**26
     with outside_the_step(device):

@@ -117,7 +117,8 @@ def add_model_flags(parser, preset_default="cpu", published=False):
     parser.set_defaults(steps=None, lr=None, seed=None, log_every=None, eval_every=None, accum=None)
     parser.set_defaults(data=None, no_attention=False, no_positions=False)
     parser.set_defaults(kv_heads=None, rope=None, gated=None, tied=None)  # the preset's model
-    parser.set_defaults(remat=None)  # the model's own lever: memory's --remat is the napkin's
+    # The model's own levers: memory's --remat is the napkin's, as is its --scan-layers.
+    parser.set_defaults(remat=None, scan_layers=None)
 
 
 def _remat(text):
@@ -140,3 +141,4 @@ def add_memory_flags(parser):
     parser.add_argument("--optimizer-dtype", choices=DTYPE_BYTES, default="float32")
     parser.add_argument("--shard", choices=SHARDS, default="none", help="ZeRO's stages 0 to 3")
     parser.add_argument("--accum", type=positive_int, default=1, help="microbatches a step")
+    parser.add_argument("--scan-layers", action="store_true", help="their weights stacked")

@@ -28,7 +28,8 @@ def main(argv=None):
     add_shape_flags(parser)
     # Session 1's model, not flags: no attention, no positions, float32 einsums.
     parser.set_defaults(no_attention=True, no_positions=True, dtype="float32")
-    parser.set_defaults(attention_impl="einsum", eval_every=None, accum=None, remat=None)
+    parser.set_defaults(attention_impl="einsum", eval_every=None, accum=None)
+    parser.set_defaults(remat=None, scan_layers=None)
     args = parser.parse_args(argv)
     run = resolve(args, platform="cpu")  # a CPU's shapes, wherever it runs
     cfg, tc = run.model, run.train

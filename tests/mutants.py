@@ -1626,6 +1626,20 @@ MUTANTS = [
         (f"{MEMORY_TEST}::test_the_napkin_is_within_15_percent_above_xla_s_plan_of_our_step",),
     ),
     Mutant(
+        "scan-stack-uncounted",
+        "the scanned step's stacked weights and their gradient left out of the napkin",
+        MEMORY_PLAN,
+        (("    if scan:  # the stacked copy", "    if False:  # the stacked copy"),),
+        (f"{MEMORY_TEST}::test_scanned_layers_add_their_stacked_weights_and_its_gradient",),
+    ),
+    Mutant(
+        "scan-ignored",
+        "--scan-layers reaches the config, and the forward runs the layers unrolled",
+        "sessions/model/transformer.py",
+        (("    if cfg.scan_layers:\n", "    if False:\n"),),
+        (f"{MEMORY_TEST}::test_the_napkin_is_within_15_percent_of_xla_s_plan_of_the_scanned_step",),
+    ),
+    Mutant(
         "remat-ignored",
         "--remat reaches the config, and the forward leaves every layer as it is",
         "sessions/model/transformer.py",
@@ -1655,7 +1669,7 @@ MUTANTS = [
         "sessions/run/checkpoint.py",
         (
             (
-                '"model": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "remat"},',
+                '"model": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in LEVERS},',
                 '"model": dataclasses.asdict(cfg),',
             ),
         ),

@@ -5,6 +5,7 @@ from what the session scripts really wrote."""
 import json
 import os
 
+import pytest
 from helpers import run_script, subprocess_env
 
 BENCH = "--preset tiny --mbu-preset tiny --batches 1,2 --cache-batches 1,2 --repeats 1"
@@ -58,11 +59,12 @@ def test_the_whole_path_on_the_cpu_ends_in_one_table(tmp_path, monkeypatch, caps
     assert "checkpoint at step 6" in (tmp_path / "s3.log").read_text()
 
 
-def test_the_results_page_shows_the_table_the_h100_check_printed(capsys, tmp_path):
-    """docs/results.md's accelerator table is the table of the H100 run's check.json
-    (the first real chip, at commit 4a81693, before the float32-sum fix) as the
-    script prints it, none retyped; a missing file is one line."""
-    fixture = os.path.join(os.path.dirname(__file__), "fixtures", "h100", "accelerator-check.json")
+@pytest.mark.parametrize("run", ["accelerator-check.json", "accelerator-check-2.json"])
+def test_the_results_page_shows_the_table_the_h100_check_printed(capsys, tmp_path, run):
+    """docs/results.md's accelerator tables are the tables of the H100 runs' check.json
+    (the first real chip, at commit 4a81693, before the float32-sum fix; the second at
+    8c57afa, after it) as the script prints them, none retyped; a missing file is one line."""
+    fixture = os.path.join(os.path.dirname(__file__), "fixtures", "h100", run)
     code, out, _ = run_script("scripts/accelerator_check.py", ["--table", fixture], capsys)
     assert code == 0
     lines = out.splitlines()

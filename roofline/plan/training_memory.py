@@ -20,8 +20,11 @@ Three kinds of bytes, each counted for the whole model and batch, then per chip:
                    block  the layer's input alone (nothing_saveable)
                    N      N tensors of [tokens, E] a layer: the scaling book's convention
     transients   the largest temporary, held apart: the logits and their gradient
-                 [tokens, V], or one layer's backward: the gradients of everything it
-                 saves under none (and, under remat, that set rebuilt first)
+                 [tokens, V], or one layer's backward, which holds about one set of
+                 what the layer saves under none: those values' gradients (none), or
+                 the values rebuilt, each gradient freed as the next op takes it
+                 (remat); with the layers scanned (--scan-layers), their weights
+                 stacked in the compute dtype, and that stack's gradient, beside it
 
 Sharding: --tp T splits every weight matrix (the embedding's too) and the activations
 with an H, K, F or S axis over T chips; the other chips = N / T hold data-parallel
@@ -192,7 +195,7 @@ class MemoryPlan:
         return self.per_chip["total"] <= self.chip.hbm_bytes
 
 
-def _per_chip(cfg, chips, tp, tokens, remat, recipe, shard, accum, act_bytes):
+def _per_chip(cfg, chips, tp, tokens, remat, recipe, shard, accum, act_bytes, scan):
     """(whole, per chip) bytes: see the module's docstring."""
     replicas = chips // tp
     matrices, rest = split_params(cfg)
@@ -210,17 +213,20 @@ def _per_chip(cfg, chips, tp, tokens, remat, recipe, shard, accum, act_bytes):
     per_chip["activations"] = (
         layers * saved_bytes(saved, act_bytes, tp) + outside * micro * act_bytes
     ) / replicas
-    # The logits and their gradient; or one layer's backward: the gradients of all it
-    # saved, and under remat that set itself, rebuilt first.
+    # The logits and their gradient; or one layer's backward, one set of its values alive
+    # at a time (XLA's CPU plan of the scanned step: 0.9-1.13 sets; roofline/README.md).
     logits = 2 * cfg.vocab * act_bytes
     full = saved_per_layer_per_token(cfg, "none")
-    sets = 1 if remat == "none" else 2
 
-    def layer(tp):
-        return sets * saved_bytes(full, act_bytes, tp)
+    def layer(tp):  # one layer's values a token, on one chip
+        return saved_bytes(full, act_bytes, tp)
 
     whole["transients"] = max(logits, layer(1)) * micro
     per_chip["transients"] = max(logits / tp, layer(tp)) * micro / replicas
+    if scan:  # the stacked copy and its gradient, the stage's share of them on each chip
+        stacked = 2 * (layer_matrices(cfg) + 2 * cfg.layers * cfg.embed) * act_bytes
+        whole["transients"] += stacked
+        per_chip["transients"] += stacked / tp / (replicas if shard == "params" else 1)
     per_chip["total"] = sum(per_chip.values())
     return whole, per_chip
 
@@ -241,7 +247,7 @@ def problem(cfg, chips, tp, batch_tokens, remat, recipe, accum):
 
 
 def plan_memory(cfg, chip, *, chips=1, tp=1, batch_tokens, remat="none", recipe=Recipe(),
-                shard="none", accum=1):  # fmt: skip
+                shard="none", accum=1, scan=False):  # fmt: skip
     """The MemoryPlan of one training step of batch_tokens tokens (sequences of
     cfg.seq) on `chips` chips of `chip`. Activations in the compute dtype: bfloat16
     with bfloat16 weights, else cfg.dtype."""
@@ -250,7 +256,7 @@ def plan_memory(cfg, chip, *, chips=1, tp=1, batch_tokens, remat="none", recipe=
     act_bytes = DTYPE_BYTES["bfloat16" if recipe.weights == "bfloat16" else cfg.dtype]
 
     def layout(n, tokens):
-        return _per_chip(cfg, n, tp, tokens, remat, recipe, shard, accum, act_bytes)
+        return _per_chip(cfg, n, tp, tokens, remat, recipe, shard, accum, act_bytes, scan)
 
     whole, per_chip = layout(chips, batch_tokens)
     hbm = chip.hbm_bytes

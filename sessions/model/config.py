@@ -16,6 +16,9 @@ from sessions.errors import UsageError
 
 # What a layer may keep for the backward (sessions/model/transformer.py REMAT).
 REMAT_POLICIES = ("none", "dots", "block")
+# Session 6's fields of ModelConfig: how the step holds and compiles the layers, never
+# the weights' values, so a checkpoint continues under any of them.
+LEVERS = ("remat", "scan_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +48,9 @@ class ModelConfig:
     # (sessions/model/transformer.py REMAT): everything (none), its matmuls' outputs
     # (dots), or its input alone (block), recomputing the rest in the backward.
     remat: str = "none"
+    # ... and the layers as one compiled body under lax.scan, their weights stacked on a
+    # leading L axis: one layer's program to compile, and (on a CPU) remat honoured.
+    scan_layers: bool = False
 
     def __post_init__(self):
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):

@@ -234,8 +234,14 @@ def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
 
     x = embed(params, tokens, cfg)
     layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], cfg.remat)
-    for layer in p["layers"]:
-        x = layer_fn(layer, x)
+    if cfg.scan_layers:
+        # The weights are kept a list of layers (checkpoints, decode and the sharding
+        # rules read them so) and stacked here: a copy of them, in the compute dtype.
+        stacked = jax.tree.map(lambda *w: jnp.stack(w), *p["layers"])  # [L, *shape]
+        x, _ = jax.lax.scan(lambda x, layer: (layer_fn(layer, x), None), x, stacked)
+    else:
+        for layer in p["layers"]:
+            x = layer_fn(layer, x)
     return unembed(p, x)
 
 

@@ -29,6 +29,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from sessions.errors import TrainingDiverged, UsageError
+from sessions.model.config import LEVERS
 from sessions.run.cli import make_folder
 
 KEEP = 3  # the newest three checkpoints are kept
@@ -49,10 +50,10 @@ def _fingerprint_list(state):
 
 def identity(cfg, tc, unit="byte"):
     """What must match for a checkpoint to continue this run. unit: what its
-    tokens are, "byte" or "token" (a tokenizer's ids, from token files). Not remat:
-    it changes what the step recomputes, never the weights."""
+    tokens are, "byte" or "token" (a tokenizer's ids, from token files). Not the
+    LEVERS, nor accum."""
     return {
-        "model": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "remat"},
+        "model": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in LEVERS},
         "batch": tc.batch,
         "seed": tc.seed,
         "steps": tc.steps,

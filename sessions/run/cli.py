@@ -17,7 +17,7 @@ import jax
 
 from sessions.errors import UsageError
 from sessions.model.attention import IMPLEMENTATIONS
-from sessions.model.config import PRESETS, REMAT_POLICIES, ModelConfig
+from sessions.model.config import LEVERS, PRESETS, REMAT_POLICIES, ModelConfig
 from sessions.run import multihost
 from sessions.run.defaults import configs_for, serving_attention
 
@@ -166,6 +166,7 @@ def train_flags(argv=None):
         "under jax.shard_map (manual: meshes over data and fsdp, tp=1)",
     )
     parser.add_argument("--remat", choices=REMAT_POLICIES, help="what a layer keeps")
+    parser.add_argument("--scan-layers", action="store_true", default=None, help="lax.scan")
     parser.add_argument("--accum", type=positive_int, help="microbatches a step, one update")
     for flag in ("--no-attention", "--no-positions", "--no-jit", "--show-sharding"):
         parser.add_argument(flag, action="store_true")
@@ -221,7 +222,7 @@ def infer_parser(prog="s3_infer.py", description="Session 3: inference."):
     )
     # What resolve reads that s3 has no flag for: the model as trained, XLA's attention.
     parser.set_defaults(no_attention=False, no_positions=False, attention_impl=None)
-    parser.set_defaults(eval_every=None, accum=None, remat=None)
+    parser.set_defaults(eval_every=None, accum=None, remat=None, scan_layers=None)
     return parser
 
 
@@ -242,7 +243,7 @@ def infer_flags(argv=None, parser=None):
 FAMILY = ("kv_heads", "rope", "gated", "tied")  # session 5's switches
 MODEL_FLAGS = ("seq", "embed", "ff", "heads", "head_dim", "layers", "vocab", *FAMILY)
 TRAIN_FLAGS = ("steps", "batch", "lr", "seed", "log_every", "eval_every", "accum")
-READ = ("preset", "dtype", "attention_impl", "no_attention", "no_positions", "data", "remat")
+READ = ("preset", "dtype", "attention_impl", "no_attention", "no_positions", "data", *LEVERS)
 
 
 def given(args, names):  # {name: value} of the flags among `names` that were set
@@ -265,7 +266,7 @@ def resolve(args, platform=None, **model_overrides):
         dtype=args.dtype,
         attention_impl=args.attention_impl,
         data=args.data,
-        model_fields={**given(args, (*MODEL_FLAGS, "remat")), **flags, **model_overrides},
+        model_fields={**given(args, (*MODEL_FLAGS, *LEVERS)), **flags, **model_overrides},
         train_fields=given(args, TRAIN_FLAGS),
     )
 

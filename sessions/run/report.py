@@ -14,9 +14,8 @@ from sessions.train.meter import impossible_mfu, run_utilisation
 
 
 def header_lines(run, flops, peak, corpus, unigram):
-    """What session 2 prints before training: the devices, the model, the step's
-    FLOPs, the peak MFU is measured against, the data and how often the run
-    passes over it."""
+    """What session 2 prints before training: the devices, the model and its levers,
+    the step's FLOPs, the peak MFU is measured against, the data and its passes."""
     cfg, tc = run.model, run.train
     devices, processes = jax.devices(), jax.process_count()
     on = {True: "on", False: "off"}
@@ -26,7 +25,8 @@ def header_lines(run, flops, peak, corpus, unigram):
         f"model: {model_line(cfg)} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype} "
         f"matmuls | attention {on[cfg.attention]}, "
         f"positions {'rotary' if cfg.positions and cfg.rope else on[cfg.positions]}"
-        + (f" | remat {cfg.remat}" if cfg.remat != "none" else ""),
+        + (f" | remat {cfg.remat}" if cfg.remat != "none" else "")
+        + (" | layers scanned" if cfg.scan_layers else ""),
         f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens | 6·B·P = "
         f"{napkin_train_flops(cfg, tc.batch) / 1e9:.2f} GFLOP | exact with attention = "
         f"{flops / 1e9:.2f} GFLOP",
