@@ -1626,6 +1626,13 @@ MUTANTS = [
         (f"{MEMORY_TEST}::test_the_napkin_is_within_15_percent_above_xla_s_plan_of_our_step",),
     ),
     Mutant(
+        "s6-levers-not-pulled",
+        "session 6 compiles every lever's row with the run's own remat policy",
+        "sessions/plan/memory_levers.py",
+        (("remat=lever.remat, scan_layers", 'remat="none", scan_layers'),),
+        ("tests/test_s6_memory.py::test_the_levers_change_the_bytes_and_never_the_loss",),
+    ),
+    Mutant(
         "scan-stack-uncounted",
         "the scanned step's stacked weights and their gradient left out of the napkin",
         MEMORY_PLAN,

@@ -1,0 +1,128 @@
+"""Session 6's levers, each one training step compiled as s2_train.py compiles it: XLA's
+memory plan beside the napkin's, the compile time, and, on this machine, a few steps run
+for their time and loss.
+
+    row = measure_lever(run, Lever("block", scan=True), steps=4)          # here
+    row = measure_lever(run, Lever("block", scan=True), target=target)    # a chip, deviceless
+
+A lever changes what the step holds and how it is compiled, never its arithmetic: every
+lever's loss after the same steps on the same batches is the same, to float rounding.
+"""
+
+import dataclasses
+import statistics
+import time
+from typing import NamedTuple
+
+import jax
+
+from roofline.flops import train_flops
+from roofline.hardware import find_chip
+from roofline.memory import planned_bytes
+from roofline.plan.training_memory import plan_memory, recompute_flops
+from sessions.plan import programs
+from sessions.train import data, step
+
+
+class Lever(NamedTuple):
+    remat: str = "none"  # ModelConfig.remat: none, dots or block
+    scan: bool = False  # ModelConfig.scan_layers
+    accum: int = 1  # TrainConfig.accum: microbatches a step
+
+    @property
+    def name(self):
+        return f"remat {self.remat:<5}  {'scan' if self.scan else 'loop'}  accum {self.accum}"
+
+
+# The napkin here plans bytes, not fit: any chip's table entry serves.
+H100 = find_chip("h100")
+# The session's table: remat unrolled (what a laptop sees), remat scanned (what the
+# compiler does with it), then accumulation on top of the smallest.
+LEVERS = (
+    Lever("none"),
+    Lever("dots"),
+    Lever("block"),
+    Lever("none", scan=True),
+    Lever("dots", scan=True),
+    Lever("block", scan=True),
+    Lever("block", scan=True, accum=4),
+)
+
+
+@dataclasses.dataclass
+class LeverRow:
+    """One lever measured: --summary-out's levers[...] (bytes per device, FLOPs a step)."""
+
+    remat: str
+    scan: bool
+    accum: int
+    weights: str  # the stored weights' dtype (float32: the course keeps f32 masters)
+    planned_bytes: float  # the napkin's (roofline/plan/training_memory.py)
+    xla_bytes: int | None  # XLA's plan of the compiled step; None: the compiler refused it
+    step_seconds: float | None  # the median step after the first; None: not run (a target)
+    flops: int  # the step's FLOPs with remat's recompute, predicted
+    compile_seconds: float
+    loss: float | None  # after the steps; None: not run
+
+
+def lever_configs(run, lever):
+    """(ModelConfig, TrainConfig) of the run with the lever pulled."""
+    cfg = dataclasses.replace(run.model, remat=lever.remat, scan_layers=lever.scan)
+    return cfg, dataclasses.replace(run.train, accum=lever.accum)
+
+
+def measure_lever(run, lever, *, steps=0, corpus=None, target=None, devices=None):
+    """A LeverRow: compiled here on one device and run `steps` steps over `corpus`'s
+    training split, or, with target (programs.devices_for), compiled for it only."""
+    cfg, tc = lever_configs(run, lever)
+    if target:
+        _, mesh = programs.target_mesh(None, target, devices)
+        fn, inputs, static = programs.train_step_program(cfg, tc, mesh)
+        compiled, _, seconds = programs.compile_or_oom(fn, inputs, static, mesh, target.chip, print)
+    else:
+        mesh = programs.one_device_mesh()
+        compiled, seconds = compile_here(cfg, tc, mesh)
+    xla = None if compiled is None else planned_bytes(compiled.memory_analysis())
+    plan = plan_memory(
+        cfg, target.chip if target else H100, batch_tokens=tc.batch * cfg.seq, remat=lever.remat,
+        accum=lever.accum, scan=lever.scan,
+    )  # fmt: skip
+    flops = train_flops(cfg, tc.batch) + recompute_flops(cfg, tc.batch, lever.remat)
+    times, loss = [], None
+    if steps and compiled is not None:
+        times, loss = run_steps(compiled, cfg, tc, mesh, corpus, steps)
+    return LeverRow(
+        lever.remat, lever.scan, lever.accum, "float32", plan.per_chip["total"], xla,
+        statistics.median(times[1:]) if len(times) > 1 else None, flops, seconds, loss,
+    )  # fmt: skip
+
+
+def run_steps(compiled, cfg, tc, mesh, corpus, steps):
+    """([seconds a step], the last step's loss): the same batches and initial weights
+    for every lever (seed tc.seed)."""
+    optimizer = step.make_optimizer(tc, tc.steps)
+    with jax.set_mesh(mesh):
+        state = step.init_state(jax.random.key(tc.seed), cfg=cfg, optimizer=optimizer)
+        times = []
+        for i in range(steps):
+            batch = data.get_batch(corpus.train, i, batch=tc.batch, seq=cfg.seq, seed=tc.seed)
+            start = time.perf_counter()
+            state, metrics = compiled(state, batch)
+            loss = float(metrics["loss"])  # waits for the step
+            times.append(time.perf_counter() - start)
+    return times, loss
+
+
+def compile_here(cfg, tc, mesh):
+    """(the step compiled for this machine's first device, seconds it took)."""
+    fn, inputs, _ = programs.train_step_program(cfg, tc, mesh)
+    start = time.perf_counter()
+    with jax.set_mesh(mesh):
+        compiled = fn.lower(*inputs).compile()
+    return compiled, time.perf_counter() - start
+
+
+def compile_seconds(run, layers, scan):
+    """Seconds to compile the step with `layers` layers, unrolled or scanned, here."""
+    cfg = dataclasses.replace(run.model, layers=layers, scan_layers=scan)
+    return compile_here(cfg, run.train, programs.one_device_mesh())[1]

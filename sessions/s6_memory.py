@@ -1,0 +1,199 @@
+"""Session 6: what fills a chip's memory in training, and the levers that move it.
+
+    python sessions/s6_memory.py                      # this machine: a minute or two
+    python sessions/s6_memory.py --target h100:1      # compiled for a chip, nothing run
+    python sessions/s6_memory.py --preset course --batch 32 --summary-out s6.json
+
+1. The napkin: one step's bytes by component, before anything is compiled
+   (roofline/plan/training_memory.py; `python -m roofline memory` prints the same).
+2. The levers, each a compiled step: remat with the layers unrolled, remat with the
+   layers under lax.scan, and accumulation. For each, the napkin beside XLA's own plan,
+   the step's time (remat's recompute shows here), its FLOPs, the compile time, and the
+   loss after the same steps: no lever changes the arithmetic.
+3. Compile time against depth: an unrolled step is L copies of the layer to compile,
+   a scanned one a single body.
+4. Two published models, planned: LLaMA-3-70B on TPU v5p (the chips that merely hold
+   its state, and the batch that then fits) and LLaMA-3-8B on one H100 (does full
+   training fit, and with which recipe?).
+"""
+
+import dataclasses
+import json
+import math
+import sys
+
+import jax
+
+from roofline.hardware import find_chip
+from roofline.plan.memory_report import memory_lines
+from roofline.plan.training_memory import Recipe, plan_memory
+from sessions.errors import UsageError, run_main
+from sessions.model.config import PUBLISHED
+from sessions.plan import programs
+from sessions.plan.memory_levers import LEVERS, compile_seconds, measure_lever
+from sessions.run.cli import ArgumentParser, add_shape_flags, output_file, resolve
+from sessions.train import data
+
+MB = 1e6
+
+
+def parse_args(argv):
+    parser = ArgumentParser(prog="s6_memory.py", description=__doc__.split("\n\n")[0])
+    add_shape_flags(parser)  # --preset, --batch, --steps (steps run a lever), the shapes
+    parser.add_argument("--target", metavar="CHIP[:SHAPE]", help="compile for this chip only")
+    parser.add_argument("--summary-out", type=output_file, help="write the levers as JSON")
+    # What resolve reads that this session sets itself: the levers are its table's rows.
+    parser.set_defaults(dtype=None, attention_impl=None, no_attention=False, no_positions=False)
+    parser.set_defaults(remat=None, scan_layers=None, eval_every=None, accum=None)
+    args = parser.parse_args(argv)
+    if args.batch is None:
+        args.batch = 64  # on the cpu preset, activations are 80% of the step's bytes
+    if args.batch % 4:
+        raise UsageError(f"--batch {args.batch}: a multiple of 4, for the 4 microbatches")
+    args.steps = args.steps or 4
+    return args
+
+
+def napkin(run, chip):
+    """Part 1: the step's bytes by component, on the napkin."""
+    cfg, tc = run.model, run.train
+    plan = plan_memory(cfg, chip, batch_tokens=tc.batch * cfg.seq)
+    return memory_lines(plan, f"memory: preset {run.preset}, {tc.batch} sequences a step")
+
+
+def lever_table(rows, ran):
+    """Part 2's table: one line a lever."""
+    lines = [
+        f"{'lever':<28} {'napkin MB':>10} {'XLA MB':>9} {'ratio':>6} {'GFLOP':>8} "
+        f"{'compile s':>9}" + (f" {'step ms':>8} {'loss':>8}" if ran else "")
+    ]
+    for lever, row in rows:
+        xla = row.xla_bytes
+        shown = f"{xla / MB:>9,.1f} {row.planned_bytes / xla:>6.2f}" if xla else f"{'refused':>16}"
+        line = (
+            f"{lever.name:<28} {row.planned_bytes / MB:>10,.1f} {shown} {row.flops / 1e9:>8,.1f} "
+            f"{row.compile_seconds:>9.1f}"
+        )
+        if ran:
+            line += f" {row.step_seconds * 1e3:>8,.1f} {row.loss:>8.4f}"
+        lines.append(line)
+    return lines
+
+
+def lessons(rows):
+    """What the table shows, read from it (not assumed): remat's effect unrolled and
+    scanned, and whether the losses agree."""
+    by = dict(rows)
+    unrolled = [by[lever].xla_bytes for lever in LEVERS[:3]]
+    scanned = [by[lever].xla_bytes for lever in LEVERS[3:6]]
+    lines = []
+    if None not in unrolled + scanned:
+        lines.append(
+            f"unrolled, XLA plans {unrolled[2] / unrolled[0]:.2f}x the bytes under block remat "
+            f"as under none; scanned, {scanned[2] / scanned[0]:.2f}x"
+        )
+    losses = [row.loss for _, row in rows if row.loss is not None]
+    if losses:
+        spread = max(losses) - min(losses)
+        lines.append(f"losses after the same steps: within {spread:.1e} of each other")
+    return lines
+
+
+def depth_lines(run):
+    """Part 3: compile seconds of the step at L and 2L layers, unrolled and scanned."""
+    depths = (run.model.layers, 2 * run.model.layers)
+    lines = [f"compile seconds   {'loop':>8} {'scan':>8}"]
+    timings = {}
+    for layers in depths:
+        timings[layers] = [compile_seconds(run, layers, scan) for scan in (False, True)]
+        loop, scan = timings[layers]
+        lines.append(f"  {layers:>3} layers     {loop:>8.1f} {scan:>8.1f}")
+    return lines, timings
+
+
+def published_lines():
+    """Part 4: two published models, planned on the napkin alone, each with its chip's
+    flash attention (no [S, S] probabilities kept)."""
+    lines = []
+    llama70 = dataclasses.replace(PUBLISHED["llama3-70b"].model, attention_impl="splash")
+    v5p = find_chip("tpu-v5p")
+    # The scaling book's recipe (bf16 weights, float32 Adam) with a bf16 gradient, its
+    # 4 saved [tokens, E] tensors a layer, all the state sharded (ZeRO-3, FSDP).
+    levers = {"remat": 4, "recipe": Recipe("bfloat16", grads="bfloat16"), "shard": "params"}
+    chips = plan_memory(llama70, v5p, batch_tokens=0, **levers).min_chips
+    slice_chips = 2 ** math.ceil(math.log2(chips))  # v5p slices come in powers of two
+    fits = plan_memory(llama70, v5p, chips=slice_chips, batch_tokens=0, **levers)
+    step = plan_memory(llama70, v5p, batch_tokens=512 * llama70.seq, **levers)
+    lines += [
+        f"LLaMA-3-70B on TPU v5p ({v5p.hbm_bytes / 1e9:.0f} GB a chip), 12 bytes a parameter:",
+        f"  its state alone fills {chips} chips; {slice_chips} hold it and "
+        f"{fits.max_batch_tokens:,} tokens a step",
+        f"  4M tokens a step (512 x 8,192), 4 saved tensors a layer: {step.min_chips:,} chips",
+    ]
+    llama8 = dataclasses.replace(PUBLISHED["llama3-8b"].model, attention_impl="cudnn")
+    h100 = find_chip("h100")
+    lines.append(f"LLaMA-3-8B on one H100 ({h100.hbm_bytes / 1e9:.0f} GB), block remat, seq 8,192:")
+    for name, recipe in (
+        ("float32 weights, AdamW (16 B)", Recipe()),
+        ("bf16 weights, float32 master (16 B)", Recipe("bfloat16", True, "bfloat16")),
+        ("bf16 weights and grads, f32 AdamW (12 B)", Recipe("bfloat16", grads="bfloat16")),
+        ("all bf16 (8 B)", Recipe("bfloat16", False, "bfloat16", "adamw", "bfloat16")),
+        ("bf16, SGD with momentum (6 B)", Recipe("bfloat16", False, "bfloat16", "sgd", "bfloat16")),
+    ):
+        plan = plan_memory(llama8, h100, batch_tokens=0, remat="block", recipe=recipe)
+        state = sum(plan.per_chip[k] for k in ("params", "master", "grads", "optimizer"))
+        fits = f"{plan.max_batch_tokens:,} tokens a step fit" if plan.max_batch_tokens else "no"
+        lines.append(f"  {name:<42} state {state / 1e9:6.1f} GB: {fits}")
+    return lines
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    target = devices = None
+    if args.target:
+        target, devices = programs.devices_for(args.target)
+    run = resolve(args, platform=target.chip.platform if target else None)
+    if run.train.batch % 4:
+        raise UsageError(f"--batch {run.train.batch}: a multiple of 4, for the 4 microbatches")
+    where = target.name if target else f"this {jax.default_backend()}"
+    print(f"session 6 | preset {run.preset} | {run.train.batch} x {run.model.seq} tokens | {where}")
+
+    print("\n1. the napkin")
+    print("\n".join(napkin(run, target.chip if target else find_chip("h100"))))
+
+    print("\n2. the levers, compiled" + ("" if target else f" and run {args.steps} steps each"))
+    corpus = None if target else data.open_corpus(run.data, run.model.seq)
+    rows = []
+    for lever in LEVERS:
+        row = measure_lever(
+            run, lever, steps=0 if target else args.steps, corpus=corpus, target=target,
+            devices=devices,
+        )  # fmt: skip
+        rows.append((lever, row))
+    print("\n".join(lever_table(rows, ran=not target)))
+    print("\n".join(lessons(rows)))
+
+    timings = {}
+    if not target:
+        print("\n3. compile time against depth")
+        lines, timings = depth_lines(run)
+        print("\n".join(lines))
+
+    print("\n4. two published models, on the napkin")
+    print("\n".join(published_lines()))
+
+    if args.summary_out:
+        summary = {
+            "preset": run.preset,
+            "batch": run.train.batch,
+            "where": where,
+            "levers": [dataclasses.asdict(row) for _, row in rows],
+            "compile_seconds_by_layers": {str(k): v for k, v in timings.items()},
+        }
+        with open(args.summary_out, "w") as f:
+            json.dump(summary, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
