@@ -25,6 +25,10 @@ SESSIONS = {
         "test_session_5.py",
         "more users from the same memory: grouped-query attention, RoPE, int8, published models",
     ),
+    "6": (
+        "test_session_6.py",
+        "training memory: bytes a parameter, remat's saved values, accumulation, chips",
+    ),
     "bugs": ("test_session_bugs.py", "find the bug"),
 }
 # An exercise that rebuilds a module of the repository (its solution mirrors
@@ -48,6 +52,7 @@ TOPIC_EXERCISES = {
             "bug_slow_loader",
             "bug_attention_flops",
             "bug_bf16_scatter",
+            "bug_remat",
         ],
         "a find-the-bug drill: the bug and the tool that finds it, whatever module it touches",
     ),

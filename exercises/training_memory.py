@@ -1,0 +1,49 @@
+"""What fills a chip's memory in training, on a napkin (roofline/plan/training_memory.py).
+
+Per parameter, by recipe: the stored weights (float32 4 bytes, bfloat16 2), an
+optional float32 master copy (4), a gradient (4 or 2), and the optimizer's state:
+AdamW keeps two moments, m and v, SGD with momentum one (each 4 or 2 bytes). Three
+published conventions, each a recipe:
+
+    the JAX scaling book   bf16 weights, float32 m and v; gradients not counted  10
+    ZeRO (Rajbhandari)     fp16 weights and gradients, float32 master, m, v       16
+    Megatron-LM            bf16 weights, float32 gradients, master, m, v          18
+
+Per layer per token, what the forward saves for the backward, by remat policy
+(jax.checkpoint around each layer; sessions/model/transformer.py REMAT):
+
+    block  nothing_saveable: the layer's input alone, E values
+    dots   dots_with_no_batch_dims_saveable: the input and the outputs of the matmuls
+           whose operands have no batch dimension: q (H·D), k and v (K·D each), the
+           attention's output projection (E) and the MLP's first matrix (F). The
+           attention's own products, q·k and p·v, have batch dimensions: not saved.
+
+And the fewest chips that hold a model's state: its bytes over one chip's HBM,
+rounded up.
+"""
+
+import math
+
+BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def bytes_per_parameter(weights, master, grads, optimizer, optimizer_dtype):
+    """Bytes each parameter costs: weights ("float32" or "bfloat16"), master (True:
+    a float32 copy), grads ("float32", "bfloat16", or None: not counted, as the
+    scaling book does), optimizer ("adamw": m and v; "sgd": momentum alone) in
+    optimizer_dtype. Hint: the book's recipe is 2 + 0 + 0 + 2·4 = 10."""
+    raise NotImplementedError
+
+
+def saved_values(E, F, H, K, D, policy):
+    """Values one layer of the course's model (pre-norm attention, then a ReLU MLP)
+    saves for the backward, per token, under policy "block" or "dots".
+    Hint: list the layer's matmuls and, for each, whether an operand has a batch
+    dimension (a weight has none); count the values a token of each output kept."""
+    raise NotImplementedError
+
+
+def fewest_chips(params, bytes_per_param, hbm_bytes):
+    """The fewest chips whose HBM, together, holds params x bytes_per_param bytes.
+    Hint: math.ceil; 8.3 chips' worth needs 9."""
+    raise NotImplementedError
