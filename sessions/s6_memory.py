@@ -82,7 +82,7 @@ def lever_table(rows, ran):
 
 def lessons(rows):
     """What the table shows, read from it (not assumed): remat's effect unrolled and
-    scanned, and whether the losses agree."""
+    scanned, why (where the compiled schedule rebuilds), and whether the losses agree."""
     by = dict(rows)
     unrolled = [by[lever].xla_bytes for lever in LEVERS[:3]]
     scanned = [by[lever].xla_bytes for lever in LEVERS[3:6]]
@@ -91,6 +91,16 @@ def lessons(rows):
         lines.append(
             f"unrolled, XLA plans {unrolled[2] / unrolled[0]:.2f}x the bytes under block remat "
             f"as under none; scanned, {scanned[2] / scanned[0]:.2f}x"
+        )
+        early = by[LEVERS[2]].recompute_in_forward
+        lines.append(
+            "unrolled, the compiled schedule rebuilds each layer "
+            + (
+                "during the forward: the rebuilt values live as long as saved ones would"
+                if early
+                else "in the backward, where remat saves memory"
+            )
+            + "; scanned, the rebuilding is in the backward loop's body"
         )
     losses = [row.loss for _, row in rows if row.loss is not None]
     if losses:

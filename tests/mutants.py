@@ -1633,6 +1633,14 @@ MUTANTS = [
         ("tests/test_s6_memory.py::test_the_levers_change_the_bytes_and_never_the_loss",),
     ),
     Mutant(
+        "rebuilt-ops-taken-for-the-backward",
+        "the schedule's first backward op found among the rebuilt ones, which JAX names "
+        "transpose(...) too: an early rebuild never seen",
+        "sessions/plan/memory_levers.py",
+        (('if "transpose(" in name and not rebuilt[i]', 'if "transpose(" in name'),),
+        (f"{REMAT_TEST}::test_remat_saves_memory_where_the_schedule_rebuilds_in_the_backward",),
+    ),
+    Mutant(
         "scan-stack-uncounted",
         "the scanned step's stacked weights and their gradient left out of the napkin",
         MEMORY_PLAN,
@@ -1656,7 +1664,7 @@ MUTANTS = [
                 'layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], "none")',
             ),
         ),
-        (f"{REMAT_TEST}::test_the_gpu_plans_less_under_block_remat_and_this_cpu_the_same",),
+        (f"{REMAT_TEST}::test_remat_saves_memory_where_the_schedule_rebuilds_in_the_backward",),
     ),
     Mutant(
         "remat-dots-saves-everything",

@@ -2,9 +2,12 @@
 
 remat (ModelConfig.remat, s2_train.py --remat): the same loss and gradients under every
 policy; the layer the forward runs keeps exactly what the napkin says
-(jax.ad_checkpoint.print_saved_residuals); the GPU's compiler plans less memory under
-block remat, while XLA's CPU backend, with the layers unrolled, plans the same bytes
-(it honours remat only inside a scan).
+(jax.ad_checkpoint.print_saved_residuals); the compilers plan less memory under block
+remat wherever their schedule rebuilds in the backward (a GPU's; a scanned step's on a
+CPU; an unrolled one's on JAX 0.12's CPU, not on JAX 0.10's).
+
+scan (ModelConfig.scan_layers, s2_train.py --scan-layers): the unrolled loop's loss and
+gradients.
 
 accum (TrainConfig.accum, s2_train.py --accum): N microbatches of B/N give one batch's
 loss and gradient, to summation order, and the compiled step holds one microbatch's
@@ -27,7 +30,7 @@ from sessions.model.attention import attention
 from sessions.model.config import PRESETS, ModelConfig
 from sessions.model.transformer import REMAT, block, remat
 from sessions.plan import programs
-from sessions.plan.train_on_target import plan_target
+from sessions.plan.memory_levers import Lever, measure_lever, recompute_runs_in_forward
 from sessions.run.checkpoint import identity
 from sessions.run.cli import resolve, train_flags
 from sessions.train import step
@@ -103,31 +106,44 @@ def test_a_checkpoint_resumes_under_another_policy():
     assert identity(dataclasses.replace(CFG, layers=3), train) != identity(CFG, train)
 
 
-def test_the_gpu_plans_less_under_block_remat_and_this_cpu_the_same():
-    """The tiny preset's step through s2_train.py --target h100:1 --remat, and compiled
-    here. (dots sits between the two on the GPU at two layers: gpt2's 8.68, 6.95 and
-    2.62 GB, roofline/README.md; two policies keep the test to four compiles.)"""
-    need("gpu")
-    target, devices = programs.devices_for("h100:1")
-    planned = {}
-    for policy in ("none", "block"):
-        argv = ["--preset", "tiny", "--target", "h100:1", "--remat", policy]
-        run = resolve(train_flags(argv), platform="gpu")
-        assert run.model.remat == policy
-        plan = plan_target(None, run, target, devices, lambda *a: None).plan
-        planned[policy] = plan.memory_per_device_bytes
-    assert planned["none"] > planned["block"], planned
-
+def test_remat_saves_memory_where_the_schedule_rebuilds_in_the_backward():
+    """The tiny preset's step compiled here, unrolled and scanned. Remat saves memory
+    only if the rebuilt forward runs in the backward: XLA's CPU backend in JAX 0.10
+    schedules an unrolled step's rebuilding during the forward (then the plan is none's),
+    JAX 0.12's in the backward; a scanned step's sits in the backward loop's body,
+    whatever the version."""
     cfg, train = PRESETS["tiny"].model, PRESETS["tiny"].train
     optimizer = step.make_optimizer(train, train.steps)
     state = jax.eval_shape(lambda: step.init_state(jax.random.key(0), cfg=cfg, optimizer=optimizer))
     tokens = jax.ShapeDtypeStruct((train.batch, cfg.seq), jnp.int32)
-    here = set()
-    for policy in ("none", "block"):
-        fn = step.make_train_step(dataclasses.replace(cfg, remat=policy), optimizer)
+    planned, early = {}, {}
+    for policy, scan in (("none", False), ("block", False), ("none", True), ("block", True)):
+        fn = step.make_train_step(
+            dataclasses.replace(cfg, remat=policy, scan_layers=scan), optimizer
+        )
         compiled = fn.lower(state, {"inputs": tokens, "targets": tokens}).compile()
-        here.add(compiled.memory_analysis().temp_size_in_bytes)
-    assert len(here) == 1, here
+        planned[policy, scan] = compiled.memory_analysis().temp_size_in_bytes
+        early[policy, scan] = recompute_runs_in_forward(compiled.as_text())
+    assert not early["none", False] and not early["none", True]  # nothing is rebuilt
+    same = planned["block", False] >= 0.99 * planned["none", False]
+    assert same == early["block", False], (planned, early)
+    assert not early["block", True] and planned["block", True] < 0.6 * planned["none", True]
+
+
+def test_the_gpu_plans_less_under_block_remat_and_rebuilds_in_the_backward():
+    """The tiny preset's step through s2_train.py --target h100:1 --remat: XLA's GPU
+    schedule rebuilds in the backward, so block plans less. (dots sits between the two
+    on the GPU: gpt2's 8.68, 6.95 and 2.62 GB, roofline/README.md.)"""
+    need("gpu")
+    target, devices = programs.devices_for("h100:1")
+    rows = {}
+    for policy in ("none", "block"):
+        argv = ["--preset", "tiny", "--target", "h100:1", "--remat", policy]
+        run = resolve(train_flags(argv), platform="gpu")
+        assert run.model.remat == policy
+        rows[policy] = measure_lever(run, Lever(policy), target=target, devices=devices)
+    assert rows["none"].xla_bytes > rows["block"].xla_bytes, rows
+    assert rows["block"].recompute_in_forward is False
 
 
 def random_batch(rows, seq, vocab, seed=1):

@@ -14,7 +14,7 @@ from helpers import need, run_script
 
 KEYS = {
     "remat", "scan", "accum", "weights", "planned_bytes", "xla_bytes", "step_seconds",
-    "flops", "compile_seconds", "loss",
+    "flops", "compile_seconds", "loss", "recompute_in_forward",
 }  # fmt: skip
 TINY = ["--preset", "tiny", "--batch", "8", "--steps", "2"]
 
@@ -31,8 +31,10 @@ def test_the_levers_change_the_bytes_and_never_the_loss(tmp_path, capsys):
     losses = [r["loss"] for r in levers]
     assert max(losses) - min(losses) < 1e-5, losses
     xla = {key: r["xla_bytes"] for key, r in rows.items()}
-    # Unrolled, the CPU backend plans the same bytes whatever the policy (within 5%)...
-    assert abs(xla[("block", False, 1)] / xla[("none", False, 1)] - 1) < 0.05, xla
+    # Unrolled, the CPU plans none's bytes under block exactly when its schedule rebuilds
+    # during the forward (JAX 0.10's does, 0.12's does not)...
+    same = abs(xla[("block", False, 1)] / xla[("none", False, 1)] - 1) < 0.05
+    assert same == rows[("block", False, 1)]["recompute_in_forward"], xla
     # ...scanned, block keeps each layer's input alone, and 4 microbatches a quarter.
     assert xla[("block", True, 1)] < 0.5 * xla[("none", True, 1)], xla
     assert xla[("block", True, 4)] < xla[("block", True, 1)], xla
@@ -56,7 +58,7 @@ def test_a_target_compiles_the_levers_and_runs_nothing(tmp_path, capsys):
     levers = json.loads(summary.read_text())["levers"]
     assert all(r["loss"] is None and r["step_seconds"] is None for r in levers)
     rows = {(r["remat"], r["scan"], r["accum"]): r["xla_bytes"] for r in levers}
-    assert rows[("block", False, 1)] < rows[("none", False, 1)], rows  # the GPU honours it
+    assert rows[("block", False, 1)] < rows[("none", False, 1)], rows  # rebuilt in the backward
     assert "h100-sxm" in out and "3. compile time" not in out
 
 

@@ -10,12 +10,14 @@ lever's loss after the same steps on the same batches is the same, to float roun
 """
 
 import dataclasses
+import re
 import statistics
 import time
 from typing import NamedTuple
 
 import jax
 
+from roofline.compiled.hlo import parse
 from roofline.flops import train_flops
 from roofline.hardware import find_chip
 from roofline.memory import planned_bytes
@@ -63,6 +65,7 @@ class LeverRow:
     flops: int  # the step's FLOPs with remat's recompute, predicted
     compile_seconds: float
     loss: float | None  # after the steps; None: not run
+    recompute_in_forward: bool | None  # the schedule rebuilds during the forward (below)
 
 
 def lever_configs(run, lever):
@@ -83,6 +86,7 @@ def measure_lever(run, lever, *, steps=0, corpus=None, target=None, devices=None
         mesh = programs.one_device_mesh()
         compiled, seconds = compile_here(cfg, tc, mesh)
     xla = None if compiled is None else planned_bytes(compiled.memory_analysis())
+    early = None if compiled is None else recompute_runs_in_forward(compiled.as_text())
     plan = plan_memory(
         cfg, target.chip if target else H100, batch_tokens=tc.batch * cfg.seq, remat=lever.remat,
         accum=lever.accum, scan=lever.scan,
@@ -93,7 +97,7 @@ def measure_lever(run, lever, *, steps=0, corpus=None, target=None, devices=None
         times, loss = run_steps(compiled, cfg, tc, mesh, corpus, steps)
     return LeverRow(
         lever.remat, lever.scan, lever.accum, "float32", plan.per_chip["total"], xla,
-        statistics.median(times[1:]) if len(times) > 1 else None, flops, seconds, loss,
+        statistics.median(times[1:]) if len(times) > 1 else None, flops, seconds, loss, early,
     )  # fmt: skip
 
 
@@ -111,6 +115,31 @@ def run_steps(compiled, cfg, tc, mesh, corpus, steps):
             loss = float(metrics["loss"])  # waits for the step
             times.append(time.perf_counter() - start)
     return times, loss
+
+
+def recompute_runs_in_forward(hlo_text):
+    """Whether a compiled step's schedule runs remat's rebuilt forward before its
+    backward begins. Then the rebuilt values live from the forward to their use, as
+    saved ones would, and remat saves nothing: XLA's CPU backend in JAX 0.10 schedules
+    an unrolled step so, JAX 0.12's does not. A scanned step's rebuilding sits in the
+    backward loop's body, which cannot run early.
+
+    A compiled module's entry computation is printed in its schedule's order; JAX
+    names the backward's ops transpose(...), the rebuilt ones among them
+    .../rematted_computation/..."""
+    names = [op_name(op) for op in parse(hlo_text).entry.instructions]
+    rebuilt = ["rematted_computation" in name for name in names]  # in the backward's name too
+    backward = next(
+        (i for i, name in enumerate(names) if "transpose(" in name and not rebuilt[i]),
+        len(names),
+    )
+    return any(rebuilt[:backward])
+
+
+def op_name(op):
+    """The JAX name an HLO instruction's metadata gives it ("" where none)."""
+    found = re.search(r'op_name="([^"]*)"', op.attributes.get("metadata", ""))
+    return found.group(1) if found else ""
 
 
 def compile_here(cfg, tc, mesh):
