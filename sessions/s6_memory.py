@@ -48,9 +48,7 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.batch is None:
         args.batch = 64  # on the cpu preset, activations are 80% of the step's bytes
-    if args.batch % 4:
-        raise UsageError(f"--batch {args.batch}: a multiple of 4, for the 4 microbatches")
-    args.steps = args.steps or 4
+    args.steps = args.steps or 8
     return args
 
 
@@ -163,8 +161,10 @@ def main(argv=None):
     if args.target:
         target, devices = programs.devices_for(args.target)
     run = resolve(args, platform=target.chip.platform if target else None)
-    if run.train.batch % 4:
-        raise UsageError(f"--batch {run.train.batch}: a multiple of 4, for the 4 microbatches")
+    sizes, _ = programs.target_mesh(None, target, devices) if target else ({}, None)
+    rows = 4 * sizes.get("data", 1) * sizes.get("fsdp", 1)  # 4 microbatches on each device
+    if run.train.batch % rows:
+        raise UsageError(f"--batch {run.train.batch}: a multiple of {rows}, for 4 microbatches")
     where = target.name if target else f"this {jax.default_backend()}"
     print(f"session 6 | preset {run.preset} | {run.train.batch} x {run.model.seq} tokens | {where}")
 

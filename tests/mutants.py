@@ -1641,6 +1641,13 @@ MUTANTS = [
         (f"{REMAT_TEST}::test_remat_saves_memory_where_the_schedule_rebuilds_in_the_backward",),
     ),
     Mutant(
+        "norm-in-compute-dtype",
+        "a norm's x·rsqrt counted in the compute dtype, though rms_norm keeps it in float32",
+        MEMORY_PLAN,
+        (('"x·rsqrt": (E, False, 4)', '"x·rsqrt": (E, False, None)'),),
+        (f"{MEMORY_TEST}::test_in_bf16_the_napkin_s_float32_buffers_are_jax_s",),
+    ),
+    Mutant(
         "scan-stack-uncounted",
         "the scanned step's stacked weights and their gradient left out of the napkin",
         MEMORY_PLAN,

@@ -5,9 +5,13 @@ dots and block, exactly what jax.ad_checkpoint.print_saved_residuals lists for o
 layer), tensor parallelism, accumulation, the recompute's FLOPs, the fewest chips and
 the largest batch; and `python -m roofline memory`'s JSON and its bad input."""
 
+import contextlib
 import dataclasses
+import io
 import json
+import math
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -125,6 +129,27 @@ def test_the_saved_tensors_are_what_jax_saves_for_our_layer(cfg, remat):
     assert residual_values(lambda w, x: layer_fn(w, x).sum(), layer, x) == sum(
         n for n, *_ in napkin.values()
     )
+
+
+def test_in_bf16_the_napkin_s_float32_buffers_are_jax_s():
+    """Our layer in bf16 without remat, 2 sequences of 16: the values JAX saves in
+    float32 (the norms' statistics, x·rsqrt and float32 input; the softmax's scores,
+    exponentials and sums) are the napkin's 4-byte entries, value for value a token."""
+    cfg = dataclasses.replace(CFG, dtype="bfloat16")
+    layer = jax.tree.map(lambda w: w.astype(jnp.bfloat16), init_params(cfg, jax.random.key(0)))
+
+    def loss(w, x):
+        return block(w, x, cfg, lambda q, k, v: (attention(q, k, v), None))[0].sum()
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        jax.ad_checkpoint.print_saved_residuals(
+            loss, layer["layers"][0], jnp.ones((2, 16, 24), jnp.bfloat16)
+        )
+    shapes = re.findall(r"^f32\[2,([\d,]*)\]", printed.getvalue(), re.M)  # batch-led
+    jax_f32 = sum(2 * math.prod(int(d) for d in s.split(",")) for s in shapes) / 32
+    napkin = plan_memory(cfg, H100, batch_tokens=32).saved
+    assert jax_f32 == sum(n for n, _, size in napkin.values() if size == 4)
 
 
 def test_remat_s_recompute_is_priced_in_flops():

@@ -127,9 +127,11 @@ def saved_per_layer_per_token(cfg, remat):
 
     none is what JAX's autodiff keeps of our layer (print_saved_residuals lists it),
     each buffer once: each norm's input, its statistics (2 a token), its input times
-    the statistic and its output; q, k, v and the heads' output; without a flash kernel,
-    the causal mask (bool), the scores, their exponentials and the probabilities, H·S
-    each, and two sums a head; ReLU's mask (bool) and output (gated: 6 tensors of F)."""
+    the statistic and its output (in bf16, the input's float32 copy too); q, k, v and
+    the heads' output; without a flash kernel, the causal mask (bool), the scores, their
+    exponentials and the probabilities, H·S each, and two sums a head; ReLU's mask
+    (bool) and output (gated: 6 tensors of F). Each float32 buffer counts 4 bytes in
+    any compute dtype."""
     E, F, H, K, D, S = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim, cfg.seq
     if isinstance(remat, int):
         return {f"{remat} x [tokens, E]": (remat * E, False, None)}
@@ -142,14 +144,19 @@ def saved_per_layer_per_token(cfg, remat):
             saved |= {"q": (H * D, True, None), "k and v": (2 * K * D, True, None)}
             saved["wo's output"] = (E, False, None)
         return saved | {"w_in's output": (F, True, None), **gate}
-    norm = {"statistics": (2, False, None), "x·rsqrt and output": (2 * E, False, None)}
+    # A norm runs in float32 (rms_norm): its statistics and x·rsqrt are float32 whatever
+    # the compute dtype, and below float32 its input's float32 copy is a buffer of its own.
+    norm = {"statistics": (2, False, 4), "x·rsqrt": (E, False, 4), "output": (E, False, None)}
+    if cfg.dtype != "float32":
+        norm["input in float32"] = (E, False, 4)
     if cfg.attention:
         saved |= {f"the attention norm's {name}": t for name, t in norm.items()}
         saved |= {"q": (H * D, True, None), "k and v": (2 * K * D, True, None)}
-        if not flash_kernel(cfg):
+        if not flash_kernel(cfg):  # the softmax runs in float32 too, its output cast back
             saved["the causal mask (bool)"] = (H * S, True, 1)
-            saved["scores, exp, probabilities"] = (3 * H * S, True, None)
-            saved["the softmax's sums"] = (2 * H, True, None)
+            saved["scores and exp (float32)"] = (2 * H * S, True, 4)
+            saved["probabilities"] = (H * S, True, None)
+            saved["the softmax's sums (float32)"] = (2 * H, True, 4)
         saved["the heads' output"] = (H * D, True, None)
         saved["the stream into the MLP's norm"] = (E, False, None)
     saved |= {f"the MLP norm's {name}": t for name, t in norm.items()}

@@ -10,6 +10,7 @@ lever's loss after the same steps on the same batches is the same, to float roun
 """
 
 import dataclasses
+import math
 import re
 import statistics
 import time
@@ -78,8 +79,9 @@ def measure_lever(run, lever, *, steps=0, corpus=None, target=None, devices=None
     """A LeverRow: compiled here on one device and run `steps` steps over `corpus`'s
     training split, or, with target (programs.devices_for), compiled for it only."""
     cfg, tc = lever_configs(run, lever)
+    sizes = {"data": 1, "fsdp": 1, "tp": 1}
     if target:
-        _, mesh = programs.target_mesh(None, target, devices)
+        sizes, mesh = programs.target_mesh(None, target, devices)
         fn, inputs, static = programs.train_step_program(cfg, tc, mesh)
         compiled, _, seconds = programs.compile_or_oom(fn, inputs, static, mesh, target.chip, print)
     else:
@@ -87,9 +89,11 @@ def measure_lever(run, lever, *, steps=0, corpus=None, target=None, devices=None
         compiled, seconds = compile_here(cfg, tc, mesh)
     xla = None if compiled is None else planned_bytes(compiled.memory_analysis())
     early = None if compiled is None else recompute_runs_in_forward(compiled.as_text())
+    # The napkin on the same mesh: the batch over data x fsdp, ZeRO-3 where fsdp shards.
     plan = plan_memory(
-        cfg, target.chip if target else H100, batch_tokens=tc.batch * cfg.seq, remat=lever.remat,
-        accum=lever.accum, scan=lever.scan,
+        cfg, target.chip if target else H100, chips=math.prod(sizes.values()), tp=sizes["tp"],
+        batch_tokens=tc.batch * cfg.seq, remat=lever.remat, accum=lever.accum, scan=lever.scan,
+        shard="params" if sizes["fsdp"] > 1 else "none",
     )  # fmt: skip
     flops = train_flops(cfg, tc.batch) + recompute_flops(cfg, tc.batch, lever.remat)
     times, loss = [], None
