@@ -278,10 +278,11 @@ def test_scanned_layers_add_their_stacked_weights_and_its_gradient():
 @pytest.mark.parametrize("remat", ["none", "dots", "block"])
 def test_the_napkin_is_within_15_percent_of_xla_s_plan_of_the_scanned_step(remat):
     """The cpu preset at 256 sequences (activations 80% of the napkin without remat),
-    its layers under lax.scan, where XLA's CPU backend honours remat (unrolled, it
-    plans the same bytes under every policy: tests/test_memory_levers.py). Measured with
-    JAX 0.10.2: the napkin 1.00x, 1.10x and 0.92x XLA's plan; the course preset at 32
-    sequences 0.99x, 1.10x, 1.04x (docs/results.md)."""
+    its layers under lax.scan, where XLA's CPU backend honours remat in every version
+    (unrolled, JAX 0.10's schedule rebuilds during the forward and saves nothing:
+    tests/test_memory_levers.py). Measured with JAX 0.10.2 and 0.12: the napkin 1.00x,
+    1.10x and 0.92x XLA's plan; the course preset at 32 sequences 0.99x, 1.10x, 1.04x
+    (docs/results.md)."""
     cfg, train = PRESETS["cpu"].model, PRESETS["cpu"].train
     optimizer = step.make_optimizer(train, train.steps)
     state = jax.eval_shape(lambda: step.init_state(jax.random.key(0), cfg=cfg, optimizer=optimizer))
