@@ -30,14 +30,14 @@ from roofline.plan.training_memory import Recipe, plan_memory
 from sessions.errors import UsageError, run_main
 from sessions.model.config import PUBLISHED
 from sessions.plan import programs
-from sessions.plan.memory_levers import LEVERS, compile_seconds, measure_lever
+from sessions.plan.memory_levers import TABLE, compile_seconds, measure_lever
 from sessions.run.cli import ArgumentParser, add_shape_flags, output_file, resolve
 from sessions.train import data
 
 MB = 1e6
 
 
-def parse_args(argv):
+def s6_flags(argv):
     parser = ArgumentParser(prog="s6_memory.py", description=__doc__.split("\n\n")[0])
     add_shape_flags(parser)  # --preset, --batch, --steps (steps run a lever), the shapes
     parser.add_argument("--target", metavar="CHIP[:SHAPE]", help="compile for this chip only")
@@ -82,15 +82,15 @@ def lessons(rows):
     """What the table shows, read from it (not assumed): remat's effect unrolled and
     scanned, why (where the compiled schedule rebuilds), and whether the losses agree."""
     by = dict(rows)
-    unrolled = [by[lever].xla_bytes for lever in LEVERS[:3]]
-    scanned = [by[lever].xla_bytes for lever in LEVERS[3:6]]
+    unrolled = [by[lever].xla_bytes for lever in TABLE[:3]]
+    scanned = [by[lever].xla_bytes for lever in TABLE[3:6]]
     lines = []
     if None not in unrolled + scanned:
         lines.append(
             f"unrolled, XLA plans {unrolled[2] / unrolled[0]:.2f}x the bytes under block remat "
             f"as under none; scanned, {scanned[2] / scanned[0]:.2f}x"
         )
-        early = by[LEVERS[2]].recompute_in_forward
+        early = by[TABLE[2]].recompute_in_forward
         lines.append(
             "unrolled, the compiled schedule rebuilds each layer "
             + (
@@ -156,7 +156,7 @@ def published_lines():
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = s6_flags(argv)
     target = devices = None
     if args.target:
         target, devices = programs.devices_for(args.target)
@@ -174,7 +174,7 @@ def main(argv=None):
     print("\n2. the levers, compiled" + ("" if target else f" and run {args.steps} steps each"))
     corpus = None if target else data.open_corpus(run.data, run.model.seq)
     rows = []
-    for lever in LEVERS:
+    for lever in TABLE:
         row = measure_lever(
             run, lever, steps=0 if target else args.steps, corpus=corpus, target=target,
             devices=devices,

@@ -1603,7 +1603,7 @@ MUTANTS = [
         "none-forgets-the-scores",
         "no remat counted as keeping only the probabilities, not the scores and exponentials",
         MEMORY_PLAN,
-        (("(3 * H * S, True, None)", "(H * S, True, None)"),),
+        (("(2 * H * S, True, 4)", "(0, True, 4)"),),
         (
             f"{MEMORY_TEST}::test_activations_by_policy_and_accumulation[none]",
             f"{MEMORY_TEST}::test_the_napkin_is_within_15_percent_above_xla_s_plan_of_our_step",

@@ -29,6 +29,7 @@ SESSION_SCRIPTS = (
     "sessions.s3_infer",
     "sessions.s4_kernels",
     "sessions.s5_serve",
+    "sessions.s6_memory",
 )
 FOLDERS = ("roofline", "sessions", "scripts", "tests", "exercises", "solutions", "docs")
 LAYOUT = os.path.join("docs", "layout.md")

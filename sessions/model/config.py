@@ -49,7 +49,7 @@ class ModelConfig:
     # (dots), or its input alone (block), recomputing the rest in the backward.
     remat: str = "none"
     # ... and the layers as one compiled body under lax.scan, their weights stacked on a
-    # leading L axis: one layer's program to compile, and (on a CPU) remat honoured.
+    # leading L axis: remat's rebuilding then runs in the backward on every compiler.
     scan_layers: bool = False
 
     def __post_init__(self):

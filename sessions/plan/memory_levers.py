@@ -41,7 +41,7 @@ class Lever(NamedTuple):
 H100 = find_chip("h100")
 # The session's table: remat unrolled (what a laptop sees), remat scanned (what the
 # compiler does with it), then accumulation on top of the smallest.
-LEVERS = (
+TABLE = (
     Lever("none"),
     Lever("dots"),
     Lever("block"),
