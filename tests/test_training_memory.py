@@ -35,6 +35,7 @@ CFG = ModelConfig(embed=24, ff=40, heads=4, kv_heads=2, head_dim=6, layers=3, se
 # of which the matrices (embedding and the layers' matmuls) are 6,144 + 3·3,648 = 17,088.
 P, MATRICES = 17_640, 17_088
 H100 = find_chip("h100")
+POLICIES = ("none", "dots", "block")
 
 
 def per_parameter(recipe, parts):
@@ -235,6 +236,24 @@ def test_the_readme_quotes_the_napkin_s_counts_for_the_course_preset():
     assert f"in float32: {counts['none']:,.0f} bytes" in readme
     assert f"w_in's: {counts['dots']:,.0f} bytes)" in readme
     assert f"only the layer's input ({counts['block']:,.0f} bytes)" in readme
+
+
+def test_session_6_s_hand_count_is_the_napkin_s():
+    """docs/session-6.md works the cpu preset at 64 sequences out by hand: 11,040 bytes a
+    layer a token without remat, 370.1 MB of activations, 90.4 MB of transients, 474.0 MB
+    in all; 263.2 MB under dots, 129.0 MB under block."""
+    with open(os.path.join(REPO, "docs", "session-6.md")) as f:
+        page = f.read()
+    cfg = PRESETS["cpu"].model
+    plans = {r: plan_memory(cfg, H100, batch_tokens=64 * cfg.seq, remat=r) for r in POLICIES}
+    none = plans["none"]
+    assert saved_bytes(none.saved, 4) == 11_040 and "11,040 bytes" in page
+    assert f"{none.per_chip['activations'] / 1e6:.1f} MB" == "370.1 MB" and "370.1 MB" in page
+    assert f"{none.per_chip['transients'] / 1e6:.1f} MB" == "90.4 MB" and "90.4 MB" in page
+    assert f"total        {none.per_chip['total'] / 1e6:.1f} MB" in page
+    for remat, hand in (("dots", "263.2 MB in all"), ("block", "129.0 MB.")):
+        assert f"{plans[remat].per_chip['total'] / 1e6:.1f} MB" == hand.split(" in")[0].rstrip(".")
+        assert hand in page
 
 
 @pytest.mark.parametrize("preset, batch", [("cpu", 256), ("course", 32)])
