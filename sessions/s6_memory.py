@@ -30,7 +30,7 @@ from roofline.plan.training_memory import Recipe, plan_memory
 from sessions.errors import UsageError, run_main
 from sessions.model.config import PUBLISHED
 from sessions.plan import programs
-from sessions.plan.memory_levers import TABLE, compile_seconds, measure_lever
+from sessions.plan.memory_levers import H100, TABLE, compile_seconds, measure_lever
 from sessions.run.cli import ArgumentParser, add_shape_flags, output_file, resolve
 from sessions.train import data
 
@@ -49,6 +49,8 @@ def s6_flags(argv):
     if args.batch is None:
         args.batch = 64  # on the cpu preset, activations are 80% of the step's bytes
     args.steps = args.steps or 8
+    if args.steps < 2:  # the first step is not timed (roofline/timing.py)
+        raise UsageError(f"--steps {args.steps}: at least 2, the first untimed")
     return args
 
 
@@ -139,8 +141,7 @@ def published_lines():
         f"  4M tokens a step (512 x 8,192), 4 saved tensors a layer: {step.min_chips:,} chips",
     ]
     llama8 = dataclasses.replace(PUBLISHED["llama3-8b"].model, attention_impl="cudnn")
-    h100 = find_chip("h100")
-    lines.append(f"LLaMA-3-8B on one H100 ({h100.hbm_bytes / 1e9:.0f} GB), block remat, seq 8,192:")
+    lines.append(f"LLaMA-3-8B on one H100 ({H100.hbm_bytes / 1e9:.0f} GB), block remat, seq 8,192:")
     for name, recipe in (
         ("float32 weights, AdamW (16 B)", Recipe()),
         ("bf16 weights, float32 master (16 B)", Recipe("bfloat16", True, "bfloat16")),
@@ -148,7 +149,7 @@ def published_lines():
         ("all bf16 (8 B)", Recipe("bfloat16", False, "bfloat16", "adamw", "bfloat16")),
         ("bf16, SGD with momentum (6 B)", Recipe("bfloat16", False, "bfloat16", "sgd", "bfloat16")),
     ):
-        plan = plan_memory(llama8, h100, batch_tokens=0, remat="block", recipe=recipe)
+        plan = plan_memory(llama8, H100, batch_tokens=0, remat="block", recipe=recipe)
         state = sum(plan.per_chip[k] for k in ("params", "master", "grads", "optimizer"))
         fits = f"{plan.max_batch_tokens:,} tokens a step fit" if plan.max_batch_tokens else "no"
         lines.append(f"  {name:<42} state {state / 1e9:6.1f} GB: {fits}")
@@ -169,7 +170,7 @@ def main(argv=None):
     print(f"session 6 | preset {run.preset} | {run.train.batch} x {run.model.seq} tokens | {where}")
 
     print("\n1. the napkin")
-    print("\n".join(napkin(run, target.chip if target else find_chip("h100"))))
+    print("\n".join(napkin(run, target.chip if target else H100)))
 
     print("\n2. the levers, compiled" + ("" if target else f" and run {args.steps} steps each"))
     corpus = None if target else data.open_corpus(run.data, run.model.seq)

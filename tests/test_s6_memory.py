@@ -64,7 +64,11 @@ def test_a_target_compiles_the_levers_and_runs_nothing(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "argv, says",
-    [(["--batch", "6"], "--batch 6: a multiple of 4"), (["--steps", "0"], "--steps")],
+    [
+        (["--batch", "6"], "--batch 6: a multiple of 4"),
+        (["--steps", "0"], "--steps"),
+        (["--steps", "1"], "--steps 1: at least 2"),
+    ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, says, capsys):
     code, _, err = run_script("sessions/s6_memory.py", ["--preset", "tiny", *argv], capsys)

@@ -12,7 +12,6 @@ lever's loss after the same steps on the same batches is the same, to float roun
 import dataclasses
 import math
 import re
-import statistics
 import time
 from typing import NamedTuple
 
@@ -23,6 +22,7 @@ from roofline.flops import train_flops
 from roofline.hardware import find_chip
 from roofline.memory import planned_bytes
 from roofline.plan.training_memory import plan_memory, recompute_flops
+from roofline.timing import time_calls
 from sessions.plan import programs
 from sessions.train import data, step
 
@@ -96,29 +96,35 @@ def measure_lever(run, lever, *, steps=0, corpus=None, target=None, devices=None
         shard="params" if sizes["fsdp"] > 1 else "none",
     )  # fmt: skip
     flops = train_flops(cfg, tc.batch) + recompute_flops(cfg, tc.batch, lever.remat)
-    times, loss = [], None
-    if steps and compiled is not None:
-        times, loss = run_steps(compiled, cfg, tc, mesh, corpus, steps)
+    timing, loss = None, None
+    if steps > 1 and compiled is not None:
+        timing, loss = run_steps(compiled, cfg, tc, mesh, corpus, steps)
     return LeverRow(
         lever.remat, lever.scan, lever.accum, "float32", plan.per_chip["total"], xla,
-        statistics.median(times[1:]) if len(times) > 1 else None, flops, seconds, loss, early,
+        timing and timing.median, flops, seconds, loss, early,
     )  # fmt: skip
 
 
 def run_steps(compiled, cfg, tc, mesh, corpus, steps):
-    """([seconds a step], the last step's loss): the same batches and initial weights
-    for every lever (seed tc.seed)."""
+    """(roofline.timing.Timing of steps 2..steps, the last step's loss): the same batches
+    and initial weights for every lever (seed tc.seed); the first step is not counted."""
     optimizer = step.make_optimizer(tc, tc.steps)
+    batches = iter(
+        [
+            data.get_batch(corpus.train, i, batch=tc.batch, seq=cfg.seq, seed=tc.seed)
+            for i in range(steps)
+        ]
+    )
     with jax.set_mesh(mesh):
-        state = step.init_state(jax.random.key(tc.seed), cfg=cfg, optimizer=optimizer)
-        times = []
-        for i in range(steps):
-            batch = data.get_batch(corpus.train, i, batch=tc.batch, seq=cfg.seq, seed=tc.seed)
-            start = time.perf_counter()
-            state, metrics = compiled(state, batch)
-            loss = float(metrics["loss"])  # waits for the step
-            times.append(time.perf_counter() - start)
-    return times, loss
+        carry = {"state": step.init_state(jax.random.key(tc.seed), cfg=cfg, optimizer=optimizer)}
+
+        def call():
+            carry["state"], metrics = compiled(carry["state"], next(batches))
+            carry["loss"] = metrics["loss"]
+            return carry["loss"]
+
+        timing = time_calls(call, repeats=steps - 1, warmup=1)
+    return timing, float(carry["loss"])
 
 
 def recompute_runs_in_forward(hlo_text):
