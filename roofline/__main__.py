@@ -18,6 +18,7 @@ does not divide the heads, int8 where there is no decode, a directory with no tr
 is one line on stderr and exit status 2.
 """
 
+import argparse
 import dataclasses
 import json
 import os
@@ -55,7 +56,10 @@ def model_from_args(args, published=False, **overrides):
         model = PUBLISHED[args.preset]
         fields = {**given(args, MODEL_FLAGS), "attention_impl": impl, **overrides}
         return dataclasses.replace(model.model, **fields), args.batch or model.batch
-    run = resolve(args, platform="cpu", attention_impl=impl, **overrides)
+    # memory's --weights and --master are the napkin's recipe, decode's --weights int8 its
+    # lever: neither is a run's, which keeps the preset's float32 weights.
+    run_args = argparse.Namespace(**{**vars(args), "weights": None, "master": None})
+    run = resolve(run_args, platform="cpu", attention_impl=impl, **overrides)
     return run.model, run.train.batch
 
 

@@ -29,7 +29,7 @@ from roofline.units import ms
 from scripts.harness.naive_step import make_naive_step
 from sessions.errors import run_main
 from sessions.model.attention import IMPLEMENTATIONS
-from sessions.model.config import LEVERS, PRESETS
+from sessions.model.config import LEVERS, PRESETS, TRAIN_LEVERS
 from sessions.run.cli import FAMILY, ArgumentParser, positive_int, resolve
 from sessions.train import data
 from sessions.train.meter import run_utilisation
@@ -54,7 +54,7 @@ def parse_args(argv):
     parser.add_argument("--compare", choices=["naive", "flax"], help="also time this step")
     # What s2_train.py's resolve reads that this bench has no flag for: the preset's.
     shapes = ("embed", "ff", "heads", "head_dim", "layers", "vocab", *FAMILY)
-    training = ("steps", "lr", "seed", "log_every", "eval_every", "accum", "data", *LEVERS)
+    training = ("steps", "lr", "seed", "log_every", "eval_every", "data", *LEVERS, *TRAIN_LEVERS)
     parser.set_defaults(**dict.fromkeys(shapes + training), no_attention=False, no_positions=False)
     return parser.parse_args(argv)
 

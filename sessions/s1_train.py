@@ -18,6 +18,7 @@ import time
 import jax
 
 from sessions.errors import run_main
+from sessions.model.config import LEVERS, TRAIN_LEVERS
 from sessions.run.cli import ArgumentParser, add_shape_flags, resolve
 from sessions.train import data
 from sessions.train.step import init_state, make_optimizer, make_train_step
@@ -28,8 +29,8 @@ def main(argv=None):
     add_shape_flags(parser)
     # Session 1's model, not flags: no attention, no positions, float32 einsums.
     parser.set_defaults(no_attention=True, no_positions=True, dtype="float32")
-    parser.set_defaults(attention_impl="einsum", eval_every=None, accum=None)
-    parser.set_defaults(remat=None, scan_layers=None)
+    parser.set_defaults(attention_impl="einsum", eval_every=None)
+    parser.set_defaults(**dict.fromkeys((*LEVERS, *TRAIN_LEVERS)))  # session 6's
     args = parser.parse_args(argv)
     run = resolve(args, platform="cpu")  # a CPU's shapes, wherever it runs
     cfg, tc = run.model, run.train

@@ -9,7 +9,8 @@
 2. The levers, each a compiled step: remat with the layers unrolled, remat with the
    layers under lax.scan, and accumulation. For each, the napkin beside XLA's own plan,
    the step's time (remat's recompute shows here), its FLOPs, the compile time, and the
-   loss after the same steps: no lever changes the arithmetic.
+   loss after the same steps: no lever changes the arithmetic. Then how the weights are
+   stored: float32 cast each step, bfloat16 with a float32 master copy, bfloat16 alone.
 3. Compile time against depth: an unrolled step is L copies of the layer to compile,
    a scanned one a single body.
 4. Two published models, planned: LLaMA-3-70B on TPU v5p (the chips that merely hold
@@ -24,13 +25,21 @@ import sys
 
 import jax
 
+from roofline.flops import param_count
 from roofline.hardware import find_chip
 from roofline.plan.memory_report import memory_lines
 from roofline.plan.training_memory import Recipe, plan_memory
 from sessions.errors import UsageError, run_main
-from sessions.model.config import PUBLISHED
+from sessions.model.config import LEVERS, PUBLISHED, TRAIN_LEVERS
 from sessions.plan import programs
-from sessions.plan.memory_levers import H100, TABLE, compile_seconds, measure_lever
+from sessions.plan.memory_levers import (
+    H100,
+    RECIPES,
+    TABLE,
+    compile_seconds,
+    measure_lever,
+    stored,
+)
 from sessions.run.cli import ArgumentParser, add_shape_flags, output_file, resolve
 from sessions.train import data
 
@@ -44,7 +53,7 @@ def s6_flags(argv):
     parser.add_argument("--summary-out", type=output_file, help="write the levers as JSON")
     # What resolve reads that this session sets itself: the levers are its table's rows.
     parser.set_defaults(dtype=None, attention_impl=None, no_attention=False, no_positions=False)
-    parser.set_defaults(remat=None, scan_layers=None, eval_every=None, accum=None)
+    parser.set_defaults(eval_every=None, **dict.fromkeys((*LEVERS, *TRAIN_LEVERS)))
     args = parser.parse_args(argv)
     if args.batch is None:
         args.batch = 64  # on the cpu preset, activations are 80% of the step's bytes
@@ -61,17 +70,19 @@ def napkin(run, chip):
     return memory_lines(plan, f"memory: preset {run.preset}, {tc.batch} sequences a step")
 
 
-def lever_table(rows, ran):
-    """Part 2's table: one line a lever."""
+def lever_table(rows, ran, title="lever"):
+    """Part 2's tables: one line a lever, named by its levers or (title "recipe") by how
+    it stores the weights."""
     lines = [
-        f"{'lever':<28} {'napkin MB':>10} {'XLA MB':>9} {'ratio':>6} {'GFLOP':>8} "
+        f"{title:<28} {'napkin MB':>10} {'XLA MB':>9} {'ratio':>6} {'GFLOP':>8} "
         f"{'compile s':>9}" + (f" {'step ms':>8} {'loss':>8}" if ran else "")
     ]
     for lever, row in rows:
+        name = lever.recipe if title == "recipe" else lever.name
         xla = row.xla_bytes
         shown = f"{xla / MB:>9,.1f} {row.planned_bytes / xla:>6.2f}" if xla else f"{'refused':>16}"
         line = (
-            f"{lever.name:<28} {row.planned_bytes / MB:>10,.1f} {shown} {row.flops / 1e9:>8,.1f} "
+            f"{name:<28} {row.planned_bytes / MB:>10,.1f} {shown} {row.flops / 1e9:>8,.1f} "
             f"{row.compile_seconds:>9.1f}"
         )
         if ran:
@@ -106,6 +117,29 @@ def lessons(rows):
     if losses:
         spread = max(losses) - min(losses)
         lines.append(f"losses after the same steps: within {spread:.1e} of each other")
+    return lines
+
+
+def recipe_lessons(rows, params):
+    """What the recipes' rows show: the state's bytes a parameter, on the napkin and in
+    XLA's plan, and how far each bf16 recipe's loss went from the float32 weights'."""
+    (f32, f32_row), *bf16 = rows
+    lines = []
+    for lever, row in bf16:
+        napkin = sum(stored(lever).bytes_per_param().values())
+        more = napkin - sum(stored(f32).bytes_per_param().values())
+        line = f"{lever.recipe}: {napkin} bytes a parameter of state, {more:+} on the napkin"
+        if row.xla_bytes and f32_row.xla_bytes:
+            line += f", {(row.xla_bytes - f32_row.xla_bytes) / params:+.1f} in XLA's plan"
+        if row.loss is not None:
+            line += f"; loss {row.loss - f32_row.loss:+.1e} from float32 weights'"
+        lines.append(line)
+    if f32_row.float32_dots and f32_row.float32_dots[0]:
+        widened, dots = f32_row.float32_dots
+        lines.append(
+            f"XLA here runs {widened} of the bf16 step's {dots} dots in float32: their "
+            "temporaries are float32, where the napkin counts 2 bytes"
+        )
     return lines
 
 
@@ -174,15 +208,19 @@ def main(argv=None):
 
     print("\n2. the levers, compiled" + ("" if target else f" and run {args.steps} steps each"))
     corpus = None if target else data.open_corpus(run.data, run.model.seq)
-    rows = []
-    for lever in TABLE:
-        row = measure_lever(
-            run, lever, steps=0 if target else args.steps, corpus=corpus, target=target,
-            devices=devices,
-        )  # fmt: skip
-        rows.append((lever, row))
+
+    def measured(levers):
+        steps = 0 if target else args.steps
+        kw = {"steps": steps, "corpus": corpus, "target": target, "devices": devices}
+        return [(lever, measure_lever(run, lever, **kw)) for lever in levers]
+
+    rows = measured(TABLE)
     print("\n".join(lever_table(rows, ran=not target)))
     print("\n".join(lessons(rows)))
+    print("\nhow the weights are stored, with bf16 matmuls (block remat, scanned):")
+    recipes = measured(RECIPES)
+    print("\n".join(lever_table(recipes, ran=not target, title="recipe")))
+    print("\n".join(recipe_lessons(recipes, param_count(run.model))))
 
     timings = {}
     if not target:
@@ -198,7 +236,7 @@ def main(argv=None):
             "preset": run.preset,
             "batch": run.train.batch,
             "where": where,
-            "levers": [dataclasses.asdict(row) for _, row in rows],
+            "levers": [dataclasses.asdict(row) for _, row in rows + recipes],
             "compile_seconds_by_layers": {str(k): v for k, v in timings.items()},
         }
         with open(args.summary_out, "w") as f:

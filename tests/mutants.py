@@ -61,6 +61,7 @@ PLANS = "tests/test_step_plans.py"
 MEMORY_PLAN = "roofline/plan/training_memory.py"
 MEMORY_TEST = "tests/test_training_memory.py"
 REMAT_TEST = "tests/test_memory_levers.py"
+MASTER_TEST = "tests/test_master_weights.py"
 S4 = "tests/test_s4_kernels.py"
 EMBED_GRAD = "tests/test_embedding_gradient.py"
 HLO_READING = "tests/test_hlo_reading.py"
@@ -1016,7 +1017,12 @@ MUTANTS = [
         "forward hands the lookup the params it cast to bf16: the embedding's gradient "
         "summed in bf16 again, whatever embed does",
         "sessions/model/transformer.py",
-        (("    x = embed(params, tokens, cfg)\n", "    x = embed(p, tokens, cfg)\n"),),
+        (
+            (
+                "    x = embed(float32_tables(params), tokens, cfg)\n",
+                "    x = embed(p, tokens, cfg)\n",
+            ),
+        ),
         (
             f"{EMBED_GRAD}::test_the_step_s_lookup_gradient_is_the_float64_sum",
             f"{EMBED_GRAD}::test_a_bf16_step_compiled_here_sums_every_scatter_in_float32",
@@ -1715,6 +1721,73 @@ MUTANTS = [
         "sessions/s2_train.py",
         (("            accum=tc.accum,\n", ""),),
         (f"{REMAT_TEST}::test_s2_with_accum_logs_the_losses_of_one_batch",),
+    ),
+    Mutant(
+        "master-ignored",
+        "--master asked, and the update added to the bf16 weights alone, small ones lost",
+        "sessions/train/master_weights.py",
+        (("        if not master:\n", "        if True:\n"),),
+        (
+            f"{MASTER_TEST}::test_an_update_below_half_a_bf16_place_is_lost_without_a_master",
+            f"{MASTER_TEST}::test_the_master_recipe_follows_the_float32_weights_run",
+        ),
+    ),
+    Mutant(
+        "master-from-the-rounded-draw",
+        "the master copy taken from the weights after their rounding to bf16, not the draw",
+        "sessions/train/step.py",
+        (
+            (
+                "    opt = optimizer.init(params)\n"
+                '    return {"params": jax.tree.map(lambda w: w.astype(weights), params), "opt": opt}',
+                "    params = jax.tree.map(lambda w: w.astype(weights), params)\n"
+                '    return {"params": params, "opt": optimizer.init(params)}',
+            ),
+        ),
+        (f"{MASTER_TEST}::test_the_master_recipe_follows_the_float32_weights_run",),
+    ),
+    Mutant(
+        "accum-sums-in-the-weights-dtype",
+        "the microbatches' gradients of bf16 weights summed in bf16",
+        "sessions/train/step.py",
+        (
+            (
+                "jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), (jnp.zeros(()), params))",
+                "jax.tree.map(jnp.zeros_like, (jnp.zeros(()), params))",
+            ),
+        ),
+        (f"{MASTER_TEST}::test_accumulation_sums_bf16_weights_gradients_in_float32",),
+    ),
+    Mutant(
+        "bf16-table-looked-up-as-stored",
+        "bf16 weights' embedding looked up in bf16: its gradient's scatter sums in bf16",
+        "sessions/model/transformer.py",
+        (
+            (
+                "    x = embed(float32_tables(params), tokens, cfg)",
+                "    x = embed(params, tokens, cfg)",
+            ),
+        ),
+        (
+            "tests/test_embedding_gradient.py::"
+            "test_a_bf16_step_compiled_here_sums_every_scatter_in_float32[bf16 weights]",
+        ),
+    ),
+    Mutant(
+        "checkpoint-forgets-the-recipe",
+        "a checkpoint of bf16 weights and a master restored into a float32 run's state",
+        "sessions/run/checkpoint.py",
+        (('        "weights": tc.weights,\n        "master": tc.master,\n', ""),),
+        (
+            f"{MASTER_TEST}::test_a_checkpoint_of_bf16_weights_restores_serves_and_refuses_another_recipe",
+        ),
+    ),
+    Mutant(
+        "recipe-grads-as-autodiff-gives-them",
+        "the napkin counts bf16 weights' gradients in bf16, where the step makes them float32",
+        "sessions/plan/memory_levers.py",
+        (('grads="float32")', "grads=lever.weights)"),),
+        (f"{MASTER_TEST}::test_xla_holds_the_state_the_napkin_counts_for_each_recipe",),
     ),
     Mutant(
         "max-batch-napkin-unsharded",

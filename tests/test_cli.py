@@ -141,6 +141,14 @@ BAD_INPUTS = {
         ["--preset", "tiny", "--kv-heads", "1", "--mesh", "fsdp=4,tp=2"],
         "kv_heads 1 does not divide over tp = 2",
     ),
+    "a master of float32 weights": (
+        ["--preset", "tiny", "--master"],
+        "--master keeps a float32 copy of bfloat16 weights: add --weights bfloat16",
+    ),
+    "bf16 weights in float32": (
+        ["--preset", "tiny", "--weights", "bfloat16", "--dtype", "float32"],
+        "--weights bfloat16 computes in bfloat16, not float32: drop --dtype",
+    ),
     "rope on an odd head": (
         ["--preset", "tiny", "--rope", "--head-dim", "7"],
         "--rope needs an even --head-dim, not 7",

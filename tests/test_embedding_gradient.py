@@ -19,7 +19,7 @@ import pytest
 from roofline.compiled.scatters import scatters
 from sessions.model import transformer
 from sessions.model.config import PRESETS, TrainConfig
-from sessions.train.step import loss_fn, make_optimizer, make_train_step
+from sessions.train.step import init_state, loss_fn, make_optimizer, make_train_step
 from solutions.bug_bf16_scatter import broken_embedding_grad
 
 CFG = dataclasses.replace(PRESETS["tiny"].model, dtype="bfloat16")  # E=48, S=64
@@ -87,12 +87,14 @@ def test_the_homework_s_broken_lookup_loses_the_frequent_byte_s_updates():
     assert np.max(np.abs(np.asarray(got, np.float64)[SPACE] - expected[SPACE])) > 0.1
 
 
-@pytest.fixture(scope="module")
-def bf16_step_hlo(key):
-    """The tiny bf16 training step (loss, gradient, AdamW) compiled on this CPU."""
-    optimizer = make_optimizer(TrainConfig(), total_steps=10)
+@pytest.fixture(scope="module", params=["float32", "bfloat16"], ids=["f32 weights", "bf16 weights"])
+def bf16_step_hlo(key, request):
+    """The tiny bf16 training step (loss, gradient, AdamW) compiled on this CPU, its
+    weights stored in float32 (the default) or in bf16 with a float32 master."""
+    tc = TrainConfig(weights=request.param, master=request.param == "bfloat16")
+    optimizer = make_optimizer(tc, total_steps=10)
     state = jax.eval_shape(
-        lambda: {"params": (p := transformer.init_params(CFG, key)), "opt": optimizer.init(p)}
+        lambda: init_state(key, cfg=CFG, optimizer=optimizer, weights=tc.weights)
     )
     batch = jax.eval_shape(skewed_batch)
     step = make_train_step(CFG, optimizer)

@@ -13,8 +13,8 @@ import pytest
 from helpers import need, run_script
 
 KEYS = {
-    "remat", "scan", "accum", "weights", "planned_bytes", "xla_bytes", "step_seconds",
-    "flops", "compile_seconds", "loss", "recompute_in_forward",
+    "remat", "scan", "accum", "weights", "master", "dtype", "planned_bytes", "xla_bytes",
+    "step_seconds", "flops", "compile_seconds", "loss", "recompute_in_forward", "float32_dots",
 }  # fmt: skip
 TINY = ["--preset", "tiny", "--batch", "8", "--steps", "2"]
 
@@ -25,8 +25,9 @@ def test_the_levers_change_the_bytes_and_never_the_loss(tmp_path, capsys):
         "sessions/s6_memory.py", [*TINY, "--summary-out", str(summary)], capsys
     )
     assert code == 0, err
-    levers = json.loads(summary.read_text())["levers"]
-    assert [set(row) for row in levers] == [KEYS] * 7
+    written = json.loads(summary.read_text())["levers"]
+    assert [set(row) for row in written] == [KEYS] * 10
+    levers, recipes = written[:7], written[7:]  # the levers' table, then the weights' recipes
     rows = {(r["remat"], r["scan"], r["accum"]): r for r in levers}
     losses = [r["loss"] for r in levers]
     assert max(losses) - min(losses) < 1e-5, losses
@@ -40,8 +41,14 @@ def test_the_levers_change_the_bytes_and_never_the_loss(tmp_path, capsys):
     assert xla[("block", True, 4)] < xla[("block", True, 1)], xla
     # block recomputes each layer's forward: its FLOPs, predicted, exceed none's.
     assert rows[("block", True, 1)]["flops"] > rows[("none", True, 1)]["flops"]
-    assert all(r["step_seconds"] > 0 and r["compile_seconds"] > 0 for r in levers)
+    assert all(r["step_seconds"] > 0 and r["compile_seconds"] > 0 for r in written)
     assert "losses after the same steps: within" in out
+    # The recipes: bf16 matmuls each, float32 weights, bf16 with a master, bf16 alone.
+    stored = [(r["weights"], r["master"], r["dtype"]) for r in recipes]
+    assert stored == [("float32", False, "bfloat16"), ("bfloat16", True, "bfloat16"),
+                      ("bfloat16", False, "bfloat16")]  # fmt: skip
+    assert "18 bytes a parameter of state, +2 on the napkin" in out
+    assert "14 bytes a parameter of state, -2 on the napkin" in out
     # By hand: LLaMA-3-70B's 70,553,706,496 parameters at 12 bytes (bf16 weights and
     # gradients, float32 m and v) are 846.6 GB: 8.3 of v5p's 102 GB (95 GiB) chips.
     assert "its state alone fills 9 chips" in out

@@ -19,6 +19,9 @@ REMAT_POLICIES = ("none", "dots", "block")
 # Session 6's fields of ModelConfig: how the step holds and compiles the layers, never
 # the weights' values, so a checkpoint continues under any of them.
 LEVERS = ("remat", "scan_layers")
+# ... and its fields of TrainConfig: how the batch runs and the weights are stored.
+TRAIN_LEVERS = ("accum", "weights", "master")
+WEIGHTS = ("float32", "bfloat16")  # how the weights are stored (TrainConfig.weights)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +88,22 @@ class TrainConfig:
     # Session 6's lever: the batch as this many microbatches, one after another, their
     # gradients summed in float32 for one update (sessions/train/step.py accumulate).
     accum: int = 1
+    # ... and how each weight is stored: float32, cast to the compute dtype inside the step
+    # (the course's mixed precision); or bfloat16, the optimizer's arithmetic in float32
+    # on a float32 master copy it holds (master), or on the bf16 weights themselves
+    # (sessions/train/master_weights.py). bfloat16 weights compute in bfloat16.
+    weights: str = "float32"
+    master: bool = False
 
     def __post_init__(self):
         if self.accum < 1 or self.batch % self.accum:
             raise UsageError(f"--accum {self.accum} must divide --batch {self.batch}")
+        if self.weights not in WEIGHTS:
+            raise UsageError(f"--weights {self.weights}: float32 or bfloat16")
+        if self.master and self.weights == "float32":
+            raise UsageError(
+                "--master keeps a float32 copy of bfloat16 weights: add --weights bfloat16"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -174,6 +174,14 @@ def cast(params, cfg: ModelConfig):
     return jax.tree.map(lambda w: w.astype(dtype), params)
 
 
+def float32_tables(params):
+    """params with the embedding and position tables as float32 (no-ops if they are):
+    a lookup's gradient is a sum (embed), which then runs in float32 even for weights
+    stored in bfloat16 (--weights bfloat16), rounded to bf16 once at its end."""
+    tables = {name: params[name].astype(jnp.float32) for name in ("embed", "pos") if name in params}
+    return {**params, **tables}
+
+
 def embed(p, tokens, cfg: ModelConfig, start=0):
     """tokens: int [B, S] at positions start..start+S-1 -> x [B, S, E] in the
     compute dtype, looked up in p["embed"] (training passes the float32 master).
@@ -226,13 +234,13 @@ def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
     within their own segment."""
     # Mixed precision: the float32 master weights are cast once per step to
     # the compute dtype; gradients flow back through the cast in float32. The
-    # lookups read the masters themselves: their gradients are sums (embed).
+    # lookups read float32 tables: their gradients are sums (embed).
     p = cast(params, cfg)
 
     def causal(q, k, v):
         return attention(q, k, v, segment_ids, impl=cfg.attention_impl), None
 
-    x = embed(params, tokens, cfg)
+    x = embed(float32_tables(params), tokens, cfg)
     layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], cfg.remat)
     if cfg.scan_layers:
         # The weights are kept a list of layers (checkpoints, decode and the sharding

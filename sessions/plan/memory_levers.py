@@ -21,7 +21,7 @@ from roofline.compiled.hlo import parse
 from roofline.flops import train_flops
 from roofline.hardware import find_chip
 from roofline.memory import planned_bytes
-from roofline.plan.training_memory import plan_memory, recompute_flops
+from roofline.plan.training_memory import Recipe, plan_memory, recompute_flops
 from roofline.timing import time_calls
 from sessions.plan import programs
 from sessions.train import data, step
@@ -31,10 +31,20 @@ class Lever(NamedTuple):
     remat: str = "none"  # ModelConfig.remat: none, dots or block
     scan: bool = False  # ModelConfig.scan_layers
     accum: int = 1  # TrainConfig.accum: microbatches a step
+    weights: str = "float32"  # TrainConfig.weights: bfloat16 weights compute in bfloat16
+    master: bool = False  # TrainConfig.master
+    dtype: str | None = None  # the compute dtype (None: the run's, or bf16 weights')
 
     @property
     def name(self):
         return f"remat {self.remat:<5}  {'scan' if self.scan else 'loop'}  accum {self.accum}"
+
+    @property
+    def recipe(self):
+        """How the weights are stored, in words."""
+        return {"float32": "float32, cast each step", "bfloat16": "bfloat16"}[self.weights] + (
+            " + float32 master" if self.master else ""
+        )
 
 
 # The napkin here plans bytes, not fit: any chip's table entry serves.
@@ -50,6 +60,13 @@ TABLE = (
     Lever("block", scan=True),
     Lever("block", scan=True, accum=4),
 )
+# The weights' recipes, each with bf16 matmuls: float32 weights cast inside the step (the
+# course's mixed precision), bf16 weights with a float32 master, bf16 weights alone.
+RECIPES = (
+    Lever("block", scan=True, dtype="bfloat16"),
+    Lever("block", scan=True, weights="bfloat16", master=True),
+    Lever("block", scan=True, weights="bfloat16"),
+)
 
 
 @dataclasses.dataclass
@@ -59,7 +76,9 @@ class LeverRow:
     remat: str
     scan: bool
     accum: int
-    weights: str  # the stored weights' dtype (float32: the course keeps f32 masters)
+    weights: str  # the stored weights' dtype (TrainConfig.weights)
+    master: bool  # a float32 master copy beside bf16 weights (TrainConfig.master)
+    dtype: str  # the matmuls' (ModelConfig.dtype)
     planned_bytes: float  # the napkin's (roofline/plan/training_memory.py)
     xla_bytes: int | None  # XLA's plan of the compiled step; None: the compiler refused it
     step_seconds: float | None  # the median step after the first; None: not run (a target)
@@ -67,12 +86,15 @@ class LeverRow:
     compile_seconds: float
     loss: float | None  # after the steps; None: not run
     recompute_in_forward: bool | None  # the schedule rebuilds during the forward (below)
+    float32_dots: tuple | None  # (dots with a float32 result, all dots) of the compiled step
 
 
 def lever_configs(run, lever):
     """(ModelConfig, TrainConfig) of the run with the lever pulled."""
-    cfg = dataclasses.replace(run.model, remat=lever.remat, scan_layers=lever.scan)
-    return cfg, dataclasses.replace(run.train, accum=lever.accum)
+    dtype = lever.dtype or ("bfloat16" if lever.weights == "bfloat16" else run.model.dtype)
+    cfg = dataclasses.replace(run.model, remat=lever.remat, scan_layers=lever.scan, dtype=dtype)
+    recipe = {"accum": lever.accum, "weights": lever.weights, "master": lever.master}
+    return cfg, dataclasses.replace(run.train, **recipe)
 
 
 def measure_lever(run, lever, *, steps=0, corpus=None, target=None, devices=None):
@@ -88,21 +110,38 @@ def measure_lever(run, lever, *, steps=0, corpus=None, target=None, devices=None
         mesh = programs.one_device_mesh()
         compiled, seconds = compile_here(cfg, tc, mesh)
     xla = None if compiled is None else planned_bytes(compiled.memory_analysis())
-    early = None if compiled is None else recompute_runs_in_forward(compiled.as_text())
+    hlo = None if compiled is None else compiled.as_text()
+    early = None if hlo is None else recompute_runs_in_forward(hlo)
     # The napkin on the same mesh: the batch over data x fsdp, ZeRO-3 where fsdp shards.
     plan = plan_memory(
         cfg, target.chip if target else H100, chips=math.prod(sizes.values()), tp=sizes["tp"],
         batch_tokens=tc.batch * cfg.seq, remat=lever.remat, accum=lever.accum, scan=lever.scan,
-        shard="params" if sizes["fsdp"] > 1 else "none",
+        shard="params" if sizes["fsdp"] > 1 else "none", recipe=stored(lever),
     )  # fmt: skip
     flops = train_flops(cfg, tc.batch) + recompute_flops(cfg, tc.batch, lever.remat)
     timing, loss = None, None
     if steps > 1 and compiled is not None:
         timing, loss = run_steps(compiled, cfg, tc, mesh, corpus, steps)
     return LeverRow(
-        lever.remat, lever.scan, lever.accum, "float32", plan.per_chip["total"], xla,
-        timing and timing.median, flops, seconds, loss, early,
+        lever.remat, lever.scan, lever.accum, lever.weights, lever.master, cfg.dtype,
+        plan.per_chip["total"], xla, timing and timing.median, flops, seconds, loss, early,
+        None if hlo is None else float32_dots(hlo),
     )  # fmt: skip
+
+
+def stored(lever):
+    """The napkin's Recipe for the lever. The step hands the optimizer float32 gradients
+    whatever the weights (sessions/train/master_weights.py casts bf16 ones), and XLA
+    holds them so: with a master, Megatron-LM's 18 bytes a parameter, not ZeRO's 16."""
+    return Recipe(lever.weights, lever.master, grads="float32")
+
+
+def float32_dots(hlo_text):
+    """(dots whose result is float32, all dots) of a compiled program. In a bf16 step,
+    a dot XLA runs in float32 leaves float32 temporaries where the napkin counts 2 bytes:
+    JAX 0.10's CPU backend runs all of them so, JAX 0.12's about a third."""
+    dots = [op for _, op in parse(hlo_text).instructions() if op.opcode == "dot"]
+    return sum(op.dtype == "f32" for op in dots), len(dots)
 
 
 def run_steps(compiled, cfg, tc, mesh, corpus, steps):
@@ -116,7 +155,8 @@ def run_steps(compiled, cfg, tc, mesh, corpus, steps):
         ]
     )
     with jax.set_mesh(mesh):
-        carry = {"state": step.init_state(jax.random.key(tc.seed), cfg=cfg, optimizer=optimizer)}
+        key = jax.random.key(tc.seed)
+        carry = {"state": step.init_state(key, cfg=cfg, optimizer=optimizer, weights=tc.weights)}
 
         def call():
             carry["state"], metrics = compiled(carry["state"], next(batches))

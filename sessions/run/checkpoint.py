@@ -51,14 +51,22 @@ def _fingerprint_list(state):
 def identity(cfg, tc, unit="byte"):
     """What must match for a checkpoint to continue this run. unit: what its
     tokens are, "byte" or "token" (a tokenizer's ids, from token files). Not the
-    LEVERS, nor accum."""
+    LEVERS, nor accum; but the weights' dtype and master, which the state holds."""
     return {
         "model": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in LEVERS},
         "batch": tc.batch,
         "seed": tc.seed,
         "steps": tc.steps,
         "unit": unit,
+        "weights": tc.weights,
+        "master": tc.master,
     }
+
+
+def recipe(meta):
+    """{weights, master} a checkpoint's state was saved with (float32, none: before
+    they were saved)."""
+    return {"weights": meta.get("weights", "float32"), "master": meta.get("master", False)}
 
 
 def is_uri(directory):
@@ -224,7 +232,7 @@ class Checkpoints:
         return _read_meta(self.manager, step)
 
     def _check_compatible(self, meta):
-        theirs = {k: meta.get(k) for k in self.identity}
+        theirs = {k: meta.get(k) for k in self.identity} | recipe(meta)
         if theirs != self.identity:
             diffs = _differences(self.identity, theirs)
             raise UsageError(

@@ -17,7 +17,7 @@ import jax
 
 from sessions.errors import UsageError
 from sessions.model.attention import IMPLEMENTATIONS
-from sessions.model.config import LEVERS, PRESETS, REMAT_POLICIES, ModelConfig
+from sessions.model.config import LEVERS, PRESETS, REMAT_POLICIES, TRAIN_LEVERS, ModelConfig
 from sessions.run import multihost
 from sessions.run.defaults import configs_for, serving_attention
 
@@ -168,14 +168,14 @@ def train_flags(argv=None):
     parser.add_argument("--remat", choices=REMAT_POLICIES, help="what a layer keeps")
     parser.add_argument("--scan-layers", action="store_true", default=None, help="lax.scan")
     parser.add_argument("--accum", type=positive_int, help="microbatches a step, one update")
+    parser.add_argument("--weights", choices=["float32", "bfloat16"], help="(bf16: computed so)")
+    parser.add_argument("--master", action="store_true", default=None, help="a float32 copy")
     for flag in ("--no-attention", "--no-positions", "--no-jit", "--show-sharding"):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--no-overlap", action="store_true", help="load each batch in the loop")
     parser.add_argument("--data-delay-ms", type=non_negative_int, default=0, help="slow storage")
     parser.add_argument("--eval-every", type=positive_int)
-    parser.add_argument(
-        "--metrics-out", type=output_file, help="write one JSON object per logged step here"
-    )
+    parser.add_argument("--metrics-out", type=output_file, help="one JSON line a logged step")
     parser.add_argument("--run-dir", default="runs/s2", help="loss curve and outputs go here")
     parser.add_argument("--profile", metavar="DIR", help="trace a few steps into DIR (xprof)")
     parser.add_argument(
@@ -222,7 +222,7 @@ def infer_parser(prog="s3_infer.py", description="Session 3: inference."):
     )
     # What resolve reads that s3 has no flag for: the model as trained, XLA's attention.
     parser.set_defaults(no_attention=False, no_positions=False, attention_impl=None)
-    parser.set_defaults(eval_every=None, accum=None, remat=None, scan_layers=None)
+    parser.set_defaults(eval_every=None, **dict.fromkeys((*LEVERS, *TRAIN_LEVERS)))
     return parser
 
 
@@ -242,7 +242,7 @@ def infer_flags(argv=None, parser=None):
 
 FAMILY = ("kv_heads", "rope", "gated", "tied")  # session 5's switches
 MODEL_FLAGS = ("seq", "embed", "ff", "heads", "head_dim", "layers", "vocab", *FAMILY)
-TRAIN_FLAGS = ("steps", "batch", "lr", "seed", "log_every", "eval_every", "accum")
+TRAIN_FLAGS = ("steps", "batch", "lr", "seed", "log_every", "eval_every", *TRAIN_LEVERS)
 READ = ("preset", "dtype", "attention_impl", "no_attention", "no_positions", "data", *LEVERS)
 
 

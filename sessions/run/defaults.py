@@ -119,10 +119,13 @@ def configs_for(
     model_fields, train_fields = model_fields or {}, train_fields or {}
     on_cpu = platform == "cpu"
     preset = preset or ("cpu" if on_cpu else "course")
-    caps = capability_defaults(device, dtype, attention_impl)
-    dtype = caps.dtype or ("float32" if on_cpu else "bfloat16")
-    model = dataclasses.replace(PRESETS[preset].model, **{"dtype": dtype, **model_fields})
     train = dataclasses.replace(PRESETS[preset].train, **train_fields)
+    caps = capability_defaults(device, dtype, attention_impl)
+    stored = None if train.weights == "float32" else train.weights  # computed as stored
+    if stored and caps.dtype == "float32":
+        raise UsageError(f"--weights {stored} computes in {stored}, not float32: drop --dtype")
+    dtype = caps.dtype or stored or ("float32" if on_cpu else "bfloat16")
+    model = dataclasses.replace(PRESETS[preset].model, **{"dtype": dtype, **model_fields})
     if caps.attention_impl:  # below compute capability 8.0: XLA's attention
         impl, note = caps.attention_impl, caps.note
     elif "attention_impl" in model_fields:

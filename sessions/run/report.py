@@ -19,14 +19,16 @@ def header_lines(run, flops, peak, corpus, unigram):
     cfg, tc = run.model, run.train
     devices, processes = jax.devices(), jax.process_count()
     on = {True: "on", False: "off"}
+    stored = f"{tc.weights} weights" + " + float32 master" * tc.master
+    levers = [f"remat {cfg.remat}"] * (cfg.remat != "none") + ["layers scanned"] * cfg.scan_layers
+    levers += [stored] * (tc.weights != "float32")
     return [
         f"session 2 | preset {run.preset} | {len(devices)} x {devices[0].device_kind} "
         f"({processes} process{'es' if processes > 1 else ''})",
         f"model: {model_line(cfg)} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype} "
         f"matmuls | attention {on[cfg.attention]}, "
         f"positions {'rotary' if cfg.positions and cfg.rope else on[cfg.positions]}"
-        + (f" | remat {cfg.remat}" if cfg.remat != "none" else "")
-        + (" | layers scanned" if cfg.scan_layers else ""),
+        + "".join(f" | {lever}" for lever in levers),
         f"step: {tc.batch} x {cfg.seq} = {tc.batch * cfg.seq:,} tokens | 6·B·P = "
         f"{napkin_train_flops(cfg, tc.batch) / 1e9:.2f} GFLOP | exact with attention = "
         f"{flops / 1e9:.2f} GFLOP",
@@ -125,11 +127,10 @@ def final_gap(history):
 
 
 def earlier_evaluation(history):
-    """{step, val_loss, val_gap} at the last evaluation a third of the run or more before
-    the last one (else the first), its gap taken as final_gap takes the last one's; None
-    if the run validated once or never. Over a shorter stretch the gap's change would
-    drown in the noise of the logged training losses: the default runs' evaluations
-    are a third of the run apart."""
+    """{step, val_loss, val_gap} at the last evaluation a third of the run or more before the
+    last one (else the first), its gap as final_gap takes the last one's; None if the run
+    validated once or never. Over less, the gap's change drowns in the noise of the logged
+    training losses."""
     evaluated = [i for i, r in enumerate(history) if "val_loss" in r]
     if len(evaluated) < 2:
         return None
@@ -141,12 +142,11 @@ def earlier_evaluation(history):
 
 
 def memorizing(gap, val_loss, earlier, passes=None):
-    """Whether the run has begun to memorize its data: its final gap past MAX_GAP and,
-    since the earlier evaluation, grown by more than validation fell: those steps taught
-    the text more than the language. A gap growing slower than validation falls is a
-    model still learning; with one evaluation, the gap alone decides. A run that has not
-    passed over its data once met each training batch as new, as it meets validation:
-    its gap is noise, or a difference between the splits."""
+    """Whether the run has begun to memorize its data: its final gap past MAX_GAP and, since the
+    earlier evaluation, grown by more than validation fell: those steps taught the text more
+    than the language. A gap growing slower is a model still learning; with one evaluation,
+    the gap alone decides. A run not yet once over its data met each training batch as new,
+    as it meets validation: its gap is noise, or the splits' difference."""
     if gap is None or gap <= data.MAX_GAP or (passes is not None and passes <= 1):
         return False
     if earlier is None:

@@ -12,7 +12,7 @@ from sessions.errors import UsageError
 from sessions.inference.sample import check_prompt, load_tokenizer, prompt_tokens
 from sessions.model import init_params
 from sessions.model.config import ModelConfig, TrainConfig
-from sessions.run.checkpoint import Checkpoints, newest_meta
+from sessions.run.checkpoint import Checkpoints, newest_meta, recipe
 from sessions.run.cli import PROMPT
 from sessions.shard import sharding
 from sessions.train.step import abstract_state
@@ -77,7 +77,7 @@ def load_params(checkpoint_dir, seed, cfg, meta, mesh):
         init = functools.partial(init_params, cfg)
         return sharding.init_sharded(init, jax.random.key(seed), mesh)[0], "random parameters"
     trained = ModelConfig(**meta["model"])  # as saved: the identity a restore checks
-    tc = TrainConfig(batch=meta["batch"], seed=meta["seed"], steps=meta["steps"])
+    tc = TrainConfig(batch=meta["batch"], seed=meta["seed"], steps=meta["steps"], **recipe(meta))
     _, _, abstract = abstract_state(trained, tc, mesh)
     with Checkpoints(checkpoint_dir, 0, trained, tc, meta.get("unit", "byte")) as checkpoints:
         step, state = checkpoints.restore_latest(abstract)

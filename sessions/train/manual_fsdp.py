@@ -43,7 +43,14 @@ from jax.sharding import PartitionSpec as P
 from sessions.errors import UsageError
 from sessions.model.attention import attention
 from sessions.model.config import PRESETS
-from sessions.model.transformer import block, cast, cross_entropy, embed, unembed
+from sessions.model.transformer import (
+    block,
+    cast,
+    cross_entropy,
+    embed,
+    float32_tables,
+    unembed,
+)
 from sessions.shard import sharding
 from sessions.shard.sharding import BATCH, PARAM_SPECS
 from sessions.train import data
@@ -100,11 +107,11 @@ def device_loss(params, batch, cfg):
     def layer(shards, x):
         return block(gather_weights(shards), x, cfg, causal)[0]
 
-    # The ends are gathered in float32: the embedding's lookup must sum its
-    # gradient in float32 (sessions/model/transformer.py, embed); the output projection
-    # then reads them cast.
+    # The ends are gathered as stored, float32 or bfloat16, and looked up as float32: the
+    # embedding's lookup must sum its gradient in float32 (sessions/model/transformer.py,
+    # embed); the output projection then reads them cast.
     ends = gather_weights({name: w for name, w in params.items() if name != "layers"})
-    x = embed(ends, batch["inputs"], cfg)
+    x = embed(float32_tables(ends), batch["inputs"], cfg)
     for shards in p["layers"]:
         x = layer(shards, x)
     return cross_entropy(unembed(cast(ends, cfg), x), batch["targets"])

@@ -19,6 +19,7 @@ import optax
 from sessions.model.transformer import cross_entropy, forward, init_params
 from sessions.shard import sharding
 from sessions.train import data
+from sessions.train.master_weights import in_float32
 
 
 def loss_fn(params, batch, cfg):
@@ -27,7 +28,8 @@ def loss_fn(params, batch, cfg):
 
 def make_optimizer(tc, total_steps):
     """AdamW with linear warm-up and cosine decay; weight decay on matrices only
-    (decaying norm scales towards zero would fight the normalisation)."""
+    (decaying norm scales towards zero would fight the normalisation). For bfloat16
+    weights (tc.weights), it runs in float32, on a master copy with tc.master."""
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=tc.lr,
@@ -35,7 +37,7 @@ def make_optimizer(tc, total_steps):
         decay_steps=max(total_steps, 2),
         end_value=tc.lr / 10,
     )
-    return optax.chain(
+    adamw = optax.chain(
         optax.clip_by_global_norm(tc.clip),
         optax.adamw(
             schedule,
@@ -45,12 +47,16 @@ def make_optimizer(tc, total_steps):
             mask=lambda params: jax.tree.map(lambda w: w.ndim >= 2, params),
         ),
     )
+    return adamw if tc.weights == "float32" else in_float32(adamw, master=tc.master)
 
 
-def init_state(key, *, cfg, optimizer):
-    """The whole training state, one pytree: {"params": ..., "opt": ...}."""
+def init_state(key, *, cfg, optimizer, weights="float32"):
+    """The whole training state, one pytree: {"params": ..., "opt": ...}, the params
+    stored in `weights`' dtype (TrainConfig.weights): drawn in float32, then rounded,
+    after the optimizer's master copy (if it keeps one) took the draw as it is."""
     params = init_params(cfg, key)
-    return {"params": params, "opt": optimizer.init(params)}
+    opt = optimizer.init(params)
+    return {"params": jax.tree.map(lambda w: w.astype(weights), params), "opt": opt}
 
 
 def compile_ahead(step_fn, state, batch, log=print):
@@ -66,14 +72,14 @@ def accumulate(params, batch, cfg, accum):
     """(mean loss, mean gradient) of the batch as `accum` microbatches of B/accum rows,
     run one after another under lax.scan: one microbatch's activations alive at a time.
     Row r of microbatch i is row r·accum + i, so each device keeps its own rows. The
-    gradients sum in float32 (the weights' dtype), then divide once."""
+    gradients sum in float32, whatever the weights' dtype, then divide once."""
     micro = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(-1, accum, *x.shape[1:]), 1, 0), batch)
 
     def add(totals, microbatch):
         loss, grads = jax.value_and_grad(loss_fn)(params, microbatch, cfg)
-        return jax.tree.map(jnp.add, totals, (loss, grads)), None
+        return jax.tree.map(lambda t, x: t + x.astype(t.dtype), totals, (loss, grads)), None
 
-    zeros = jax.tree.map(jnp.zeros_like, (jnp.zeros((), jnp.float32), params))
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), (jnp.zeros(()), params))
     (loss, grads), _ = jax.lax.scan(add, zeros, micro)
     return jax.tree.map(lambda total: total / accum, (loss, grads))
 
@@ -148,7 +154,7 @@ def abstract_state(cfg, tc, mesh):
     `jax.jit(init, out_shardings=...)` then builds each shard on its device, a
     checkpoint restores into it, or a compiler for another chip reads it."""
     optimizer = make_optimizer(tc, tc.steps)
-    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer)
+    init = functools.partial(init_state, cfg=cfg, optimizer=optimizer, weights=tc.weights)
     key = jax.eval_shape(lambda: jax.random.key(tc.seed))  # only its shape is used
     with jax.set_mesh(mesh):
         abstract = sharding.abstract_sharded(init, key, mesh)
