@@ -21,6 +21,7 @@ import sys
 
 from roofline.memory import largest_batch, planned_bytes, usable_fraction
 from roofline.plan.memory_report import napkin_batch_line
+from roofline.plan.training_memory import Recipe
 from sessions.errors import UsageError, run_main
 from sessions.plan import programs
 from sessions.run.cli import resolve, train_flags
@@ -67,7 +68,8 @@ def main(argv=None):
         f"largest batch that fits: {batch:,} sequences ({batch * run.model.seq:,} tokens a step), "
         "by XLA's memory plan of the compiled step"
     )
-    print(napkin_batch_line(run.model, target.chip, hbm, sizes, run.train.accum))
+    recipe = Recipe(run.train.weights, run.train.master)  # our step's gradients: float32
+    print(napkin_batch_line(run.model, target.chip, hbm, sizes, run.train.accum, recipe))
     return 0
 
 

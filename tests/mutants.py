@@ -1786,7 +1786,12 @@ MUTANTS = [
         "recipe-grads-as-autodiff-gives-them",
         "the napkin counts bf16 weights' gradients in bf16, where the step makes them float32",
         "sessions/plan/memory_levers.py",
-        (('grads="float32")', "grads=lever.weights)"),),
+        (
+            (
+                "Recipe(lever.weights, lever.master)",
+                "Recipe(lever.weights, lever.master, lever.weights)",
+            ),
+        ),
         (f"{MASTER_TEST}::test_xla_holds_the_state_the_napkin_counts_for_each_recipe",),
     ),
     Mutant(

@@ -4,7 +4,7 @@
 import dataclasses
 
 from roofline.flops import param_count
-from roofline.plan.training_memory import STATE, plan_memory
+from roofline.plan.training_memory import STATE, Recipe, plan_memory
 from roofline.units import flop, gb
 
 
@@ -69,10 +69,11 @@ def memory_summary(plan):
     }
 
 
-def napkin_batch_line(cfg, chip, hbm, sizes, accum=1):
+def napkin_batch_line(cfg, chip, hbm, sizes, accum=1, recipe=None):
     """scripts/max_batch.py's line beside the compiler's: the napkin's largest batch
-    for our step (float32 weights, gradients and AdamW) on a mesh of sizes {data, fsdp,
-    tp}, each device with `hbm` bytes. fsdp divides the state (ZeRO-3); a mesh with
+    for our step (by default float32 weights, gradients and AdamW; s2_train.py's
+    --weights bfloat16 [--master] keep float32 gradients too) on a mesh of sizes {data,
+    fsdp, tp}, each device with `hbm` bytes. fsdp divides the state (ZeRO-3); a mesh with
     both data and fsdp is one the napkin cannot say (it divides over every replica)."""
     if sizes["data"] > 1 and sizes["fsdp"] > 1:
         return "the napkin's largest batch: not planned for a mesh over both data and fsdp"
@@ -80,7 +81,8 @@ def napkin_batch_line(cfg, chip, hbm, sizes, accum=1):
     plan = plan_memory(
         cfg, dataclasses.replace(chip, hbm_bytes=hbm), chips=replicas * sizes["tp"],
         tp=sizes["tp"], batch_tokens=cfg.seq * accum * replicas, remat=cfg.remat,
-        shard="params" if sizes["fsdp"] > 1 else "none", accum=accum,
+        shard="params" if sizes["fsdp"] > 1 else "none", accum=accum, recipe=recipe or Recipe(),
+        scan=cfg.scan_layers,
     )  # fmt: skip
     batch = plan.max_batch_tokens // cfg.seq
     return f"the napkin's largest batch: {batch:,} sequences (predicted; roofline memory)"

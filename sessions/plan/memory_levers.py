@@ -133,7 +133,7 @@ def stored(lever):
     """The napkin's Recipe for the lever. The step hands the optimizer float32 gradients
     whatever the weights (sessions/train/master_weights.py casts bf16 ones), and XLA
     holds them so: with a master, Megatron-LM's 18 bytes a parameter, not ZeRO's 16."""
-    return Recipe(lever.weights, lever.master, grads="float32")
+    return Recipe(lever.weights, lever.master)  # its grads: float32
 
 
 def float32_dots(hlo_text):
