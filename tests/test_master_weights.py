@@ -129,21 +129,23 @@ def test_a_checkpoint_of_bf16_weights_restores_serves_and_refuses_another_recipe
 
 @pytest.fixture(scope="module")
 def recipes():
-    """The three RECIPES compiled here at the course preset's widths and 4 sequences: the
-    state, 12.8M parameters, is most of the step."""
-    run = configs_for("cpu", preset="course", train_fields={"batch": 4})
+    """The three RECIPES compiled here at the course preset's widths and 16 sequences:
+    the state, 12.8M parameters, is most of the step."""
+    run = configs_for("cpu", preset="course", train_fields={"batch": 16})
     return run, [(lever, measure_lever(run, lever)) for lever in RECIPES]
 
 
 def test_xla_holds_the_state_the_napkin_counts_for_each_recipe(recipes):
-    """The napkin at least XLA's plan and at most 15% above it, as for every lever; and
-    the bytes a parameter each bf16 recipe adds to float32 weights' (18 - 16 with a master,
+    """Each recipe within 15% of XLA's plan either way: the napkin counts bf16 activations
+    at 2 bytes, and JAX 0.10's CPU backend keeps them in float32 (0.90x there, 1.00x on
+    JAX 0.12). The recipes compute alike, so their plans differ by the state alone: the
+    bytes a parameter each bf16 recipe adds to float32 weights' (18 - 16 with a master,
     14 - 16 without) are what XLA's plan adds, within half a byte."""
     run, rows = recipes
     params = param_count(run.model)
     (_, f32_row), *bf16 = rows
     for lever, row in rows:
-        assert row.xla_bytes <= row.planned_bytes <= 1.15 * row.xla_bytes, (lever, row)
+        assert 0.85 <= row.planned_bytes / row.xla_bytes <= 1.15, (lever, row)
     for lever, row in bf16:
         napkin = sum(stored(lever).bytes_per_param().values()) - 16
         assert napkin == (2 if lever.master else -2)
