@@ -184,7 +184,8 @@ def float32_tables(params):
 
 def embed(p, tokens, cfg: ModelConfig, start=0):
     """tokens: int [B, S] at positions start..start+S-1 -> x [B, S, E] in the
-    compute dtype, looked up in p["embed"] (training passes the float32 master).
+    compute dtype, looked up in p["embed"] (training passes it as float32:
+    float32_tables).
 
     The lookup is a gather, no FLOPs; its gradient is a scatter-add, each
     position's gradient added into its token's row: in a course step 32,768
