@@ -47,8 +47,8 @@ def test_the_levers_change_the_bytes_and_never_the_loss(tmp_path, capsys):
     stored = [(r["weights"], r["master"], r["dtype"]) for r in recipes]
     assert stored == [("float32", False, "bfloat16"), ("bfloat16", True, "bfloat16"),
                       ("bfloat16", False, "bfloat16")]  # fmt: skip
-    assert "18 bytes a parameter of state, +2 on the napkin" in out
-    assert "14 bytes a parameter of state, -2 on the napkin" in out
+    assert "18 bytes a parameter; a chip holds +2.0 on the napkin" in out
+    assert "14 bytes a parameter; a chip holds -2.0 on the napkin" in out
     # By hand: LLaMA-3-70B's 70,553,706,496 parameters at 12 bytes (bf16 weights and
     # gradients, float32 m and v) are 846.6 GB: 8.3 of v5p's 102 GB (95 GiB) chips.
     assert "its state alone fills 9 chips" in out
