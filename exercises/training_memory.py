@@ -19,7 +19,9 @@ Per layer per token, what the forward saves for the backward, by remat policy
            attention's own products, q·k and p·v, have batch dimensions: not saved.
 
 And the fewest chips that hold a model's state: its bytes over one chip's HBM,
-rounded up.
+rounded up. And why bf16 weights want a float32 master: a bfloat16 number keeps 8
+significant bits, so an update smaller than half the gap to a weight's neighbour
+rounds back to the weight (sessions/train/master_weights.py).
 """
 
 import math
@@ -46,4 +48,12 @@ def saved_values(E, F, H, K, D, policy):
 def fewest_chips(params, bytes_per_param, hbm_bytes):
     """The fewest chips whose HBM, together, holds params x bytes_per_param bytes.
     Hint: math.ceil; 8.3 chips' worth needs 9."""
+    raise NotImplementedError
+
+
+def bf16_gap(weight):
+    """The distance from a positive bfloat16 value `weight` to the next bfloat16 value
+    above it. bfloat16 keeps 8 significant bits (7 stored, 1 implied): the numbers in
+    [2^e, 2^(e+1)) are 2^(e-7) apart. Hint: 1.0 is in [1, 2), e = 0: 2^-7 = 0.0078125;
+    math.frexp or math.log2 finds e."""
     raise NotImplementedError

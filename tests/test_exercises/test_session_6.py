@@ -25,6 +25,7 @@ from .expect import expect
 bytes_per_parameter = exercise("training_memory.bytes_per_parameter")
 saved_values = exercise("training_memory.saved_values")
 fewest_chips = exercise("training_memory.fewest_chips")
+bf16_gap = exercise("training_memory.bf16_gap")
 accumulate = exercise("step.accumulate")
 remat_layer = exercise("bug_remat.remat_layer")
 residuals_counted = exercise("bug_remat.saved_values")
@@ -84,6 +85,17 @@ def test_the_fewest_chips_that_hold_a_published_model_s_state():
     # LLaMA-3-8B: 8,030,261,248 parameters at 16 bytes = 128.5 GB; an H100's 80 GiB: 2.
     expect(fewest_chips(8_030_261_248, 16, 80 * 2**30), 2, "chips", "LLaMA-3-8B, H100")
     expect(fewest_chips(40, 1, 10), 4, "chips", "exactly four chips' worth")
+
+
+@pytest.mark.exercise("training_memory.bf16_gap")
+@pytest.mark.parametrize("weight", [1.0, 1.5, 0.02, 0.015625, 3.0, 1000.0])
+def test_the_gap_above_a_bf16_weight_is_bf16_s_own(weight):
+    """Against bfloat16 itself: jnp.nextafter in bf16, towards +inf. 0.015625 = 2^-6 sits
+    on a power of two, where the gap above is twice the gap below."""
+    w = jnp.asarray(weight, jnp.bfloat16)
+    above = jnp.nextafter(w, jnp.asarray(jnp.inf, jnp.bfloat16))
+    want = float(above.astype(jnp.float32) - w.astype(jnp.float32))
+    expect(bf16_gap(float(w)), want, "", f"the gap above {float(w)} in bf16")
 
 
 def squared_error(params, rows):
