@@ -922,6 +922,28 @@ MUTANTS = [
         (f"{SESSION_5}::test_decode_fits_by_hand",),
     ),
     Mutant(
+        "usable-line-dropped",
+        "the decode planner says what fits an H100 without what JAX may use of it",
+        "roofline/plan/serving.py",
+        (("        *filter(None, [usable_line(chip)]),\n", ""),),
+        (f"{PLANNER}::test_the_planners_say_what_jax_may_use_of_an_h100_beside_fits",),
+    ),
+    Mutant(
+        "usable-folded-into-fits",
+        "JAX's 75% folded silently into the decode planner's 'fits'",
+        "roofline/plan/serving.py",
+        (
+            (
+                "chip.hbm_bandwidth, chips * chip.hbm_bytes\n",
+                "chip.hbm_bandwidth, chips * chip.hbm_bytes * 0.75\n",
+            ),
+        ),
+        (
+            f"{PLANNER}::test_fits_and_does_not_fit_on_an_h100",
+            f"{PLANNER}::test_the_planners_say_what_jax_may_use_of_an_h100_beside_fits",
+        ),
+    ),
+    Mutant(
         "needed-in-gib",
         "decode's bytes printed in GiB where the planners print GB",
         "solutions/decode_cost.py",

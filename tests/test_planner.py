@@ -280,14 +280,23 @@ def test_a_batch_that_does_not_fit_is_still_planned():
 USABLE_H100 = "usable by JAX: 75% = 60.0 GiB (64.42 GB) of 80 GiB a chip"
 
 
-@pytest.mark.parametrize("command", [DECODE, ["memory", "--batch-tokens", "8192"]])
-def test_the_planners_say_what_jax_may_use_of_an_h100_beside_fits(command, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "command, fits",
+    [
+        # "fits" stays against the whole HBM: 65 sequences, 85.85 GB of 85.90 (by hand above)
+        (DECODE, "largest batch that fits: 65 sequences"),
+        (["memory", "--batch-tokens", "8192"], "a chip (h100-sxm, the chip table): fits"),
+    ],
+)
+def test_the_planners_say_what_jax_may_use_of_an_h100_beside_fits(
+    command, fits, capsys, monkeypatch
+):
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
     assert roofline_command(command) == 0
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("usable by JAX"))
     assert line.startswith(USABLE_H100) and "XLA_PYTHON_CLIENT_MEM_FRACTION" in line
-    # "fits" stays against the whole HBM: the decode's batch 64 (84.78 GB) fits 85.90 GB.
+    assert fits in out and "80 GiB (85.90 GB)" in out
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")
     assert roofline_command(command) == 0
     assert "usable by JAX: 90% = 72.0 GiB (77.31 GB) of 80 GiB" in capsys.readouterr().out

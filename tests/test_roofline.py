@@ -225,7 +225,7 @@ ENTRY %main (a: f32[4,8], b: f32[8,2]) -> (f32[4,2], f32[8,4]) {
 
 # Typed from the datasheets each entry cites, not from the table: per chip, dense
 # TFLOP/s by dtype (never NVIDIA's 2:4-sparsity figure, twice as large), HBM
-# GB/s, and HBM GB. Memory is loose by GiB against GB (7%); the rest exact to 1%.
+# GB/s, and HBM in GB of 1e9 bytes (a vendor's GiB written as GB: 80 GiB is 85.9); all to 1%.
 DATASHEETS = {
     "tpu-v4": ({"bfloat16": 275}, 1200, 34.4),  # 32 GiB
     "tpu-v5e": ({"bfloat16": 197}, 819, 16),
