@@ -30,7 +30,6 @@ from roofline.hardware import find_chip
 from roofline.memory import usable_line
 from roofline.plan.memory_report import memory_lines
 from roofline.plan.training_memory import Recipe, plan_memory
-from roofline.units import capacity
 from sessions.errors import UsageError, run_main
 from sessions.model.config import LEVERS, PUBLISHED, TRAIN_LEVERS
 from sessions.plan import programs
@@ -171,13 +170,13 @@ def published_lines():
     fits = plan_memory(llama70, v5p, chips=slice_chips, batch_tokens=0, **levers)
     step = plan_memory(llama70, v5p, batch_tokens=512 * llama70.seq, **levers)
     lines += [
-        f"LLaMA-3-70B on TPU v5p, {capacity(v5p.hbm_bytes)} a chip, 12 bytes a parameter:",
+        f"LLaMA-3-70B on TPU v5p ({v5p.hbm_bytes / 1e9:.0f} GB a chip), 12 bytes a parameter:",
         f"  its state alone fills {chips} chips; {slice_chips} hold it and "
         f"{fits.max_batch_tokens:,} tokens a step",
         f"  4M tokens a step (512 x 8,192), 4 saved tensors a layer: {step.min_chips:,} chips",
     ]
     llama8 = dataclasses.replace(PUBLISHED["llama3-8b"].model, attention_impl="cudnn")
-    lines.append(f"LLaMA-3-8B on one H100, {capacity(H100.hbm_bytes)}, block remat, seq 8,192:")
+    lines.append(f"LLaMA-3-8B on one H100 ({H100.hbm_bytes // 2**30} GiB), block remat, seq 8,192:")
     for name, recipe in (
         ("float32 weights, AdamW (16 B)", Recipe()),
         ("bf16 weights, float32 master (16 B)", Recipe("bfloat16", True, "bfloat16")),
@@ -189,8 +188,7 @@ def published_lines():
         state = sum(plan.per_chip[k] for k in ("params", "master", "grads", "optimizer"))
         fits = f"{plan.max_batch_tokens:,} tokens a step fit" if plan.max_batch_tokens else "no"
         lines.append(f"  {name:<42} state {state / 1e9:6.1f} GB: {fits}")
-    lines.append(f"  {usable_line(H100)}")
-    return lines
+    return [*lines, f"  {usable_line(H100)}"]  # what JAX may use of it, beside "fit"
 
 
 def main(argv=None):

@@ -86,8 +86,8 @@ def attention_table_lines(rows, target):
     """The table s4_kernels.py prints: one line per (S, implementation)."""
     hbm = target.hbm_per_device
     lines = [
-        f"attention alone on {target.name} ({capacity(hbm, decimal=False)} per device), forward + backward, "
-        f"H={HEADS} D={HEAD_DIM} bf16, {TOKENS:,} tokens a step:",
+        f"attention alone on {target.name} ({capacity(hbm, decimal=False)} per device), "
+        f"forward + backward, H={HEADS} D={HEAD_DIM} bf16, {TOKENS:,} tokens a step:",
         f"  {'S':>6} {'B':>3} {'implementation':<15} {'memory':>10} {'predicted':>11}"
         f"  {'matmul TFLOP counted / by hand':>31}",
     ]
