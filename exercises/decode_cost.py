@@ -104,13 +104,15 @@ def published_params(model):
     raise NotImplementedError
 
 
-def decode_fits(model, batch, context, hbm_gb, bytes_per_param=2, bytes_per_cache_value=2):
+def decode_fits(model, batch, context, hbm_gib, bytes_per_param=2, bytes_per_cache_value=2):
     """Whether the model's decode of `batch` sequences of `context` tokens fits
-    a chip of hbm_gb GB: (GB needed, a float; fits, a bool).
+    a chip of hbm_gib GiB: (GB needed, a float; fits, a bool).
 
     Needed: every parameter (published_params, bytes_per_param each) plus the
-    KV cache of the model's own K (gqa_cache_bytes), in GB of 10^9 bytes.
-    Fits when needed <= hbm_gb. (int8's per-channel scales add under 0.1%
-    to LLaMA-3-8B's weights; this napkin leaves them out.)
+    KV cache of the model's own K (gqa_cache_bytes), in GB of 10^9 bytes, as the
+    planners print it. The chip's memory is in the vendor's unit: NVIDIA's "80GB"
+    H100 holds 80 GiB, 80·2^30 bytes. Fits when the bytes needed <= hbm_gib·2^30.
+    (int8's per-channel scales add under 0.1% to LLaMA-3-8B's weights; this
+    napkin leaves them out.)
     """
     raise NotImplementedError

@@ -18,6 +18,7 @@ from roofline import calibrate
 from roofline.chip import Chip, Roofs
 from roofline.gpus import GPUS
 from roofline.tpus import TPUS
+from roofline.units import capacity
 
 __all__ = [
     "CHIPS",
@@ -201,7 +202,7 @@ def chips_lines():
     def tflops(chip, dtype):
         return f"{chip.flops[dtype] / 1e12:,.1f}" if dtype in chip.flops else "-"
 
-    row = "{:<15}{:>7}{:>8}{:>7}{:>10}{:>8}{:>9}{:>8}{:>7}{:>6}  {}".format
+    row = "{:<15}{:>7}{:>8}{:>7}{:>10}{:>10}{:>9}{:>8}{:>7}{:>6}  {}".format
     lines = [
         "peak dense TFLOP/s per chip, memory, interconnect (bidirectional, per chip); "
         + "ridge = bf16 peak / HBM bandwidth; host = one host's worth, the default "
@@ -212,7 +213,7 @@ def chips_lines():
             "tf32",
             "fp32",
             "HBM GB/s",
-            "HBM GB",
+            "HBM",
             "ICI GB/s",
             "ridge",
             "host",
@@ -232,7 +233,7 @@ def chips_lines():
                 tflops(chip, "tf32"),
                 tflops(chip, "float32"),
                 f"{chip.hbm_bandwidth / 1e9:,.0f}",
-                f"{chip.hbm_bytes / 1e9:,.0f}",
+                capacity(chip.hbm_bytes, decimal=False),
                 link,
                 f"{chip.ridge('bfloat16'):,.0f}",
                 chip.host_shape or "-",

@@ -14,7 +14,10 @@ import os
 
 import jax
 
+from roofline.units import capacity, gb
+
 PLAN = "XLA's memory plan of the compiled step"
+MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 
 # device id -> (allocator peak before, after) for work done outside the step that
 # raised it, in this process: the calibration (roofline/calibrate.py measure).
@@ -100,7 +103,23 @@ def usable_fraction(platform):
     also plans within (its rematerialization aims below it); a TPU's, all."""
     if platform != "gpu":
         return 1.0
-    return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
+    return float(os.environ.get(MEM_FRACTION, "0.75"))
+
+
+def usable_line(chip):
+    """The planners' line beside "fits" (which stays against the whole HBM): how much
+    of one GPU's memory JAX preallocates for arrays, None off a GPU. JAX takes its share
+    of the memory free when it starts: 63,763,906,560 bytes on an H100 80GB whose
+    nvidia-smi read 81,559 MiB (measured, docs/h100-run-2/README.md)."""
+    if chip.platform != "gpu":
+        return None
+    share = usable_fraction("gpu") * chip.hbm_bytes
+    how = f"={os.environ[MEM_FRACTION]}" if MEM_FRACTION in os.environ else ", its default"
+    return (
+        f"usable by JAX: {usable_fraction('gpu'):.0%} = {share / 2**30:,.1f} GiB ({gb(share)}) "
+        f"of {capacity(chip.hbm_bytes, decimal=False)} a chip ({MEM_FRACTION}{how}; "
+        "'fits' is against the whole HBM)"
+    )
 
 
 def largest_batch(fits, unit, start):

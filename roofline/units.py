@@ -1,9 +1,19 @@
 """Numbers as the plans print them: bytes in GB or MB, seconds in ms or us,
-FLOPs in GFLOP or MFLOP, whichever keeps a few digits."""
+FLOPs in GFLOP or MFLOP, whichever keeps a few digits; a chip's memory in the
+unit its vendor sizes it in."""
 
 
 def gb(x):
     return f"{x / 1e9:,.2f} GB" if x >= 1e8 else f"{x / 1e6:,.2f} MB"
+
+
+def capacity(x, decimal=True):
+    """A memory's size: in GiB where it is a whole number of them, as NVIDIA's "80GB"
+    (80 GiB) and Google's TPU pages' GiB are, with GB beside it unless decimal=False
+    ("80 GiB (85.90 GB)"); else gb(x) (a v5e's 16 GB)."""
+    if x < 2**30 or x % 2**30:
+        return gb(x)
+    return f"{x / 2**30:,.0f} GiB" + (f" ({gb(x)})" if decimal else "")
 
 
 def ms(s):

@@ -27,6 +27,7 @@ import jax
 
 from roofline.flops import param_count
 from roofline.hardware import find_chip
+from roofline.memory import usable_line
 from roofline.plan.memory_report import memory_lines
 from roofline.plan.training_memory import Recipe, plan_memory
 from sessions.errors import UsageError, run_main
@@ -177,7 +178,7 @@ def published_lines():
         f"  4M tokens a step (512 x 8,192), 4 saved tensors a layer: {step.min_chips:,} chips",
     ]
     llama8 = dataclasses.replace(PUBLISHED["llama3-8b"].model, attention_impl="cudnn")
-    lines.append(f"LLaMA-3-8B on one H100 ({H100.hbm_bytes / 1e9:.0f} GB), block remat, seq 8,192:")
+    lines.append(f"LLaMA-3-8B on one H100 ({H100.hbm_bytes // 2**30} GiB), block remat, seq 8,192:")
     for name, recipe in (
         ("float32 weights, AdamW (16 B)", Recipe()),
         ("bf16 weights, float32 master (16 B)", Recipe("bfloat16", True, "bfloat16")),
@@ -189,7 +190,7 @@ def published_lines():
         state = sum(plan.per_chip[k] for k in ("params", "master", "grads", "optimizer"))
         fits = f"{plan.max_batch_tokens:,} tokens a step fit" if plan.max_batch_tokens else "no"
         lines.append(f"  {name:<42} state {state / 1e9:6.1f} GB: {fits}")
-    return lines
+    return [*lines, f"  {usable_line(H100)}"]  # what JAX may use of it, beside "fit"
 
 
 def main(argv=None):

@@ -116,14 +116,16 @@ def published_params(model):
     return model["layers"] * per_layer + 2 * model["vocab"] * E + E
 
 
-def decode_fits(model, batch, context, hbm_gb, bytes_per_param=2, bytes_per_cache_value=2):
+def decode_fits(model, batch, context, hbm_gib, bytes_per_param=2, bytes_per_cache_value=2):
     """Whether the model's decode of `batch` sequences of `context` tokens fits
-    a chip of hbm_gb GB: (GB needed, a float; fits, a bool).
+    a chip of hbm_gib GiB: (GB needed, a float; fits, a bool).
 
     Needed: every parameter (published_params, bytes_per_param each) plus the
-    KV cache of the model's own K (gqa_cache_bytes), in GB of 10^9 bytes.
-    Fits when needed <= hbm_gb. (int8's per-channel scales add under 0.1%
-    to LLaMA-3-8B's weights; this napkin leaves them out.)
+    KV cache of the model's own K (gqa_cache_bytes), in GB of 10^9 bytes, as the
+    planners print it. The chip's memory is in the vendor's unit: NVIDIA's "80GB"
+    H100 holds 80 GiB, 80·2^30 bytes. Fits when the bytes needed <= hbm_gib·2^30.
+    (int8's per-channel scales add under 0.1% to LLaMA-3-8B's weights; this
+    napkin leaves them out.)
     """
     weights = published_params(model) * bytes_per_param
     cache = gqa_cache_bytes(
@@ -135,5 +137,5 @@ def decode_fits(model, batch, context, hbm_gb, bytes_per_param=2, bytes_per_cach
         model["head_dim"],
         bytes_per_cache_value,
     )
-    needed_gb = (weights + cache) / 1e9
-    return needed_gb, needed_gb <= hbm_gb
+    needed = weights + cache
+    return needed / 1e9, needed <= hbm_gib * 2**30

@@ -915,11 +915,56 @@ MUTANTS = [
         ),
     ),
     Mutant(
-        "fits-in-gib",
-        "decode's bytes counted in GiB against a chip's GB",
+        "fits-in-gb",
+        "an H100's \"80GB\" read as 80e9 bytes, not NVIDIA's 80 GiB",
         "solutions/decode_cost.py",
-        (("needed_gb = (weights + cache) / 1e9", "needed_gb = (weights + cache) / 2**30"),),
+        (("needed <= hbm_gib * 2**30", "needed <= hbm_gib * 1e9"),),
         (f"{SESSION_5}::test_decode_fits_by_hand",),
+    ),
+    Mutant(
+        "usable-line-dropped",
+        "the decode planner says what fits an H100 without what JAX may use of it",
+        "roofline/plan/serving.py",
+        (("        *filter(None, [usable_line(chip)]),\n", ""),),
+        (f"{PLANNER}::test_the_planners_say_what_jax_may_use_of_an_h100_beside_fits",),
+    ),
+    Mutant(
+        "usable-folded-into-fits",
+        "JAX's 75% folded silently into the decode planner's 'fits'",
+        "roofline/plan/serving.py",
+        (
+            (
+                "chip.hbm_bandwidth, chips * chip.hbm_bytes\n",
+                "chip.hbm_bandwidth, chips * chip.hbm_bytes * 0.75\n",
+            ),
+        ),
+        (
+            f"{PLANNER}::test_fits_and_does_not_fit_on_an_h100",
+            f"{PLANNER}::test_the_planners_say_what_jax_may_use_of_an_h100_beside_fits",
+        ),
+    ),
+    Mutant(
+        "needed-in-gib",
+        "decode's bytes printed in GiB where the planners print GB",
+        "solutions/decode_cost.py",
+        (("return needed / 1e9, needed", "return needed / 2**30, needed"),),
+        (f"{SESSION_5}::test_decode_fits_by_hand",),
+    ),
+    Mutant(
+        "nvidia-hbm-decimal",
+        "the H100's HBM in decimal GB (80e9 bytes), not the 80 GiB NVIDIA means",
+        "roofline/gpus.py",
+        (
+            (
+                "        3350 * G,\n        80 * GiB,\n",
+                "        3350 * G,\n        80 * G,\n",
+            ),
+        ),
+        (
+            "tests/test_hardware.py::test_every_nvidia_row_holds_the_vendor_s_gib",
+            f"{PLANNER}::test_fits_and_does_not_fit_on_an_h100",
+            f"{PLANNER}::test_the_planners_say_what_jax_may_use_of_an_h100_beside_fits",
+        ),
     ),
     Mutant(
         "ring-backwards",

@@ -38,7 +38,7 @@ def test_einsum_attention_holds_the_scores_and_cudnn_does_not(h100):
     assert cudnn.bytes < 2 * scores
     assert 0 < cudnn.seconds < einsum.seconds
     lines = attention_table_lines([einsum, cudnn], target)
-    assert lines[0].startswith("attention alone on h100-sxm:1 (80 GB per device)")
+    assert lines[0].startswith("attention alone on h100-sxm:1 (80 GiB per device)")
     assert len(lines) == 4 and " GB " in lines[-1]
 
 

@@ -241,7 +241,7 @@ def test_cli_prints_each_batch_and_writes_the_summary(tmp_path, capsys):
             == 2 * cfg.layers * B * cfg.seq * cfg.heads * cfg.head_dim * 2
         )
         assert row["weight_bytes_per_device"] == 2 * param_count(cfg)
-        assert row["hbm_bytes_per_device"] == 80e9 and row["fits"]
+        assert row["hbm_bytes_per_device"] == 80 * 2**30 and row["fits"]  # NVIDIA's "80GB"
         assert row["predicted_tokens_per_sec"] == pytest.approx(B / row["predicted_step_seconds"])
         assert row["napkin_flops_per_device"] == napkin_step_flops(cfg, B)
         assert row["xla_flops_per_device"] == pytest.approx(
@@ -346,7 +346,7 @@ def test_the_gpu_decode_programs_never_wait_on_the_host(gpt2_h100):
         # One sequence's cache, 2·L·T·H·D·2 bytes at T=65536, H·D=8192: 17.2 GB at 8
         # layers, beyond a v5e's 16 GB even split four ways: the TPU compiler refuses it.
         ("tpu-v5e:2x2", "tpu", 8, 4, "HBM"),
-        # 4.3 GB at 2 layers, 137 GB for 32: the NVIDIA compiler plans it, past 80 GB.
+        # 4.3 GB at 2 layers, 137 GB for 32: the NVIDIA compiler plans it, past 80 GiB (85.9 GB).
         ("h100:1", "gpu", 2, 32, "XLA's plan needs"),
     ],
 )

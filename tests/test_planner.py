@@ -18,7 +18,8 @@ from roofline.hardware import find_chip
 from roofline.plan.serving import plan_serving
 from sessions.model.config import PRESETS, PUBLISHED
 
-H100_PEAK, H100_BW, H100_HBM = 989e12, 3.35e12, 80e9  # bf16 dense FLOP/s, bytes/s, bytes
+# bf16 dense FLOP/s, bytes/s, bytes: NVIDIA's "80GB" is 80 GiB (roofline/gpus.py)
+H100_PEAK, H100_BW, H100_HBM = 989e12, 3.35e12, 80 * 2**30
 A100_PEAK = 312e12
 
 LLAMA3_8B = PUBLISHED["llama3-8b"].model  # L=32 E=4096 F=14336 H=32 K=8 D=128 V=128256
@@ -119,14 +120,15 @@ def llama3_8b_plan(batches, chips=1, context=8_192, **levers):
 
 
 def test_fits_and_does_not_fit_on_an_h100():
-    # Held: 16,060,522,496 bytes of weights + B · 1,073,741,824 of cache within 80e9:
-    # B <= 63,939,477,504 / 1,073,741,824 = 59.55, so 59 fits and 60 does not.
-    plan = llama3_8b_plan([59, 60])
+    # Held: 16,060,522,496 bytes of weights + B · 1,073,741,824 of cache within 80 GiB,
+    # 85,899,345,920 bytes: B <= 69,838,823,424 / 1,073,741,824 = 65.04, so 65 fits
+    # (85,853,741,056 bytes) and 66 does not (86,927,482,880). Against 80e9 it would be 59.
+    plan = llama3_8b_plan([65, 66])
     assert [r.fits for r in plan.batches] == [True, False]
-    assert plan.batches[0].total_bytes == 16_060_522_496 + 59 * LLAMA3_8B_CACHE
-    assert plan.max_batch == 59
-    # Two chips hold twice: (160e9 − 16,060,522,496) / 1,073,741,824 = 134.05.
-    assert llama3_8b_plan([134, 135], chips=2).max_batch == 134
+    assert plan.batches[0].total_bytes == 16_060_522_496 + 65 * LLAMA3_8B_CACHE
+    assert plan.max_batch == 65
+    # Two chips hold twice: (171,798,691,840 − 16,060,522,496) / 1,073,741,824 = 145.04.
+    assert llama3_8b_plan([145, 146], chips=2).max_batch == 145
 
 
 def test_tokens_per_second_at_batch_1_is_bandwidth_over_bytes():
@@ -181,7 +183,7 @@ DECODE = ["decode", "--preset", "llama3-8b", "--chip", "h100", "--chips", "1"]
 
 def test_decode_s_summary_keys_and_numbers(tmp_path, capsys):
     summary, out = summary_of(
-        [*DECODE, "--batches", "1,8,64", "--context", "8192"], tmp_path, capsys
+        [*DECODE, "--batches", "1,8,66", "--context", "8192"], tmp_path, capsys
     )
     keys = {"batch", "kv_cache_bytes", "total_bytes", "fits", "step_seconds", "bound"}
     keys |= {"tokens_per_second", "launch_seconds"}
@@ -193,9 +195,11 @@ def test_decode_s_summary_keys_and_numbers(tmp_path, capsys):
     assert [b["bound"] for b in summary["batches"]] == ["bytes"] * 3
     assert summary["params"] == 8_030_261_248 and summary["critical_batch"] is None
     assert [b["fits"] for b in summary["batches"]] == [True, True, False]
-    # Batch 64: 64 GiB of cache, 84.78 GB held: printed, not raised.
-    assert summary["batches"][2]["kv_cache_bytes"] == 64 * LLAMA3_8B_CACHE
-    assert "does not fit" in out and "GB = 1e9 bytes" in out
+    # Batch 66: 66 GiB of cache, 86.93 GB held, past 80 GiB: printed, not raised.
+    assert summary["batches"][2]["kv_cache_bytes"] == 66 * LLAMA3_8B_CACHE
+    assert summary["hbm_bytes"] == H100_HBM
+    assert "does not fit" in out and "GB = 1e9 bytes, GiB = 2^30" in out
+    assert "80 GiB (85.90 GB) HBM each" in out and "fits 1 x 80 GiB" in out
     assert out.splitlines()[0].startswith("decode: llama3-8b, published: https://")
     one = summary["batches"][0]
     assert one["tokens_per_second"] == pytest.approx(H100_BW / 16_083_599_360, rel=1e-12)
@@ -266,8 +270,38 @@ def test_bad_input_is_one_line_and_exit_2(argv, says, capsys):
 
 
 def test_a_batch_that_does_not_fit_is_still_planned():
-    row = llama3_8b_plan([64]).batches[0]
+    row = llama3_8b_plan([66]).batches[0]
     assert not row.fits and math.isfinite(row.step.step_s) and row.step.tokens_per_s > 0
+
+
+# JAX preallocates 75% of a GPU by default: 0.75 · 85,899,345,920 = 64,424,509,440 bytes,
+# 60.0 GiB; at XLA_PYTHON_CLIENT_MEM_FRACTION=.9, 77,309,411,328 bytes, 72.0 GiB. A TPU's
+# HBM is all JAX's: no line.
+USABLE_H100 = "usable by JAX: 75% = 60.0 GiB (64.42 GB) of 80 GiB a chip"
+
+
+@pytest.mark.parametrize(
+    "command, fits",
+    [
+        # "fits" stays against the whole HBM: 65 sequences, 85.85 GB of 85.90 (by hand above)
+        (DECODE, "largest batch that fits: 65 sequences"),
+        (["memory", "--batch-tokens", "8192"], "a chip (h100-sxm, the chip table): fits"),
+    ],
+)
+def test_the_planners_say_what_jax_may_use_of_an_h100_beside_fits(
+    command, fits, capsys, monkeypatch
+):
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert roofline_command(command) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("usable by JAX"))
+    assert line.startswith(USABLE_H100) and "XLA_PYTHON_CLIENT_MEM_FRACTION" in line
+    assert fits in out and "80 GiB (85.90 GB)" in out
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")
+    assert roofline_command(command) == 0
+    assert "usable by JAX: 90% = 72.0 GiB (77.31 GB) of 80 GiB" in capsys.readouterr().out
+    assert roofline_command([*command, "--chip", "tpu-v5p"]) == 0
+    assert "usable by JAX" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("levers", [[], ["--weights", "int8", "--cache", "int8"]])

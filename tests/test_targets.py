@@ -84,7 +84,7 @@ def test_a_step_too_big_for_the_chip_exits_2_with_what_to_try(capsys):
 @pytest.mark.parametrize(
     "target, platform, devices, hbm",
     [
-        ("h100:8", "gpu", 8, 80e9),  # NVIDIA's datasheet: 80 GB
+        ("h100:8", "gpu", 8, 80 * 2**30),  # NVIDIA's datasheet: "80GB", 80 GiB
         ("tpu-v5e:2x4", "tpu", 8, 16e9),  # Google's v5e page: 16 GB a chip
     ],
 )

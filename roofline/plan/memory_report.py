@@ -4,8 +4,9 @@
 import dataclasses
 
 from roofline.flops import param_count
+from roofline.memory import usable_line
 from roofline.plan.training_memory import STATE, Recipe, plan_memory
-from roofline.units import flop, gb
+from roofline.units import capacity, flop, gb
 
 
 def _remat_name(remat):
@@ -33,7 +34,8 @@ def memory_lines(plan, heading):
     total = plan.per_chip["total"]
     lines.append(f"  {'total':<12}{'':>14}{gb(total):>14}")
     verdict = "fits" if plan.fits else "does NOT fit"
-    lines.append(f"HBM: {gb(chip.hbm_bytes)} a chip ({chip.name}, the chip table): {verdict}")
+    lines.append(f"HBM: {capacity(chip.hbm_bytes)} a chip ({chip.name}, the chip table): {verdict}")
+    lines += filter(None, [usable_line(chip)])
     least = f"{plan.min_chips:,}" if plan.min_chips else "none (what is not sharded is too big)"
     lines.append(f"fewest chips that hold this step: {least}")
     most = f"{plan.max_batch_tokens:,} tokens" if plan.max_batch_tokens else "none"

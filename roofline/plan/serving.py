@@ -42,8 +42,9 @@ from roofline.launch_bound import (
     launch_bound,
     launch_cost,
 )
+from roofline.memory import usable_line
 from roofline.predict import predict
-from roofline.units import gb, ms
+from roofline.units import capacity, gb, ms
 
 
 class BatchPlan(NamedTuple):
@@ -152,21 +153,21 @@ def serving_lines(plan, heading):
     cfg, chip, n = plan.cfg, plan.chip, plan.chips
     weights, cache = plan.weights or plan.dtype, plan.cache or plan.dtype
     K, H, T = cfg.n_kv_heads, cfg.heads, cfg.seq
-    peak, hbm_gb = chip.peak(plan.dtype), f"{chip.hbm_bytes / 1e9:,.0f} GB"
+    peak, hbm = chip.peak(plan.dtype), capacity(chip.hbm_bytes, decimal=False)
     lines = [
         heading,
         f"model: {model_line(cfg, length='T')} | {plan.params:,} parameters",
         f"chips: {n} x {chip.name}, {peak / 1e12:,.1f} TFLOP/s {plan.dtype} (the matmuls' "
         + f"peak, int8 weights too), {chip.hbm_bandwidth / 1e9:,.0f} GB/s and "
-        + f"{chip.hbm_bytes / 1e9:,.0f} GB HBM each ({chip.source})",
+        + f"{capacity(chip.hbm_bytes)} HBM each ({chip.source})",
         f"weights: {weights}: {gb(plan.held_weight_bytes)} held, {gb(plan.read_weight_bytes)} "
         + "read per step (each matmul weight once, a row of each table)",
         f"KV cache: {cache}, K = {K} of H = {H} heads: {gb(plan.cache_per_sequence)} per "
         + f"sequence of T = {T:,} positions",
         launches_line(plan),
-        "units: GB = 1e9 bytes, MB = 1e6 bytes; step = the lower bound on one decode step",
+        "units: GB = 1e9 bytes, GiB = 2^30, MB = 1e6; step = the lower bound on one decode step",
         "",
-        f"{'batch':>7}{'KV cache':>12}{'total held':>13}  {f'fits {n} x {hbm_gb}':<16}"
+        f"{'batch':>7}{'KV cache':>12}{'total held':>13}  {f'fits {n} x {hbm}':<16}"
         + f"{'launches':>10}{'step':>10}  {'bound':<9}{'tokens/s':>12}",
     ]
     for r in plan.batches:
@@ -199,7 +200,8 @@ def serving_lines(plan, heading):
         "",
         f"critical batch: {critical}",
         f"largest batch that fits: {plan.max_batch:,} sequences of {T:,} positions beside "
-        + f"the weights, in {n} x {hbm_gb}",
+        + f"the weights, in {n} x {hbm}",
+        *filter(None, [usable_line(chip)]),
         f"time to first token: {ms(t.step_s)} for one prompt of {plan.prompt:,} tokens, "
         + f"{t.bound}-bound ({t.flops / 1e12:,.2f} TFLOP of prefill, attention's scores in "
         + f"full; {gb(t.bytes)} read and written)",

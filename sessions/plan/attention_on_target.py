@@ -29,6 +29,7 @@ import numpy as np
 from roofline.chip import chip_roofs
 from roofline.compiled.op_roofline import predict_ops
 from roofline.memory import planned_bytes
+from roofline.units import capacity
 from sessions.model.attention import attention
 from sessions.plan import programs
 from sessions.shard import sharding
@@ -85,8 +86,8 @@ def attention_table_lines(rows, target):
     """The table s4_kernels.py prints: one line per (S, implementation)."""
     hbm = target.hbm_per_device
     lines = [
-        f"attention alone on {target.name} ({hbm / 1e9:.0f} GB per device), forward + backward, "
-        f"H={HEADS} D={HEAD_DIM} bf16, {TOKENS:,} tokens a step:",
+        f"attention alone on {target.name} ({capacity(hbm, decimal=False)} per device), "
+        f"forward + backward, H={HEADS} D={HEAD_DIM} bf16, {TOKENS:,} tokens a step:",
         f"  {'S':>6} {'B':>3} {'implementation':<15} {'memory':>10} {'predicted':>11}"
         f"  {'matmul TFLOP counted / by hand':>31}",
     ]

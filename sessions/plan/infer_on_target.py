@@ -14,6 +14,7 @@ from roofline.flops import model_line, param_count
 from roofline.launch_bound import launch_bound, launch_cost
 from roofline.plan.decode import DecodePlan, decode_lines, decode_summary, launch_lines
 from roofline.predict import comm_time
+from roofline.units import capacity
 from sessions.errors import UsageError
 from sessions.inference import kernel_step, kv_cache, shapes
 from sessions.model.attention_choice import KERNEL_PLATFORM
@@ -77,7 +78,7 @@ def plan_prefill(cfg, batch, prompt_len, mesh, target, say):
     fits = facts.memory_bytes <= target.hbm_per_device
     say(
         f"{head} | compiled in {seconds:.1f} s | {facts.memory_bytes / 1e6:,.1f} MB of "
-        f"{target.hbm_per_device / 1e9:.2f} GB HBM per device{'' if fits else ': DOES NOT FIT'}"
+        f"{capacity(target.hbm_per_device)} HBM per device{'' if fits else ': DOES NOT FIT'}"
     )
     say(
         f"  FLOPs per device: XLA {xla / 1e9:,.3f} GFLOP, napkin {napkin / 1e9:,.3f} GFLOP: "
@@ -217,7 +218,7 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
             if not decoded.fits:
                 refused[b] = (
                     f"XLA's plan needs {decoded.memory_bytes / 1e9:,.2f} GB a device, "
-                    f"more than its {target.hbm_per_device / 1e9:.2f} GB of HBM"
+                    f"more than its {capacity(target.hbm_per_device)} of HBM"
                 )
     say(
         "decode, one token per sequence a step, per device (it reads every weight tp does not "
@@ -253,7 +254,7 @@ def plan_decode(mesh_text, cfg, batches, prompt_len, preset, target, devices, sa
             tries.append("fsdp or tp for data in --mesh (data copies every weight)")
         summary["error"] = (
             f"no batch of {', '.join(map(str, batches))} fits on {target.name} "
-            f"({target.hbm_per_device / 1e9:.2f} GB HBM per device); try "
+            f"({capacity(target.hbm_per_device)} HBM per device); try "
             f"{', '.join(tries)}, or a bigger slice"
         )
     return DecodePlanned(plans, summary, compiled)

@@ -15,6 +15,7 @@ from roofline.compiled.op_roofline import predict_ops
 from roofline.compiled.program import read_program
 from roofline.flops import flash_kernel, model_line, param_count
 from roofline.plan.training import plan_lines, plan_summary, training_plan
+from roofline.units import capacity
 from sessions.errors import UsageError
 from sessions.plan import programs
 from sessions.shard import sharding
@@ -29,7 +30,7 @@ def too_big(error, target, tc, sizes):
         tries.append("a larger fsdp axis in --mesh")
     tries.append("a bigger slice")
     return UsageError(
-        f"the step does not fit on {target.name} ({target.hbm_per_device / 1e9:.2f} GB HBM per "
+        f"the step does not fit on {target.name} ({capacity(target.hbm_per_device)} HBM per "
         f"device): {needed}; try {', '.join(tries)}"
     )
 

@@ -29,7 +29,7 @@ elementwise_utilisation = exercise("mfu_vs_bandwidth.elementwise_utilisation")
 best_mfu = exercise("mfu_vs_bandwidth.best_mfu")
 
 GPT2 = PRESETS["gpt2"].model  # L=12, E=768, F=3072, H=12, D=64, T=1024, V=256
-H100 = CHIPS["h100-sxm"]  # 989 TFLOP/s bf16, 80 GB at 3.35 TB/s
+H100 = CHIPS["h100-sxm"]  # 989 TFLOP/s bf16, 80 GiB (85.9 GB) at 3.35 TB/s
 # The gpt2 preset in bf16, by hand (roofline/decode_cost.py checks the same numbers):
 W = 85_151_232 * 2  # 12·(2·768·3072 + 4·768·768) + 256·768 matmul weights, 19,968 others
 C = 2 * 12 * 1024 * 12 * 64 * 2  # one sequence's cache: 37,748,736 bytes
@@ -135,8 +135,8 @@ def test_kv_cache_bytes_by_hand():
 @pytest.mark.exercise("inference_roofline.chips_to_hold")
 def test_chips_to_hold_by_hand():
     hbm = H100.hbm_bytes
-    expect(chips_to_hold(P70B, 2, hbm), 2, "chips", "70B in bf16, 140 GB in 80 GB chips")
-    expect(chips_to_hold(P70B, 1, hbm), 1, "chips", "70B in int8, 70 GB in 80 GB chips")
+    expect(chips_to_hold(P70B, 2, hbm), 2, "chips", "70B in bf16, 140 GB in 80 GiB (85.9 GB) chips")
+    expect(chips_to_hold(P70B, 1, hbm), 1, "chips", "70B in int8, 70 GB in 80 GiB chips")
     kv = 2 * 80 * 8 * 128 * 8192 * 16 * 2
     expect(chips_to_hold(P70B, 2, hbm, kv), 3, "chips", "70B in bf16 and a 42.9 GB cache: 183 GB")
 
