@@ -213,9 +213,8 @@ def main(argv=None):
     corpus = None if target else data.open_corpus(run.data, run.model.seq)
 
     def measured(levers):
-        steps = 0 if target else args.steps
-        kw = {"steps": steps, "corpus": corpus, "target": target, "devices": devices}
-        return [(lever, measure_lever(run, lever, **kw)) for lever in levers]
+        kw = {"steps": 0 if target else args.steps, "corpus": corpus, "target": target}
+        return [(lever, measure_lever(run, lever, devices=devices, **kw)) for lever in levers]
 
     rows = measured(TABLE)
     print("\n".join(lever_table(rows, ran=not target)))
