@@ -118,8 +118,10 @@ def serving_plan_lines(args):
     chip = table_chip(args.chip)
     model = PUBLISHED[args.preset].model if args.preset in PUBLISHED else PRESETS[args.preset].model
     context = args.context or model.seq
-    if context > model.seq:
-        raise UsageError(f"--context {context:,}: {args.preset} has {model.seq:,} positions")
+    if context > model.seq and model.learned_positions:  # a table of model.seq rows ends there
+        raise UsageError(
+            f"--context {context:,}: {args.preset}'s learned position table has {model.seq:,} rows"
+        )
     prompt = args.prompt or min(1024, context)
     if prompt > context:
         raise UsageError(f"--prompt {prompt:,}: longer than the context, {context:,} positions")
@@ -130,7 +132,15 @@ def serving_plan_lines(args):
     course = "sessions/model/config.py"
     source = PUBLISHED[args.preset].source if args.preset in PUBLISHED else course
     heading = f"decode: {preset_source(args.preset)}"
-    return serving_lines(plan, heading), serving_summary(plan, preset=args.preset, source=source)
+    lines = serving_lines(plan, heading)
+    if context > model.seq:  # rotary positions: no table to outgrow, but never trained there
+        lines.insert(
+            1,
+            f"what-if: {context:,} positions, past the {model.seq:,} it was published "
+            "with; rotary positions have no table to outgrow, the weights never saw them",
+        )
+    summary = serving_summary(plan, preset=args.preset, source=source)
+    return lines, summary | {"published_context": model.seq}
 
 
 def memory_plan_lines(args):

@@ -1768,6 +1768,23 @@ MUTANTS = [
         (f"{REMAT_TEST}::test_s2_with_accum_logs_the_losses_of_one_batch",),
     ),
     Mutant(
+        "what-if-refused",
+        "a context past the published one refused for a rotary model too",
+        "roofline/__main__.py",
+        (("if context > model.seq and model.learned_positions:", "if context > model.seq:"),),
+        (
+            "tests/test_planner.py::"
+            "test_a_rope_model_is_planned_past_its_published_context_as_a_what_if",
+        ),
+    ),
+    Mutant(
+        "learned-table-outgrown",
+        "a context past a learned position table's rows planned as if it had more",
+        "roofline/__main__.py",
+        (("if context > model.seq and model.learned_positions:", "if False:"),),
+        ("tests/test_planner.py::test_bad_input_is_one_line_and_exit_2",),
+    ),
+    Mutant(
         "master-ignored",
         "--master asked, and the update added to the bf16 weights alone, small ones lost",
         "sessions/train/master_weights.py",

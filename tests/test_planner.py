@@ -252,7 +252,10 @@ def test_predict_takes_gpt2_as_published_and_keeps_the_course_s_presets(tmp_path
         (["decode", "--preset", "llama3-8b", "--chip", "local"], "a chip of the table"),
         ([*DECODE, "--batches", "1,0"], "positive integers"),
         ([*DECODE, "--chips", "0"], "positive"),
-        ([*DECODE, "--context", "9000"], "has 8,192 positions"),
+        (
+            ["decode", "--preset", "gpt2", "--chip", "h100", "--context", "2048"],
+            "--context 2,048: gpt2's learned position table has 1,024 rows",
+        ),
         ([*DECODE, "--context", "512", "--prompt", "1024"], "longer than the context"),
         ([*DECODE, "--weights", "int4"], "invalid choice"),
         (["predict", "--preset", "llama2-7b", "--weights", "int8"], "roofline decode"),
@@ -267,6 +270,25 @@ def test_bad_input_is_one_line_and_exit_2(argv, says, capsys):
     assert roofline_command(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+@pytest.mark.parametrize(
+    "preset, context, published", [("llama2-13b", 8_192, 4_096), ("llama3-8b", 131_072, 8_192)]
+)
+def test_a_rope_model_is_planned_past_its_published_context_as_a_what_if(
+    preset, context, published, tmp_path, capsys
+):
+    """The scaling book's LLaMA-2-13B table is at 8,192; Llama 3.1's shape is LLaMA-3-8B at
+    131,072. Rotary positions have no table to run out of: planned, and said to be a
+    what-if. The cache grows with the context: 2 (k, v) x L x K x D x 2 bytes a position,
+    LLaMA-2-13B's 2 x 40 x 40 x 128 x 2 = 819,200, so 8,192 positions hold 6,710,886,400."""
+    argv = ["decode", "--preset", preset, "--chip", "h100", "--context", str(context)]
+    summary, out = summary_of([*argv, "--batches", "1"], tmp_path, capsys)
+    assert summary["context"] == context and summary["published_context"] == published
+    what_if = out.splitlines()[1]
+    assert what_if.startswith(f"what-if: {context:,} positions, past the {published:,}")
+    if preset == "llama2-13b":
+        assert summary["batches"][0]["kv_cache_bytes"] == 6_710_886_400
 
 
 def test_a_batch_that_does_not_fit_is_still_planned():

@@ -72,6 +72,12 @@ class ModelConfig:
         """K, the key/value heads the cache holds: cfg.kv_heads, or H when unset."""
         return self.heads if self.kv_heads is None else self.kv_heads
 
+    @property
+    def learned_positions(self):
+        """Whether positions come from a learned table `pos` of seq rows (not rotary, not
+        none): the one kind of model that cannot run past seq positions."""
+        return self.positions and not self.rope
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:

@@ -77,16 +77,11 @@ def init_params(cfg: ModelConfig, key):
         "layers": [init_layer(jax.random.fold_in(key, 100 + i)) for i in range(L)],
         "final_norm": jnp.ones((E,)),
     }
-    if learned_positions(cfg):
+    if cfg.learned_positions:
         params["pos"] = init_positions(jax.random.fold_in(key, 1), cfg.seq, E)
     if not cfg.tied:  # std 1/sqrt(E), as the tied one: logits of unit std at the start
         params["unembed"] = normal(jax.random.fold_in(key, 2), (E, V), E**-0.5)
     return params
-
-
-def learned_positions(cfg):
-    """Whether positions come from a learned table `pos` (not rotary, not none)."""
-    return cfg.positions and not cfg.rope
 
 
 def rotary_positions(cfg):
@@ -209,7 +204,7 @@ def embed(p, tokens, cfg: ModelConfig, start=0):
 
     Only learned positions are added here; rotary ones turn q and k (qkv)."""
     x = lookup(p["embed"], tokens).astype(cfg.dtype)  # an int8 table too (decode)
-    if learned_positions(cfg):
+    if cfg.learned_positions:
         x = add_positions(x, p["pos"], start)
     return constrain(x, "BSE")
 
