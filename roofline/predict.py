@@ -176,7 +176,7 @@ def train_step_lines(cfg, batch, chip, dtype, chips=1):
     kept = "with" if cfg.attention and not flash_kernel(cfg) else "without"
     return [
         f"step: {batch} x {cfg.seq} = {batch * cfg.seq:,} tokens | "
-        + f"{model_line(cfg, length=None)} K={cfg.n_kv_heads} | {dtype}, "
+        + f"{model_line(cfg, length=None)} | {dtype}, "
         + f"{cfg.attention_impl} attention",
         f"chip: {chips} x {chip.name}: {chip.peak(dtype) / 1e12:,.1f} TFLOP/s {dtype}, "
         + f"{chip.hbm_bandwidth / 1e9:,.0f} GB/s memory ({chip.source})",

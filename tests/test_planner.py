@@ -291,6 +291,15 @@ def test_a_rope_model_is_planned_past_its_published_context_as_a_what_if(
         assert summary["batches"][0]["kv_cache_bytes"] == 6_710_886_400
 
 
+@pytest.mark.parametrize("preset, heads", [("llama2-7b", ""), ("llama3-8b", " K=8 ")])
+def test_predict_names_key_value_heads_only_where_fewer_than_the_query_heads(preset, heads, capsys):
+    """LLaMA-2-7B has no grouped-query attention (K = H = 32): no K in its line; LLaMA-3-8B
+    has K = 8 of 32, said once."""
+    assert roofline_command(["predict", "--preset", preset, "--chip", "h100"]) == 0
+    step = capsys.readouterr().out.splitlines()[1]
+    assert step.count("K=") == (1 if heads else 0) and heads in step, step
+
+
 def test_a_batch_that_does_not_fit_is_still_planned():
     row = llama3_8b_plan([66]).batches[0]
     assert not row.fits and math.isfinite(row.step.step_s) and row.step.tokens_per_s > 0

@@ -1,7 +1,8 @@
 """The attention half of a decode layer as one Mosaic GPU kernel: norm, q/k/v, cache, softmax, wo.
 
-XLA's GPT-2 decode step compiled for an H100 launches 163 kernels a token, about 13 a
-layer; an H100 ran it at 0.39 ms a token (docs/h100-run), about 2.4 us a launch. This is
+XLA's GPT-2 decode step compiled for h100:1 launches 164 kernels a token, 13 a layer
+(roofline/launch_bound.py); an H100 ran it at 0.39 ms a token, measured (docs/h100-run),
+about 2.4 us a launch. This is
 the attention half in one launch, per the decode-kernel contract's "pending" partial sums:
 
     x_now   = x + pending[0] + pending[1] + ...       float32, rounded to bf16 once

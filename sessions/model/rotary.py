@@ -11,9 +11,10 @@ stream. It rotates each pair of a head's D dims, in q and in k, by the angle
 after their projections and before attention. A rotation keeps lengths, and turning q
 (at m) by m·w and k (at n) by n·w turns q·k by the difference alone: q·k after the
 rotation is a function of q, k and m - n, never of m or n. So attention sees how far
-back a key is, not where it is. Each pair turns at its own rate, from once a position
-(i = 0) down to once in base positions (i near D/2): fast pairs tell neighbours apart,
-slow ones distances of thousands. LLaMA-2 takes base 10,000, LLaMA-3 500,000.
+back a key is, not where it is. Each pair turns at its own rate, in radians a position:
+from 1 (i = 0, a full turn every 2π ≈ 6.3 positions) down to nearly 1/base (i near D/2,
+a turn every 2π·base: 63,000 positions at base 10,000): fast pairs tell neighbours
+apart, slow ones distances of thousands. LLaMA-2 takes base 10,000, LLaMA-3 500,000.
 
 Which dims pair up: dim i with dim i + D/2, the "rotate_half" halves of GPT-NeoX and of
 Hugging Face's LLaMA, not the interleaved neighbours (2i, 2i + 1) of RoFormer's paper
