@@ -48,6 +48,10 @@ CPU_WHY = "a CPU runs XLA's fusions as calls inside one compiled function: no la
 # loop fusions and the loop's condition): 12 x 13 + 8 = 164.
 XLA_KERNELS_PER_LAYER = 13
 XLA_KERNELS_OUTSIDE = 8
+# Our decode in kernels (sessions/inference/kernel_step.py) compiled for h100:1: 2 a layer
+# (attention half, MLP half) and 10 outside (the loop's 5, the embedding, the attention
+# kernel's position operand, and the head's 3; tests/test_decode_kernels.py counts them).
+OUR_KERNELS_PER_LAYER, OUR_KERNELS_OUTSIDE = 2, 10
 FUSED_KERNELS_PER_LAYER = 2  # a decode layer as one or two fused kernels
 
 
@@ -64,10 +68,14 @@ def launch_cost(chip):
     return LaunchCost(None, TPU_WHY if chip.platform == "tpu" else CPU_WHY)
 
 
-def estimated_kernels(layers, per_layer=None, outside=XLA_KERNELS_OUTSIDE):
-    """Kernels one decode token launches, by estimate: L x per_layer (None: XLA's,
-    as compiled for GPT-2) + the kernels outside the layers."""
-    return layers * (XLA_KERNELS_PER_LAYER if per_layer is None else per_layer) + outside
+def estimated_kernels(layers, per_layer=None):
+    """Kernels one decode token launches, by estimate: L x per_layer + the kernels outside
+    the layers. per_layer None: XLA's step as compiled for GPT-2 (13, and 8 outside); 2:
+    ours (and its 10 outside); any other N, with XLA's 8 outside."""
+    if per_layer is None:
+        return layers * XLA_KERNELS_PER_LAYER + XLA_KERNELS_OUTSIDE
+    ours = per_layer == OUR_KERNELS_PER_LAYER
+    return layers * per_layer + (OUR_KERNELS_OUTSIDE if ours else XLA_KERNELS_OUTSIDE)
 
 
 class LaunchBound(NamedTuple):

@@ -1768,6 +1768,13 @@ MUTANTS = [
         (f"{REMAT_TEST}::test_s2_with_accum_logs_the_losses_of_one_batch",),
     ),
     Mutant(
+        "our-kernels-counted-as-xla-s",
+        "--kernels-per-layer 2 planned with XLA's 8 kernels outside the layers, not our 10",
+        "roofline/launch_bound.py",
+        (("(OUR_KERNELS_OUTSIDE if ours else XLA_KERNELS_OUTSIDE)", "XLA_KERNELS_OUTSIDE"),),
+        ("tests/test_launch_bound.py::test_kernels_a_token_by_estimate",),
+    ),
+    Mutant(
         "what-if-refused",
         "a context past the published one refused for a rotary model too",
         "roofline/__main__.py",

@@ -400,6 +400,12 @@ def test_the_decode_program_runs_the_step_it_is_asked_for(impl, calls, monkeypat
 REST = 5 + 1 + 1 + 3
 
 
+def test_the_planner_counts_our_step_s_kernels_as_compiled():
+    from roofline.launch_bound import OUR_KERNELS_OUTSIDE, estimated_kernels
+
+    assert OUR_KERNELS_OUTSIDE == REST and estimated_kernels(12, 2) == 2 * 12 + REST == 34
+
+
 def test_the_whole_decode_compiled_for_the_chip_launches_two_kernels_a_layer():
     """GPT-2's shapes (bf16, batch 1) at 2 layers, the whole decode program
     (kv_cache.decode_steps, impl "pallas") compiled for h100:1: 2 kernels a layer

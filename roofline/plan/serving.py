@@ -36,6 +36,8 @@ from typing import NamedTuple
 from roofline import decode_cost
 from roofline.flops import model_line, param_count
 from roofline.launch_bound import (
+    OUR_KERNELS_OUTSIDE,
+    OUR_KERNELS_PER_LAYER,
     XLA_KERNELS_OUTSIDE,
     XLA_KERNELS_PER_LAYER,
     estimated_kernels,
@@ -218,6 +220,8 @@ def launches_line(plan):
             f"{L} x {XLA_KERNELS_PER_LAYER} + {XLA_KERNELS_OUTSIDE}: XLA's, as read off GPT-2's "
             "decode compiled for h100:1; --kernels-per-layer N for another"
         )
+    elif plan.kernels_per_layer == OUR_KERNELS_PER_LAYER:
+        how = f"{L} x 2 + {OUR_KERNELS_OUTSIDE}: ours, sessions/inference/kernel_step.py, compiled"
     else:
         how = f"{L} x {plan.kernels_per_layer} + {XLA_KERNELS_OUTSIDE}"
     if cost.seconds is None:
