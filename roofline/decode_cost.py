@@ -27,9 +27,10 @@ since no two sequences share a cache. So decode turns compute-bound at
     B* = (W / bandwidth) / (f / peak − C / bandwidth)
 
 and never when f / peak <= C / bandwidth: a long context (large T) keeps
-decode memory-bound at every batch. With the cache left out (C = 0) this is
-the usual napkin, B* = W·peak / (bandwidth·f), about ridge · bytes / 2
-tokens per step. (How to Scale Your Model, jax-ml/scaling-book, "All About
+decode memory-bound at every batch. With the cache's bytes left out (C = 0)
+this is B* = W·peak / (bandwidth·f), where f still counts attention's FLOPs
+over the cache; leaving those out too, f = 2·P_matmul, gives the usual napkin,
+about ridge · bytes / 2 tokens per step. (How to Scale Your Model, jax-ml/scaling-book, "All About
 Transformer Inference".)
 
 The step as compiled computes over all T = cfg.seq slots of the cache, filled

@@ -75,7 +75,7 @@ class ServingPlan(NamedTuple):
     cache_per_sequence: int
     batches: list
     critical_batch: float | None  # B*, decode_cost.compute_bound_batch
-    napkin_batch: float  # B* with the cache left out
+    napkin_batch: float  # B* with the cache's bytes left out (its FLOPs kept)
     max_batch: int  # the most sequences whose caches fit beside the weights
     prompt: int
     ttft: object  # roofline.predict.StepPrediction of prefilling one prompt
@@ -185,13 +185,14 @@ def serving_lines(plan, heading):
         critical = (
             f"none at T = {T:,}: a sequence's cache takes longer to read "
             + f"({ms(plan.cache_per_sequence / chip.hbm_bandwidth)} on one chip) than its FLOPs "
-            + f"take ({ms(f / peak)}), so every batch is memory-bound (cache left out, "
+            + f"take ({ms(f / peak)}), so every batch is memory-bound (the cache's bytes left out, "
             + f"B* = {math.ceil(plan.napkin_batch):,})"
         )
     else:
         critical = (
             f"B* = {math.ceil(plan.critical_batch):,} sequences: memory-bound below, "
-            + f"compute-bound from there (cache left out, {math.ceil(plan.napkin_batch):,})"
+            + "compute-bound from there (the cache's bytes left out, "
+            + f"{math.ceil(plan.napkin_batch):,})"
         )
     t = plan.ttft
     parallel = "one chip" if n == 1 else f"tensor parallelism over {n} chips, links' time left out"

@@ -294,7 +294,7 @@ def decode_table_lines(rows, cfg, prefill_batch, prompt_len, peak, bandwidth):
     napkin = compute_bound_batch(cfg, peak_flops=peak, bandwidth=bandwidth, cache=False)
     where = f"from batch {with_cache:,.0f}" if with_cache else f"at no batch (T={cfg.seq})"
     lines.append(
-        f"decode turns compute-bound {where}; with the weights alone it would from batch "
+        f"decode turns compute-bound {where}; with the cache's bytes left out it would from batch "
         f"{napkin:,.0f}: each sequence's cache is its own and is read every step"
     )
     return lines
