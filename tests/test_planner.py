@@ -200,6 +200,8 @@ def test_decode_s_summary_keys_and_numbers(tmp_path, capsys):
     assert summary["hbm_bytes"] == H100_HBM
     assert "does not fit" in out and "GB = 1e9 bytes, GiB = 2^30" in out
     assert "80 GiB (85.90 GB) HBM each" in out and "fits 1 x 80 GiB" in out
+    # The napkin beside B* drops the cache's bytes, not its attention FLOPs: it says so.
+    assert "memory-bound (the cache's bytes left out, B* = " in out
     assert out.splitlines()[0].startswith("decode: llama3-8b, published: https://")
     one = summary["batches"][0]
     assert one["tokens_per_second"] == pytest.approx(H100_BW / 16_083_599_360, rel=1e-12)
