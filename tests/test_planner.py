@@ -302,6 +302,16 @@ def test_predict_names_key_value_heads_only_where_fewer_than_the_query_heads(pre
     assert step.count("K=") == (1 if heads else 0) and heads in step, step
 
 
+def test_ttft_is_a_lower_bound_and_tensor_parallelism_s_all_reduces_are_named(capsys):
+    """Megatron's split of a layer over chips: an all-reduce after attention, one after the
+    MLP, so LLaMA-3-70B's 80 layers make 160 a token, which the plan leaves out."""
+    argv = ["decode", "--preset", "llama3-70b", "--chip", "h100", "--chips", "8", "--batches", "1"]
+    assert roofline_command(argv) == 0
+    out = capsys.readouterr().out
+    assert "time to first token: at least " in out
+    assert "its 160 all-reduces a token (2 a layer" in out and "left out of step and TTFT" in out
+
+
 def test_a_batch_that_does_not_fit_is_still_planned():
     row = llama3_8b_plan([66]).batches[0]
     assert not row.fits and math.isfinite(row.step.step_s) and row.step.tokens_per_s > 0

@@ -195,7 +195,12 @@ def serving_lines(plan, heading):
             + f"{math.ceil(plan.napkin_batch):,})"
         )
     t = plan.ttft
-    parallel = "one chip" if n == 1 else f"tensor parallelism over {n} chips, links' time left out"
+    parallel = "one chip"
+    if n > 1:  # Megatron's split: an all-reduce after attention and one after the MLP
+        parallel = (
+            f"tensor parallelism over {n} chips; its {2 * cfg.layers:,} all-reduces a token "
+            "(2 a layer, each a latency-bound trip over the links) left out of step and TTFT"
+        )
     if n > K:
         parallel += f", and the copies of each of the K = {K} KV heads that {n} chips would hold"
     return [
@@ -205,7 +210,7 @@ def serving_lines(plan, heading):
         f"largest batch that fits: {plan.max_batch:,} sequences of {T:,} positions beside "
         + f"the weights, in {n} x {hbm}",
         *filter(None, [usable_line(chip)]),
-        f"time to first token: {ms(t.step_s)} for one prompt of {plan.prompt:,} tokens, "
+        f"time to first token: at least {ms(t.step_s)} for one prompt of {plan.prompt:,} tokens, "
         + f"{t.bound}-bound ({t.flops / 1e12:,.2f} TFLOP of prefill, attention's scores in "
         + f"full; {gb(t.bytes)} read and written)",
         f"assumed: {parallel}; HBM's other tenants (activations, logits, workspace) left "
