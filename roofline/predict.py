@@ -188,7 +188,7 @@ def train_step_lines(cfg, batch, chip, dtype, chips=1):
         f"  gradients written once  {b.gradients / 1e9:10,.2f} GB   float32",
         f"  optimizer (AdamW)       {b.optimizer / 1e9:10,.2f} GB   "
         + "reads weights, gradients, m, v; writes weights, m, v",
-        f"  activations for backward{b.activations / 1e9:10,.2f} GB   "
+        f"  activations (backward)  {b.activations / 1e9:10,.2f} GB   "
         + f"written and read once, {kept} the attention probabilities",
         "",
         "roofline (lower bounds: no step can be faster)",

@@ -13,7 +13,7 @@ loss, and how often greedy decoding picks the full model's token.
 
     python sessions/s2_train.py --checkpoint-every 200 && python sessions/s5_serve.py
     python sessions/s5_serve.py --random-params --preset tiny         # no checkpoint
-    python sessions/s5_serve.py --train-kv-heads 200    # K = H, H/2, 1: trained, then served
+    python sessions/s5_serve.py --train-kv-heads 150    # K = H, H/2, 1: trained, then served
     python sessions/s5_serve.py --target h100:1          # the int8 decode, compiled for a chip
 """
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import pytest
 from helpers import REPO, roofline_command
@@ -310,6 +311,15 @@ def test_ttft_is_a_lower_bound_and_tensor_parallelism_s_all_reduces_are_named(ca
     out = capsys.readouterr().out
     assert "time to first token: at least " in out
     assert "its 160 all-reduces a token (2 a layer" in out and "left out of step and TTFT" in out
+
+
+def test_predict_s_bytes_keep_a_space_before_a_wide_number(capsys):
+    """LLaMA-3-70B's 2,048 x 8,192 tokens save 3,472,618.50 GB of activations, wider than
+    the column's 10 characters, which once ran into the label."""
+    assert roofline_command(["predict", "--preset", "llama3-70b", "--chip", "h100"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "activations" in line)
+    assert re.match(r"  \D+? +[\d,]+\.\d\d GB ", line), line  # a space before the number
 
 
 def test_a_batch_that_does_not_fit_is_still_planned():

@@ -206,7 +206,7 @@ def infer_parser(prog="s3_infer.py", description="Session 3: inference."):
     add_chip_flags(parser, "prefill and decode")
     parser.add_argument("--checkpoint-dir", default="runs/s2/checkpoints")
     parser.add_argument("--random-params", action="store_true", help="no checkpoint: speed only")
-    parser.add_argument("--batches", help="decode batch sizes (default 1,4,16,64 x data x fsdp)")
+    parser.add_argument("--batches", help="s3: 1,4,16,64 x data x fsdp; s5: 1,8,64")
     parser.add_argument("--new-tokens", type=positive_int, help=f"{NEW_TOKENS}, or what fits")
     parser.add_argument("--prompt", default=PROMPT, help="text; ids ('464 1330') on token files")
     parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")

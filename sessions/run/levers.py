@@ -19,7 +19,7 @@ def serve_flags(argv=None):
         default=0,
         metavar="STEPS",
         help="train K = H, H/2 and 1 key/value heads for STEPS steps each, then serve each "
-        "(0, the default: skip; 200 takes a few minutes on 2 CPU cores)",
+        "(0, the default: skip; 150 takes a few minutes on 2 CPU cores)",
     )
     parser.add_argument(
         "--plan",
