@@ -111,6 +111,13 @@ def predict_lines(args):
     return lines, summary
 
 
+def splits_heads(cfg, n):
+    """Whether n chips split the query heads evenly, and the key/value heads too: each
+    chip a share of them (n divides K), or a copy of one (K divides n)."""
+    K = cfg.n_kv_heads
+    return cfg.heads % n == 0 and (K % n == 0 or n % K == 0)
+
+
 def serving_plan_lines(args):
     """decode's lines and its --summary-out numbers (roofline/plan/serving.py)."""
     if args.chip == "local":
@@ -126,6 +133,12 @@ def serving_plan_lines(args):
     if prompt > context:
         raise UsageError(f"--prompt {prompt:,}: longer than the context, {context:,} positions")
     cfg = dataclasses.replace(model, dtype=args.dtype, kv_heads=args.kv_heads or model.kv_heads)
+    if (n := args.chips) > 1 and not splits_heads(cfg, n):
+        fits = ", ".join(str(m) for m in range(1, cfg.heads + 1) if splits_heads(cfg, m))
+        raise UsageError(
+            f"--chips {n}: tensor parallelism splits the {cfg.heads} query heads and the "
+            f"{cfg.n_kv_heads} key/value heads evenly (try {fits})"
+        )
     levers = {k: getattr(args, k) for k in ("batches", "chips", "weights", "cache")}
     levers["kernels_per_layer"] = args.kernels_per_layer
     plan = plan_serving(cfg, chip, context=context, prompt=prompt, **levers)

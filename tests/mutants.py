@@ -1775,6 +1775,13 @@ MUTANTS = [
         ("tests/test_launch_bound.py::test_kernels_a_token_by_estimate",),
     ),
     Mutant(
+        "uneven-heads-planned",
+        "decode over a chip count that splits no head evenly planned, exit 0",
+        "roofline/__main__.py",
+        (("if (n := args.chips) > 1 and not splits_heads(cfg, n):", "if False:"),),
+        ("tests/test_planner.py::test_bad_input_is_one_line_and_exit_2",),
+    ),
+    Mutant(
         "what-if-refused",
         "a context past the published one refused for a rotary model too",
         "roofline/__main__.py",

@@ -259,6 +259,13 @@ def test_predict_takes_gpt2_as_published_and_keeps_the_course_s_presets(tmp_path
             ["decode", "--preset", "gpt2", "--chip", "h100", "--context", "2048"],
             "--context 2,048: gpt2's learned position table has 1,024 rows",
         ),
+        # 32 query heads and 8 key/value heads split over 1, 2, 4, 8 chips (shares of
+        # both), 16 or 32 (copies of the 8); 3 splits neither.
+        (
+            [*DECODE, "--chips", "3"],
+            "--chips 3: tensor parallelism splits the 32 query heads and the 8 key/value "
+            "heads evenly (try 1, 2, 4, 8, 16, 32)",
+        ),
         ([*DECODE, "--context", "512", "--prompt", "1024"], "longer than the context"),
         ([*DECODE, "--weights", "int4"], "invalid choice"),
         (["predict", "--preset", "llama2-7b", "--weights", "int8"], "roofline decode"),
