@@ -33,7 +33,7 @@ from roofline.measured.record import HLO, comparison_summary, load_hlo, load_met
 from roofline.measured.table import report_lines
 from roofline.measured.trace import read_trace
 from roofline.plan import memory_report
-from roofline.plan.serving import plan_serving, serving_lines, serving_summary
+from roofline.plan.serving import plan_serving, serving_lines, serving_summary, splits_heads
 from roofline.plan.training_memory import Recipe, plan_memory
 from roofline.predict import predict_train_step, train_step_lines, training_run, training_run_lines
 from sessions.errors import UsageError
@@ -109,13 +109,6 @@ def predict_lines(args):
         summary |= {"napkin_flops": run.napkin_flops, "days": run.days}
         lines += ["", *training_run_lines(run, chip, dtype, args.chips, args.mfu)]
     return lines, summary
-
-
-def splits_heads(cfg, n):
-    """Whether n chips split the query heads evenly, and the key/value heads too: each
-    chip a share of them (n divides K), or a copy of one (K divides n)."""
-    K = cfg.n_kv_heads
-    return cfg.heads % n == 0 and (K % n == 0 or n % K == 0)
 
 
 def serving_plan_lines(args):

@@ -1782,6 +1782,13 @@ MUTANTS = [
         ("tests/test_planner.py::test_bad_input_is_one_line_and_exit_2",),
     ),
     Mutant(
+        "fewest-chips-on-double-hbm",
+        "the fewest chips for a model counted against twice each chip's HBM",
+        "roofline/plan/serving.py",
+        (("if held <= n * chip.hbm_bytes), None)", "if held <= 2 * n * chip.hbm_bytes), None)"),),
+        ("tests/test_planner.py::test_a_model_too_big_for_one_chip_says_how_many_it_needs",),
+    ),
+    Mutant(
         "what-if-refused",
         "a context past the published one refused for a rotary model too",
         "roofline/__main__.py",

@@ -329,6 +329,20 @@ def test_predict_s_bytes_keep_a_space_before_a_wide_number(capsys):
     assert re.match(r"  \D+? +[\d,]+\.\d\d GB ", line), line  # a space before the number
 
 
+def test_a_model_too_big_for_one_chip_says_how_many_it_needs(tmp_path, capsys):
+    """LLaMA-3-70B in bf16: 70,553,706,496 x 2 = 141.1 GB of weights, over one H100's
+    80 GiB (85.9 GB): 2 chips hold them. 64 sequences' caches add 64 x 2 (k, v) x 80
+    layers x 8 heads x 128 x 2 bytes x 8,192 = 171.8 GB: 312.9 GB, 3.64 chips' worth, and
+    4 split the 64 query and 8 key/value heads. A row that does not fit still shows its
+    tokens/s, in parentheses."""
+    argv = ["decode", "--preset", "llama3-70b", "--chip", "h100", "--batches", "1,64"]
+    summary, out = summary_of(argv, tmp_path, capsys)
+    assert summary["fewest_chips"] == 2 and summary["fewest_chips_for_the_largest_batch"] == 4
+    assert "fewest chips that hold the weights: 2; with 64 sequences' caches: 4" in out
+    rows = [line.split() for line in out.splitlines() if line[:7].strip() in ("1", "64")]
+    assert all(r[-1].startswith("(") and r[-1].endswith(")") for r in rows), rows
+
+
 def test_a_batch_that_does_not_fit_is_still_planned():
     row = llama3_8b_plan([66]).batches[0]
     assert not row.fits and math.isfinite(row.step.step_s) and row.step.tokens_per_s > 0

@@ -77,11 +77,25 @@ class ServingPlan(NamedTuple):
     critical_batch: float | None  # B*, decode_cost.compute_bound_batch
     napkin_batch: float  # B* with the cache's bytes left out (its FLOPs kept)
     max_batch: int  # the most sequences whose caches fit beside the weights
+    fewest_chips: tuple  # (for the weights alone, with the largest batch's caches); None: none
     prompt: int
     ttft: object  # roofline.predict.StepPrediction of prefilling one prompt
     kernels: int  # kernels a decode token launches (an estimate: launch_bound.estimated_kernels)
     kernels_per_layer: int | None  # as given, or None: XLA's
     per_launch: object  # roofline.launch_bound.LaunchCost of the chip
+
+
+def splits_heads(cfg, n):
+    """Whether n chips of tensor parallelism split the query heads evenly, and the key/value
+    heads too: a share of them each (n divides K), or a copy of one (K divides n)."""
+    K = cfg.n_kv_heads
+    return cfg.heads % n == 0 and (K % n == 0 or n % K == 0)
+
+
+def fewest_chips(cfg, chip, held):
+    """The fewest chips that split the heads and whose HBM holds `held` bytes, or None."""
+    counts = (n for n in range(1, cfg.heads + 1) if splits_heads(cfg, n))
+    return next((n for n in counts if held <= n * chip.hbm_bytes), None)
 
 
 def plan_serving(
@@ -128,26 +142,13 @@ def plan_serving(
         chips=chips,
     )
     return ServingPlan(
-        cfg,
-        chip,
-        chips,
-        dtype,
-        weights,
-        cache,
-        params,
-        held,
-        read,
-        per_sequence,
-        rows,
+        cfg, chip, chips, dtype, weights, cache, params, held, read, per_sequence, rows,
         decode_cost.compute_bound_batch(cfg, cache=cache or True, **roofs),
         decode_cost.compute_bound_batch(cfg, cache=False, **roofs),
         max(0, int((hbm - held) // per_sequence)) if per_sequence else 0,
-        prompt,
-        ttft,
-        kernels,
-        kernels_per_layer,
-        per_launch,
-    )
+        tuple(fewest_chips(cfg, chip, held + b * per_sequence) for b in (0, max(batches))),
+        prompt, ttft, kernels, kernels_per_layer, per_launch,
+    )  # fmt: skip
 
 
 def serving_lines(plan, heading):
@@ -169,16 +170,18 @@ def serving_lines(plan, heading):
         launches_line(plan),
         "units: GB = 1e9 bytes, GiB = 2^30, MB = 1e6; step = the lower bound on one decode step",
         "",
+        "tokens/s at most: the step is a lower bound; (in parentheses) a batch that does not fit",
         f"{'batch':>7}{'KV cache':>12}{'total held':>13}  {f'fits {n} x {hbm}':<16}"
         + f"{'launches':>10}{'step':>10}  {'bound':<9}{'tokens/s':>12}",
     ]
     for r in plan.batches:
         fits = "yes" if r.fits else "does not fit"
         launch = "-" if r.launch.launch_s is None else ms(r.launch.launch_s)
+        rate = f"{r.batch / r.launch.step_s:,.0f}"
         lines.append(
             f"{r.batch:>7,}{gb(r.kv_cache_bytes):>12}{gb(r.total_bytes):>13}  {fits:<16}"
             + f"{launch:>10}{ms(r.launch.step_s):>10}  {r.launch.bound:<9}"
-            + f"{r.batch / r.launch.step_s:>12,.0f}"
+            + f"{rate if r.fits else f'({rate})':>12}"
         )
     f = decode_cost.flops_per_sequence(cfg)
     if plan.critical_batch is None:
@@ -210,12 +213,22 @@ def serving_lines(plan, heading):
         f"largest batch that fits: {plan.max_batch:,} sequences of {T:,} positions beside "
         + f"the weights, in {n} x {hbm}",
         *filter(None, [usable_line(chip)]),
+        chips_line(plan),
         f"time to first token: at least {ms(t.step_s)} for one prompt of {plan.prompt:,} tokens, "
         + f"{t.bound}-bound ({t.flops / 1e12:,.2f} TFLOP of prefill, attention's scores in "
         + f"full; {gb(t.bytes)} read and written)",
         f"assumed: {parallel}; HBM's other tenants (activations, logits, workspace) left "
         + "out of 'total held'",
     ]
+
+
+def chips_line(plan):
+    """The fewest chips (heads split evenly) for the weights, and for the largest batch."""
+    alone, most = (f"{n}" if n else "none: the heads split no further" for n in plan.fewest_chips)
+    biggest = max(r.batch for r in plan.batches)
+    return (
+        f"fewest chips that hold the weights: {alone}; with {biggest:,} sequences' caches: {most}"
+    )
 
 
 def launches_line(plan):
@@ -269,6 +282,8 @@ def serving_summary(plan, **about):
             for r in plan.batches
         ],
         "critical_batch": None if plan.critical_batch is None else math.ceil(plan.critical_batch),
+        "fewest_chips": plan.fewest_chips[0],
+        "fewest_chips_for_the_largest_batch": plan.fewest_chips[1],
         "max_batch": plan.max_batch,
         "prompt": plan.prompt,
         "ttft_seconds": plan.ttft.step_s,
