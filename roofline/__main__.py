@@ -127,10 +127,10 @@ def serving_plan_lines(args):
         raise UsageError(f"--prompt {prompt:,}: longer than the context, {context:,} positions")
     cfg = dataclasses.replace(model, dtype=args.dtype, kv_heads=args.kv_heads or model.kv_heads)
     if (n := args.chips) > 1 and not splits_heads(cfg, n):
-        fits = ", ".join(str(m) for m in range(1, cfg.heads + 1) if splits_heads(cfg, m))
+        counts = ", ".join(str(m) for m in range(1, cfg.heads + 1) if splits_heads(cfg, m))
         raise UsageError(
             f"--chips {n}: tensor parallelism splits the {cfg.heads} query heads and the "
-            f"{cfg.n_kv_heads} key/value heads evenly (try {fits})"
+            f"{cfg.n_kv_heads} key/value heads evenly (try {counts})"
         )
     levers = {k: getattr(args, k) for k in ("batches", "chips", "weights", "cache")}
     levers["kernels_per_layer"] = args.kernels_per_layer
