@@ -11,6 +11,7 @@ the ratio.
     python scripts/bench.py --compare naive
     python scripts/bench.py --compare flax
     python scripts/bench.py --preset gpt2 --batch 32   # on a GPU (bfloat16 there)
+    python scripts/bench.py --weights bfloat16 --master   # session 6's recipe: no cast a step
 """
 
 import sys
@@ -29,7 +30,7 @@ from roofline.units import ms
 from scripts.harness.naive_step import make_naive_step
 from sessions.errors import run_main
 from sessions.model.attention import IMPLEMENTATIONS
-from sessions.model.config import LEVERS, PRESETS, TRAIN_LEVERS
+from sessions.model.config import LEVERS, PRESETS
 from sessions.run.cli import FAMILY, ArgumentParser, positive_int, resolve
 from sessions.train import data
 from sessions.train.meter import run_utilisation
@@ -52,9 +53,11 @@ def parse_args(argv):
         "--window-steps", type=positive_int, help="steps a window (default: 2 on a CPU, else 20)"
     )
     parser.add_argument("--compare", choices=["naive", "flax"], help="also time this step")
+    parser.add_argument("--weights", choices=["float32", "bfloat16"], help="s2_train.py's")
+    parser.add_argument("--master", action="store_true", default=None, help="s2_train.py's")
     # What s2_train.py's resolve reads that this bench has no flag for: the preset's.
     shapes = ("embed", "ff", "heads", "head_dim", "layers", "vocab", *FAMILY)
-    training = ("steps", "lr", "seed", "log_every", "eval_every", "data", *LEVERS, *TRAIN_LEVERS)
+    training = ("steps", "lr", "seed", "log_every", "eval_every", "data", "accum", *LEVERS)
     parser.set_defaults(**dict.fromkeys(shapes + training), no_attention=False, no_positions=False)
     return parser.parse_args(argv)
 
@@ -108,7 +111,7 @@ def main(argv=None):
     batch = batches[0]
 
     def fresh():
-        return init_state(jax.random.key(0), cfg=cfg, optimizer=optimizer)
+        return init_state(jax.random.key(0), cfg=cfg, optimizer=optimizer, weights=tc.weights)
 
     compiled = make_train_step(cfg, optimizer).lower(fresh(), batch).compile()
     ours = time_step(compiled, fresh(), batch, args)
@@ -119,6 +122,7 @@ def main(argv=None):
     memory, memory_source = step_memory(compiled, device)
     print(
         f"bench | preset {args.preset} | batch {B} x seq {S} = {B * S:,} tokens | {cfg.dtype} "
+        f"| {tc.weights} weights{' + float32 master' * tc.master} "
         f"| {device.device_kind} | jax {jax.__version__}"
     )
     print(

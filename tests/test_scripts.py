@@ -18,6 +18,19 @@ from scripts.harness import rungs
 from sessions.model.config import PRESETS
 
 
+def test_bench_times_the_step_of_bf16_weights_with_a_master(capsys, monkeypatch):
+    """s2_train.py's --weights bfloat16 --master, benched: the step reads bf16 weights as
+    stored (so it computes in bf16), and its memory holds at least the weights (2 bytes a
+    parameter), the master (4) and AdamW's two moments (8)."""
+    monkeypatch.setattr(timing, "time_calls", lambda call, repeats, warmup: Timing((0.5, 0.5)))
+    argv = ["--preset", "tiny", "--weights", "bfloat16", "--master"]
+    code, out, _ = run_script("scripts/bench.py", argv, capsys)
+    assert code == 0
+    assert "| bfloat16 | bfloat16 weights + float32 master |" in out
+    memory = float(re.search(r"memory\s+([\d,.]+) MiB per device", out).group(1).replace(",", ""))
+    assert memory * 2**20 > 14 * hand_params(PRESETS["tiny"].model)
+
+
 def test_bench_compares_with_naive_on_equal_numbers(capsys, monkeypatch):
     """The timings are fixed (ours 0.5 s, naive 1.25 s a step), so every
     figure bench.py prints can be worked out by hand: the tiny preset at batch
