@@ -122,7 +122,7 @@ def main(argv=None):
     memory, memory_source = step_memory(compiled, device)
     print(
         f"bench | preset {args.preset} | batch {B} x seq {S} = {B * S:,} tokens | {cfg.dtype} "
-        f"| {tc.weights} weights{' + float32 master' * tc.master} "
+        f"| {tc.stored} "
         f"| {device.device_kind} | jax {jax.__version__}"
     )
     print(

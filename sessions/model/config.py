@@ -111,6 +111,11 @@ class TrainConfig:
                 "--master keeps a float32 copy of bfloat16 weights: add --weights bfloat16"
             )
 
+    @property
+    def stored(self):
+        """How the weights are stored, in words: "bfloat16 weights + float32 master"."""
+        return f"{self.weights} weights" + " + float32 master" * self.master
+
 
 @dataclasses.dataclass(frozen=True)
 class Preset:

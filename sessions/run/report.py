@@ -19,9 +19,8 @@ def header_lines(run, flops, peak, corpus, unigram):
     cfg, tc = run.model, run.train
     devices, processes = jax.devices(), jax.process_count()
     on = {True: "on", False: "off"}
-    stored = f"{tc.weights} weights" + " + float32 master" * tc.master
     levers = [f"remat {cfg.remat}"] * (cfg.remat != "none") + ["layers scanned"] * cfg.scan_layers
-    levers += [stored] * (tc.weights != "float32")
+    levers += [tc.stored] * (tc.weights != "float32")
     return [
         f"session 2 | preset {run.preset} | {len(devices)} x {devices[0].device_kind} "
         f"({processes} process{'es' if processes > 1 else ''})",
