@@ -33,7 +33,8 @@ from roofline.measured.record import HLO, comparison_summary, load_hlo, load_met
 from roofline.measured.table import report_lines
 from roofline.measured.trace import read_trace
 from roofline.plan import memory_report
-from roofline.plan.serving import plan_serving, serving_lines, serving_summary, splits_heads
+from roofline.plan.serving import plan_serving, splits_heads
+from roofline.plan.serving_report import serving_lines, serving_summary
 from roofline.plan.training_memory import Recipe, plan_memory
 from roofline.predict import predict_train_step, train_step_lines, training_run, training_run_lines
 from sessions.errors import UsageError

@@ -28,7 +28,8 @@ import numpy as np
 from roofline import decode_cost
 from roofline.flops import model_line
 from roofline.hardware import find_chip, local_roofs
-from roofline.plan.serving import plan_serving, serving_lines, serving_summary
+from roofline.plan.serving import plan_serving
+from roofline.plan.serving_report import serving_lines, serving_summary
 from roofline.timing import time_calls
 from sessions.errors import UsageError, run_main
 from sessions.inference import kv_cache, layout

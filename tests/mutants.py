@@ -67,6 +67,9 @@ EMBED_GRAD = "tests/test_embedding_gradient.py"
 HLO_READING = "tests/test_hlo_reading.py"
 LAYERS = "tests/test_layers.py"
 PLANNER = "tests/test_planner.py"
+ESTIMATE = "roofline/plan/decode_estimate.py"
+ESTIMATE_TEST = "tests/test_decode_estimate.py"
+WITHIN_25 = "test_the_estimate_is_within_25_percent_of_every_h100_step_and_the_floor_under"
 FAMILY = "tests/test_model_family.py"
 
 MUTANTS = [
@@ -924,7 +927,7 @@ MUTANTS = [
     Mutant(
         "usable-line-dropped",
         "the decode planner says what fits an H100 without what JAX may use of it",
-        "roofline/plan/serving.py",
+        "roofline/plan/serving_report.py",
         (("        *filter(None, [usable_line(chip)]),\n", ""),),
         (f"{PLANNER}::test_the_planners_say_what_jax_may_use_of_an_h100_beside_fits",),
     ),
@@ -1581,8 +1584,8 @@ MUTANTS = [
     Mutant(
         "launch-table-bound",
         "the planner's table names the bytes-or-FLOPs bound, blind to the launches",
-        "roofline/plan/serving.py",
-        (("{r.launch.bound:<9}", "{r.step.bound:<9}"),),
+        "roofline/plan/serving_report.py",
+        (("{t.floor_bound:<9}", "{r.step.bound:<9}"),),
         (f"{LAUNCH_BOUND}::test_the_planner_names_the_bound_of_each_batch",),
     ),
     Mutant(
@@ -1895,6 +1898,56 @@ MUTANTS = [
             ),
         ),
         (f"{MEMORY_TEST}::test_the_fewest_chips_and_the_largest_batch_are_the_edges_of_fitting",),
+    ),
+    Mutant(
+        "estimate-takes-the-max",
+        "the decode estimate lets the largest cost hide the others, as the floor does",
+        ESTIMATE,
+        (("sum(terms.values()), binds", "max(terms.values()), binds"),),
+        (
+            f"{ESTIMATE_TEST}::{WITHIN_25}",
+            f"{ESTIMATE_TEST}::test_launches_and_bytes_add_where_the_floor_takes_the_larger",
+        ),
+    ),
+    Mutant(
+        "littles-law-ignored",
+        "our kernels' bytes stream at the roof whatever they keep in flight",
+        ESTIMATE,
+        (("achievable = achievable_bandwidth(bandwidth, in_flight)", "achievable = bandwidth"),),
+        (f"{ESTIMATE_TEST}::test_a_kernel_with_too_little_in_flight_is_estimated_slower_than_xla",),
+    ),
+    Mutant(
+        "xla-at-the-roof",
+        "XLA's fusions estimated at the full bandwidth, not the fitted share of it",
+        ESTIMATE,
+        (("achievable = XLA_FRACTION * bandwidth", "achievable = bandwidth"),),
+        (f"{ESTIMATE_TEST}::test_launches_and_bytes_add_where_the_floor_takes_the_larger",),
+    ),
+    Mutant(
+        "floor-at-the-fitted-launch",
+        "the floor charges the fitted 1.65 us a launch, above the least a measured step allows",
+        ESTIMATE,
+        (
+            (
+                "floor = launch_bound(step, kernels, launch_cost(chip).seconds)",
+                "floor = launch_bound(step, kernels, LAUNCH_S)",
+            ),
+        ),
+        (f"{ESTIMATE_TEST}::{WITHIN_25}",),
+    ),
+    Mutant(
+        "ring-steps-halved",
+        "an all-reduce ring charged n-1 steps, not a reduce-scatter's and an all-gather's 2(n-1)",
+        ESTIMATE,
+        (("steps = 2 * (chips - 1)", "steps = chips - 1"),),
+        (f"{ESTIMATE_TEST}::test_an_all_reduce_costs_nccl_s_ring_latency_and_its_bytes",),
+    ),
+    Mutant(
+        "planner-all-reduces-dropped",
+        "the planner's estimate on 8 chips leaves tensor parallelism's all-reduces out",
+        "roofline/plan/serving.py",
+        (("all_reduces=2 * cfg.layers", "all_reduces=0"),),
+        (f"{ESTIMATE_TEST}::test_the_planner_gives_the_floor_and_the_estimate_of_each_batch",),
     ),
 ]
 

@@ -10,7 +10,8 @@ import pytest
 from roofline.decode_cost import DecodeStep, decode_step_cost
 from roofline.hardware import CHIPS
 from roofline.launch_bound import estimated_kernels, launch_bound, launch_cost
-from roofline.plan.serving import plan_serving, serving_lines
+from roofline.plan.serving import plan_serving
+from roofline.plan.serving_report import serving_lines
 from sessions.model.config import PRESETS, PUBLISHED
 
 H100 = CHIPS["h100"]
@@ -88,14 +89,14 @@ def test_the_planner_names_the_bound_of_each_batch():
     # at batch 1 too.
     gpt2 = PUBLISHED["gpt2"].model
     plan = plan_serving(gpt2, H100, batches=[1, 64], prompt=16)
-    assert [r.launch.bound for r in plan.batches] == ["launches", "bytes"]
-    assert plan.batches[0].launch.step_s == pytest.approx(164 * LAUNCH, rel=1e-12)
-    assert plan.batches[1].launch.step_s == pytest.approx(2_663_023_104 / 3.35e12, rel=1e-9)
+    assert [r.times.floor_bound for r in plan.batches] == ["launches", "bytes"]
+    assert plan.batches[0].times.floor_s == pytest.approx(164 * LAUNCH, rel=1e-12)
+    assert plan.batches[1].times.floor_s == pytest.approx(2_663_023_104 / 3.35e12, rel=1e-9)
     rows = [line.split() for line in serving_lines(plan, "") if line[:7].strip() in ("1", "64")]
-    assert [r[-2] for r in rows] == ["launches", "bytes"]
+    assert [r[-6] for r in rows] == ["launches", "bytes"]  # bound, estimate, binds, tokens/s x2
     fused = plan_serving(gpt2, H100, batches=[1], prompt=16, kernels_per_layer=2)
-    assert fused.kernels == 34 and fused.batches[0].launch.bound == "bytes"
-    assert fused.batches[0].launch.launch_s == pytest.approx(34 * LAUNCH, rel=1e-12)
+    assert fused.kernels == 34 and fused.batches[0].times.floor_bound == "bytes"
+    assert fused.batches[0].times.floor.launch_s == pytest.approx(34 * LAUNCH, rel=1e-12)
 
 
 H100_RUN = Path(__file__).resolve().parents[1] / "docs" / "h100-run"

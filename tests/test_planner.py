@@ -187,7 +187,9 @@ def test_decode_s_summary_keys_and_numbers(tmp_path, capsys):
         [*DECODE, "--batches", "1,8,66", "--context", "8192"], tmp_path, capsys
     )
     keys = {"batch", "kv_cache_bytes", "total_bytes", "fits", "step_seconds", "bound"}
-    keys |= {"tokens_per_second", "launch_seconds"}
+    keys |= {"tokens_per_second", "launch_seconds", "floor_step_seconds", "floor_bound"}
+    keys |= {"estimate_step_seconds", "estimate_bound", "estimate_launch_seconds"}
+    keys |= {"estimate_all_reduce_seconds", "achievable_bandwidth"}
     assert [set(b) for b in summary["batches"]] == 3 * [keys]
     # XLA's 13 kernels a layer and 8 besides: 32 x 13 + 8 = 424 a token, 1.488 us each
     # (90.77 us / 61): 0.631 ms, under the 4.80 ms the bytes take at batch 1.
@@ -312,12 +314,14 @@ def test_predict_names_key_value_heads_only_where_fewer_than_the_query_heads(pre
 
 def test_ttft_is_a_lower_bound_and_tensor_parallelism_s_all_reduces_are_named(capsys):
     """Megatron's split of a layer over chips: an all-reduce after attention, one after the
-    MLP, so LLaMA-3-70B's 80 layers make 160 a token, which the plan leaves out."""
+    MLP, so LLaMA-3-70B's 80 layers make 160 a token, which the floor leaves out and the
+    estimate counts."""
     argv = ["decode", "--preset", "llama3-70b", "--chip", "h100", "--chips", "8", "--batches", "1"]
     assert roofline_command(argv) == 0
     out = capsys.readouterr().out
     assert "time to first token: at least " in out
-    assert "its 160 all-reduces a token (2 a layer" in out and "left out of step and TTFT" in out
+    assert "its 160 all-reduces a token (2 a layer) in the estimate" in out
+    assert "left out of the floor and TTFT" in out
 
 
 def test_predict_s_bytes_keep_a_space_before_a_wide_number(capsys):

@@ -35,6 +35,7 @@ class DecodePlan:
     kernels: dict  # custom call target -> count
     launches: object  # roofline.compiled.launches.Launches: every kernel a token launches
     launch: object  # roofline.launch_bound.LaunchBound: bytes, FLOPs, launches; which binds
+    times: object  # roofline.plan.decode_estimate.DecodeTimes, with the kernels as compiled
     matmul_dtypes: dict
     xla_flops: float | None  # XLA's count of one step, per device
     xla_source: str
@@ -57,6 +58,13 @@ class DecodePlan:
     def tokens_per_s(self):
         return self.batch / self.step_s
 
+    @property
+    def estimate_s(self):
+        """The estimate (decode_estimate.py) with the bytes its collectives send; None: no fit."""
+        if self.times.estimate_s is None:
+            return None
+        return self.times.estimate_s + (self.comm_s or 0.0)
+
 
 # At one row per device the compilers turn each matrix-vector product into a
 # multiply-and-reduce fusion (a TPU's in float32, whose conversions XLA's count charges too).
@@ -72,18 +80,21 @@ def decode_lines(plans, hbm_bytes):
     header = (
         f"  {'batch':>6} {'weights':>9} {'KV cache':>9} {'XLA args':>9} {'temp':>8} "
         f"{'of ' + gb(hbm_bytes) + ' HBM':>16} | {'MB/step':>8} {'mem':>9} {'flop':>9} "
-        f"{'comm':>9} {'launches':>9} {'step':>9} {'tokens/s':>10}  bound"
+        f"{'comm':>9} {'launches':>9} {'floor':>9} {'tokens/s':>10}  {'bound':<13} "
+        f"{'estimate':>9}  binds"
     )
     lines = [header]
     for p in plans:
         fit = f"{100 * p.memory_bytes / p.hbm_bytes:.0f}%" + ("" if p.fits else " NO FIT")
         comm = "?" if p.comm_s is None else ms(p.comm_s)
         launch = "-" if p.launch.launch_s is None else ms(p.launch.launch_s)
+        estimate = "-" if p.estimate_s is None else ms(p.estimate_s)
         lines.append(
             f"  {p.batch:>6} {gb(p.weight_bytes):>9} {gb(p.cache_bytes):>9} "
             f"{gb(p.argument_bytes):>9} {gb(p.temp_bytes):>8} {fit:>16} | "
             f"{p.step.bytes / 1e6:>8,.1f} {ms(p.step.memory_s):>9} {ms(p.step.compute_s):>9} "
-            f"{comm:>9} {launch:>9} {ms(p.step_s):>9} {p.tokens_per_s:>10,.0f}  {p.bound}"
+            f"{comm:>9} {launch:>9} {ms(p.step_s):>9} {p.tokens_per_s:>10,.0f}  {p.bound:<13} "
+            f"{estimate:>9}  {p.times.estimate_bound or '-'}"
         )
     lines.append(
         "  per step and device, XLA's FLOPs against the napkin B·f / n, and what the compiler did:"
@@ -153,7 +164,9 @@ def decode_summary(p):
     its fields, the roofline's step (roofline.decode_cost.DecodeStep) spelled
     out, then what they imply."""
     fields = {
-        k: v for k, v in dataclasses.asdict(p).items() if k not in ("step", "launches", "launch")
+        k: v
+        for k, v in dataclasses.asdict(p).items()
+        if k not in ("step", "launches", "launch", "times")
     }
     fields["collectives"] = collectives_summary(p.collectives)
     fields["per_call"] = collectives_summary(p.per_call)
@@ -174,4 +187,9 @@ def decode_summary(p):
         "predicted_step_seconds": p.step_s,
         "predicted_tokens_per_sec": p.tokens_per_s,
         "bound": p.bound,
+        "floor_step_seconds": p.step_s,
+        "floor_bound": p.bound,
+        "estimate_step_seconds": p.estimate_s,
+        "estimate_bound": p.times.estimate_bound,
+        "achievable_bandwidth": p.times.achievable,
     }

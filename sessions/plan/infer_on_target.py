@@ -13,6 +13,7 @@ from roofline.compiled.program import Collective, collectives, read_program
 from roofline.flops import model_line, param_count
 from roofline.launch_bound import launch_bound, launch_cost
 from roofline.plan.decode import DecodePlan, decode_lines, decode_summary, launch_lines
+from roofline.plan.decode_estimate import decode_times
 from roofline.predict import comm_time
 from roofline.units import capacity
 from sessions.errors import UsageError
@@ -136,6 +137,9 @@ def plan_decode_batch(cfg, batch, mesh, target, say, impl=None):
         cfg, batch, dict(mesh.shape), peak_flops=peak, bandwidth=bandwidth
     )
     launches = kernel_launches(text)
+    floor = launch_bound(step, launches.per_token, launch_cost(chip).seconds)
+    all_reduces = sum(c.count for c in per_step.values())  # each charged a ring's latency
+    times = decode_times(step, launches.per_token, chip, all_reduces=all_reduces, chips=n)
     decoded = DecodePlan(
         batch=batch,
         weight_bytes=sharding.held_bytes(inputs[0]),
@@ -150,7 +154,8 @@ def plan_decode_batch(cfg, batch, mesh, target, say, impl=None):
         per_call=collectives(text, n, in_loops=False),
         kernels=facts.kernels,
         launches=launches,
-        launch=launch_bound(step, launches.per_token, launch_cost(chip).seconds),
+        launch=floor,
+        times=times,
         matmul_dtypes=facts.matmul_dtypes,
         xla_flops=xla,
         xla_source=source,
