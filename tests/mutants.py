@@ -1913,7 +1913,12 @@ MUTANTS = [
         "littles-law-ignored",
         "our kernels' bytes stream at the roof whatever they keep in flight",
         ESTIMATE,
-        (("achievable = achievable_bandwidth(bandwidth, in_flight)", "achievable = bandwidth"),),
+        (
+            (
+                "achievable = achievable_bandwidth(bandwidth, in_flight)",
+                "achievable = bandwidth",
+            ),
+        ),
         (f"{ESTIMATE_TEST}::test_a_kernel_with_too_little_in_flight_is_estimated_slower_than_xla",),
     ),
     Mutant(

@@ -111,13 +111,16 @@ def test_a_kernel_with_too_little_in_flight_is_estimated_slower_than_xla():
     """GPT-2 at batch 1: XLA's 164 kernels, 208,051,200 bytes at 76% of the roof; ours, 34
     kernels streaming 192 KiB in flight, 2.3 MB, and 4.6 MB."""
     step, xla = times(GPT2, 1, 164)
-    _, starved = times(GPT2, 1, 34, in_flight=12 * 16384)
-    _, fed = times(GPT2, 1, 34, in_flight=2_345_000)
+    _, starved = times(GPT2, 1, 34, streams=[(step.bytes, 12 * 16384)])
+    _, fed = times(GPT2, 1, 34, streams=[(step.bytes, 2_345_000)])
     assert starved.bytes_s == pytest.approx(208_051_200 * 0.7e-6 / 196_608)  # 0.741 ms
     assert starved.estimate_s > xla.estimate_s > fed.estimate_s
     assert fed.bytes_s == pytest.approx(step.memory_s) and fed.achievable == 3.35e12
     assert fed.estimate_s == pytest.approx(step.memory_s + 34 * est.LAUNCH_S)
     assert starved.estimate_bound == "bytes" and xla.estimate_bound == "launches"
+    # Two streams, each at its own rate: half the bytes fed, half starved.
+    _, both = times(GPT2, 1, 34, streams=[(step.bytes / 2, 2_345_000), (step.bytes / 2, 196_608)])
+    assert both.bytes_s == pytest.approx((fed.bytes_s + starved.bytes_s) / 2)
 
 
 def test_launches_and_bytes_add_where_the_floor_takes_the_larger():

@@ -131,7 +131,7 @@ class DecodeTimes(NamedTuple):
     bytes_s: float | None  # the estimate's terms
     launch_s: float | None
     all_reduce_s: float | None
-    achievable: float | None  # bytes/s the estimate streams at, per chip
+    achievable: float | None  # bytes/s the estimate streams at on each chip, on the whole
 
     @property
     def floor_s(self):
@@ -142,26 +142,31 @@ class DecodeTimes(NamedTuple):
         return self.floor.bound  # "bytes", "FLOPs" or "launches"
 
 
-def decode_times(step, kernels, chip, *, in_flight=None, all_reduces=0, message_bytes=0, chips=1):
+def decode_times(step, kernels, chip, *, streams=None, all_reduces=0, message_bytes=0, chips=1):
     """The floor and the estimate of one decode step: `step` a decode_cost.DecodeStep
     (its memory_s already over `chips`), `kernels` a token, on `chip`s of the table.
-    in_flight: the bytes our kernels keep in flight on each chip (None: XLA's fit).
+    streams: the step's bytes on a chip by what moves them, [(bytes, bytes in flight)],
+    None in flight for XLA's fusions (the fit); None: all of them XLA's.
     all_reduces of `message_bytes` each, over the chips (tensor parallelism)."""
     floor = launch_bound(step, kernels, launch_cost(chip).seconds)
     if chip.platform != "gpu" or kernels is None:
         return DecodeTimes(floor, None, None, None, None, None, None)
     bandwidth = chip.hbm_bandwidth
-    if in_flight is None:
-        achievable = XLA_FRACTION * bandwidth
-    else:
-        achievable = achievable_bandwidth(bandwidth, in_flight)
+    moved = step.memory_s * bandwidth  # bytes on each chip
+    bytes_s = 0.0
+    for nbytes, in_flight in streams or [(moved, None)]:
+        if in_flight is None:
+            achievable = XLA_FRACTION * bandwidth
+        else:
+            achievable = achievable_bandwidth(bandwidth, in_flight)
+        bytes_s += nbytes / achievable
     terms = {
-        "bytes": step.memory_s * bandwidth / achievable,
+        "bytes": bytes_s,
         "launches": kernels * LAUNCH_S,
         "all-reduces": all_reduces * all_reduce_seconds(chips, message_bytes, chip_link(chip)),
     }
     binds = max(terms, key=terms.get)
-    return DecodeTimes(floor, sum(terms.values()), binds, *terms.values(), achievable)
+    return DecodeTimes(floor, sum(terms.values()), binds, *terms.values(), moved / bytes_s)
 
 
 def chip_link(chip):
