@@ -68,6 +68,9 @@ HLO_READING = "tests/test_hlo_reading.py"
 LAYERS = "tests/test_layers.py"
 PLANNER = "tests/test_planner.py"
 FAMILY = "tests/test_model_family.py"
+KERNEL_CHECK = "tests/test_s3_kernel_check.py"
+ONCE_TEST = f"{KERNEL_CHECK}::test_interpreted_kernels_decode_once_beside_xla_s_and_their_tokens_are_the_sample"
+SAMPLE_TEST = f"{KERNEL_CHECK}::test_the_sample_comes_from_the_decode_asked_for_where_it_is_timed"
 
 MUTANTS = [
     Mutant(
@@ -1895,6 +1898,89 @@ MUTANTS = [
             ),
         ),
         (f"{MEMORY_TEST}::test_the_fewest_chips_and_the_largest_batch_are_the_edges_of_fitting",),
+    ),
+    Mutant(
+        "s3-sample-from-xla",
+        "s3's sample decoded by XLA's step whatever --decode-impl asked for",
+        "sessions/s3_infer.py",
+        (("args.temperature, args.decode_impl)", "args.temperature)"),),
+        (SAMPLE_TEST,),
+    ),
+    Mutant(
+        "sample-drops-impl",
+        "sample_tokens takes decode_impl and never hands it to generate",
+        "sessions/inference/sample.py",
+        (("            decode_impl=decode_impl,\n", ""),),
+        (SAMPLE_TEST,),
+    ),
+    Mutant(
+        "interpreted-timed",
+        "the kernels, interpreted on a CPU, timed again in session 3's table",
+        "sessions/s3_infer.py",
+        (('    once = impl == "pallas-interpret"\n', "    once = False\n"),),
+        (ONCE_TEST,),
+    ),
+    Mutant(
+        "once-sample-from-xla",
+        "the untimed form's sample is XLA's row, not the kernels'",
+        "sessions/s3_infer.py",
+        (("sampled = both.ours[0] if", "sampled = both.xla[0] if"),),
+        (ONCE_TEST,),
+    ),
+    Mutant(
+        "check-xla-twice",
+        "the kernels' decode compared is XLA's step again: the tokens always agree",
+        "sessions/inference/kernel_check.py",
+        (("    for step in (None, impl):\n", "    for step in (None, None):\n"),),
+        (ONCE_TEST,),
+    ),
+    Mutant(
+        "tokens-never-part",
+        "the comparison never finds where the tokens part: always the same tokens",
+        "sessions/inference/kernel_check.py",
+        (("parted_at = int(differ[0]) if differ.size else None", "parted_at = None"),),
+        (
+            ONCE_TEST,
+            f"{KERNEL_CHECK}::test_the_comparison_says_where_the_tokens_part_and_the_logits_gap",
+        ),
+    ),
+    Mutant(
+        "launches-unsaid",
+        "the untimed form no longer says what a token launches, ours against XLA's",
+        "sessions/s3_infer.py",
+        (('        print("  " + kernels_on_target.decode_launches(cfg, B))\n', ""),),
+        (ONCE_TEST,),
+    ),
+    Mutant(
+        "launches-swapped",
+        "XLA's launches a token said as ours, and ours as XLA's",
+        "sessions/plan/kernels_on_target.py",
+        (
+            (
+                'decode_program(cfg, batch, impl, *found).as_text())\n        for impl in ("pallas", None)',
+                'decode_program(cfg, batch, impl, *found).as_text())\n        for impl in (None, "pallas")',
+            ),
+        ),
+        (f"{KERNEL_CHECK}::test_the_launches_line_counts_ours_and_xla_s_compiled_for_the_chip",),
+    ),
+    Mutant(
+        "kernel-paths-dotted",
+        "the kernels' files named by their dotted module names, paths that do not exist",
+        "sessions/inference/kernel_check.py",
+        (('module.__name__.replace(".", "/") + ".py"', 'module.__name__ + ".py"'),),
+        (ONCE_TEST,),
+    ),
+    Mutant(
+        "refusal-said-compiled",
+        "a kernel this JAX cannot build reported as compiled by kernels_across_jax.py",
+        "sessions/plan/kernels_on_target.py",
+        (
+            (
+                "results.append((path, False, refusal(e)))",
+                "results.append((path, True, refusal(e)))",
+            ),
+        ),
+        (f"{KERNEL_CHECK}::test_the_script_compiles_each_kernel_or_says_what_it_lacks",),
     ),
 ]
 
