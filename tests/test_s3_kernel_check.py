@@ -95,13 +95,13 @@ def test_the_comparison_says_where_the_tokens_part_and_the_logits_gap():
     xla = np.array([[1, 2, 5, 6, 7], [1, 2, 5, 6, 7]])
     ours = xla.copy()
     logits = np.array([[0.0, 3.0], [-4.0, 1.0]], np.float32)
-    same = kernel_check.compare(ours, xla, logits + 0.25, logits, P)
+    same = kernel_check.compare_decodes(ours, xla, logits + 0.25, logits, P)
     assert (same.new, same.parted_at, same.logit_gap, same.logit_top) == (3, None, 0.25, 4.0)
     assert "the same 3 new tokens a row as XLA's: yes (greedy)" in kernel_check.compared_line(
         same, 0
     )
     ours[1, 3] = 9  # row 1 parts at its second new token
-    parted = kernel_check.compare(ours, xla, logits, logits, P)
+    parted = kernel_check.compare_decodes(ours, xla, logits, logits, P)
     assert parted.parted_at == 1 and parted.logit_gap == 0
     assert "NO, from new token 1 on (sampled at temperature 0.8" in kernel_check.compared_line(
         parted, 0.8

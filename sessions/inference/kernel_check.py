@@ -30,7 +30,7 @@ class Compared(NamedTuple):
     logit_top: float  # largest |XLA's| of those logits: the scale of the gap
 
 
-def compare(ours, xla, ours_logits, xla_logits, start):
+def compare_decodes(ours, xla, ours_logits, xla_logits, start):
     """Compared from two decodes: tokens int [B, T] (the first `start` the prompt's) and
     each one's last logits float32 [B, V]."""
     ours, xla = np.asarray(ours), np.asarray(xla)
@@ -59,7 +59,7 @@ def decode_both(weights, params, prompts, n, key, temperature, cfg, impl):
         out_tokens, _, last_logits = kv_cache.decode_loop(*args, temperature == 0, step)
         decoded.append((out_tokens[:, : P + n], last_logits))
     (xla, xla_logits), (ours, ours_logits) = decoded
-    return compare(ours, xla, ours_logits, xla_logits, P)
+    return compare_decodes(ours, xla, ours_logits, xla_logits, P)
 
 
 def compared_line(compared, temperature):
