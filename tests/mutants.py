@@ -1948,7 +1948,12 @@ MUTANTS = [
         "launches-unsaid",
         "the untimed form no longer says what a token launches, ours against XLA's",
         "sessions/s3_infer.py",
-        (('        print("  " + kernels_on_target.decode_launches(cfg, B))\n', ""),),
+        (
+            (
+                '        print("  " + kernels_on_target.decode_launches(cfg, B, seconds=LAUNCH_SECONDS))\n',
+                "",
+            ),
+        ),
         (ONCE_TEST,),
     ),
     Mutant(
@@ -1957,8 +1962,12 @@ MUTANTS = [
         "sessions/plan/kernels_on_target.py",
         (
             (
-                'decode_program(cfg, batch, impl, *found).as_text())\n        for impl in ("pallas", None)',
-                'decode_program(cfg, batch, impl, *found).as_text())\n        for impl in (None, "pallas")',
+                "xla = kernel_launches(decode_program(cfg, batch, None, *found)",
+                'xla = kernel_launches(decode_program(cfg, batch, "pallas", *found)',
+            ),
+            (
+                'ours = kernel_launches(decode_program(cfg, batch, "pallas", *found)',
+                "ours = kernel_launches(decode_program(cfg, batch, None, *found)",
             ),
         ),
         (f"{KERNEL_CHECK}::test_the_launches_line_counts_ours_and_xla_s_compiled_for_the_chip",),
@@ -1976,11 +1985,23 @@ MUTANTS = [
         "sessions/plan/kernels_on_target.py",
         (
             (
-                "results.append((path, False, refusal(e)))",
-                "results.append((path, True, refusal(e)))",
+                'results.append((what, "refused", refusal(e)))',
+                'results.append((what, "compiled", refusal(e)))',
             ),
         ),
         (f"{KERNEL_CHECK}::test_the_script_compiles_each_kernel_or_says_what_it_lacks",),
+    ),
+    Mutant(
+        "no-time-limit",
+        "our kernels' compile for the launches line waits however long Mosaic GPU searches",
+        "sessions/plan/kernels_on_target.py",
+        (
+            (
+                "        with time_limit(seconds):\n            ours = kernel_launches",
+                "        with contextlib.nullcontext():\n            ours = kernel_launches",
+            ),
+        ),
+        (f"{KERNEL_CHECK}::test_a_compile_that_does_not_answer_is_given_up_and_said_so",),
     ),
 ]
 
