@@ -188,7 +188,7 @@ def test_a_compile_that_does_not_answer_is_given_up_and_said_so(monkeypatch):
     line = kernels_on_target.decode_launches(None, 1, seconds=0.2)
     assert time.perf_counter() - started < 2
     assert line.startswith("kernels a token, compiled (h100:1): XLA's step 58; ours not counted:")
-    assert "no answer in 0.2 s, still in" in line and "\n" not in line
+    assert "given up after 0.2 s, still in" in line and "\n" not in line
 
 
 def test_the_script_without_the_chip_compilers_says_so_in_one_line(monkeypatch, capsys):

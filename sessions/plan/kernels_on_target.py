@@ -89,7 +89,7 @@ def time_limit(seconds):
         return
 
     def stop(signum, frame):
-        raise NoAnswer(f"no answer in {seconds:g} s, still in {_where(frame)}")
+        raise NoAnswer(f"given up after {seconds:g} s, still in {_where(frame)}")
 
     before = signal.signal(signal.SIGALRM, stop)
     signal.setitimer(signal.ITIMER_REAL, seconds)
