@@ -162,8 +162,8 @@ def compile_kernels(cfg, batch, target, devices, seconds=None):
 
         return mlp_layer(layer, x, pending, cfg, interpret=False)
 
-    def launches_of_our_half(half, args):
-        compiled = jax.jit(half).lower(*abstract((w["layers"][0], *args))).compile()
+    def launches_of_our_half(half, inputs):  # inputs: the half's, after its layer's weights
+        compiled = jax.jit(half).lower(*abstract((w["layers"][0], *inputs))).compile()
         launches = kernel_launches(compiled.as_text())  # with XLA's few around it
         ours, n = launches.kinds.get("pallas", 0), launches.per_token
         return f"{ours} Mosaic GPU kernel{'s' * (ours != 1)} of {n} launch{'es' * (n != 1)}"
