@@ -2,12 +2,13 @@
 
 On a CPU, --decode-impl pallas runs the kernels (sessions/kernels/decode_attention.py and
 decode_mlp.py) in Mosaic GPU's interpreter, which steps through each kernel's program on
-the host: a step of it takes about 3 s at the cpu preset where XLA's takes about 0.1 s, and
-neither says what a GPU would do. So sessions/s3_infer.py times nothing there. It decodes
-once with the kernels and once with XLA's step, from the same prefilled cache with the
-same key, and says what the kernels are: the same tokens as XLA's or not, how far apart
-the last logits are, and where each kernel is written. What they would launch on a GPU
-is read off the decode compiled for one (sessions/plan/infer_on_target.py).
+the host: about 3 s a step at the cpu preset (16 steps in 47 s, compile included, measured
+on the course's 2-core machine), where XLA's step takes a few ms; neither says what a GPU
+would do. So sessions/s3_infer.py times nothing there. It decodes once with the kernels
+and once with XLA's step, from the same prefilled cache with the same key, and says what
+the kernels are: the same tokens as XLA's or not, how far apart the last logits are, and
+where each kernel is written. What they would launch on a GPU is read off the decode
+compiled for one (sessions/plan/kernels_on_target.py).
 """
 
 from typing import NamedTuple
