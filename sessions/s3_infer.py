@@ -5,11 +5,15 @@ Prefill reads the prompt like a training step and is compute-bound. Decode
 makes one token per sequence per step, reading every weight and the whole
 cache for it: memory-bound until the batch is large. This script loads the
 model session 2 trained, times both, sets each batch size beside its
-roofline, and ends with a sampled continuation.
+roofline, and ends with a sampled continuation. Our decode kernels (--decode-impl pallas)
+run interpreted on a CPU, where a time means nothing: they decode once, untimed, beside
+XLA's step.
 
     python sessions/s2_train.py --checkpoint-every 200 && python sessions/s3_infer.py
     python sessions/s3_infer.py --random-params --preset gpt2 --batches 1,8
     python sessions/s3_infer.py --target h100:1               # compile only, for a chip
+    python sessions/s3_infer.py --random-params --dtype bfloat16 --decode-impl pallas
+        # on a CPU our kernels run interpreted: decoded once beside XLA's step, untimed
     python sessions/s3_infer.py --target h100:1 --decode-impl pallas --batches 1,8
     python sessions/s3_infer.py --target tpu-v5e:2x4 --mesh tp=8 --batches 8,64,512
 """
@@ -29,9 +33,9 @@ from roofline.flops import model_line
 from roofline.hardware import local_roofs
 from roofline.timing import time_calls
 from sessions.errors import UsageError, run_main
-from sessions.inference import kernel_step, kv_cache, layout
+from sessions.inference import kernel_check, kernel_step, kv_cache, layout
 from sessions.inference.sample import sample_tokens, show
-from sessions.plan import infer_on_target, programs
+from sessions.plan import infer_on_target, kernels_on_target, programs
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import NEW_TOKENS, infer_flags, make_folder, serving_config
 from sessions.run.report import decode_table_lines, plot_decode
@@ -42,6 +46,7 @@ from sessions.shard import sharding
 # REPEATS calls, each waited for with block_until_ready, since JAX returns before
 # the work is done (roofline/timing.py).
 REPEATS = 3
+LAUNCH_SECONDS = 40  # the most our kernels' compile for h100:1 may take, decoding once
 
 
 def main(argv=None):
@@ -55,7 +60,12 @@ def main(argv=None):
     make_folder(args.run_dir, "--run-dir")  # the plot's folder, made before any work
     devices = jax.devices() if args.mesh else jax.devices()[:1]
     sizes = sharding.parse_mesh(args.mesh, len(devices))
-    args.batches = args.batches or [b * sizes["data"] * sizes["fsdp"] for b in programs.DECODE_ROWS]
+    # --decode-impl pallas: our kernels, compiled for a GPU, elsewhere interpreted: then
+    # slowly, and their time says nothing about a GPU's, so they decode once, untimed.
+    impl = kernel_step.impl_for(args.decode_impl, devices[0].platform)
+    once = impl == "pallas-interpret"
+    rows = (1,) if once else programs.DECODE_ROWS
+    args.batches = args.batches or [b * sizes["data"] * sizes["fsdp"] for b in rows]
     for b in args.batches:
         if b % (sizes["data"] * sizes["fsdp"]):
             raise UsageError(f"--batches: {b} does not divide over data x fsdp of --mesh")
@@ -64,15 +74,13 @@ def main(argv=None):
     prompt, unit, tokenizer = prompt_for(serving, cfg, meta)  # bytes, or token files' ids
     P = len(prompt)
     sharding.check_divisible(cfg, sizes["data"] * sizes["fsdp"], sizes)
-    # As many new tokens as asked; by default NEW_TOKENS, or as many as the context
-    # holds after the prompt (a prompt that fills it leaves none: an error).
-    n = args.new_tokens or min(NEW_TOKENS, cfg.seq - P)
+    # As many new tokens as asked; by default NEW_TOKENS (interpreted: one compiled call of
+    # kv_cache.STEPS), or as many as the context holds after the prompt (a prompt that fills
+    # it leaves none: an error).
+    n = args.new_tokens or min(kv_cache.STEPS if once else NEW_TOKENS, cfg.seq - P)
     kv_cache.check_lengths(cfg, P, max(n, 1))
-    # --decode-impl pallas: our kernels, compiled for a GPU, elsewhere interpreted (slowly).
-    impl = kernel_step.impl_for(args.decode_impl, devices[0].platform)
-    for B in args.batches if impl else []:  # what they do not run, refused before any work
-        interpret = impl == "pallas-interpret"
-        kernel_step.check_supported(cfg, B, devices=len(devices), interpret=interpret)
+    for B in args.batches if impl else []:  # what the kernels do not run, refused before any work
+        kernel_step.check_supported(cfg, B, devices=len(devices), interpret=once)
     mesh = sharding.make_mesh(sizes, devices)
     with jax.set_mesh(mesh):
         params, source = load_params(serving.checkpoint_dir, args.seed, cfg, meta, mesh)
@@ -81,6 +89,9 @@ def main(argv=None):
             f"model: {model_line(cfg, length='T')} | {cfg.dtype} | prompt {P} "
             f"{unit}s, {n} decode steps | decode {impl or 'xla'}"
         )
+        if once:  # no timing table: what the kernels are, and the sample they decoded
+            text = decode_once(params, cfg, prompt, n, args, unit, tokenizer)
+            return write_summary(args.summary_out, cfg, source, text, {})
         # The roofs of the whole mesh: each device's datasheet, or this CPU's measured
         # figures, which its simulated devices share (roofline.hardware.local_roofs).
         roofs = local_roofs(cfg.dtype, stream="read", devices=mesh.size)
@@ -127,26 +138,56 @@ def main(argv=None):
         path = os.path.join(args.run_dir, "decode_roofline.png")
         plot_decode([(s.batch, g.tokens_per_s) for s, g, _ in rows], cfg, peak, bandwidth, path)
         print(f"plot: {path}")
-    # One device, outside the mesh: the sample is one sequence.
+    # One device, outside the mesh: the sample is one sequence, from the decode step asked for.
     key = jax.random.key(1)
-    sampled = sample_tokens(params, cfg, prompt, n, key, args.temperature)
+    sampled = sample_tokens(params, cfg, prompt, n, key, args.temperature, args.decode_impl)
     text = show(sampled, unit, tokenizer)
     print("sample:\n" + text)
+    steps, measured, prefill_seconds = zip(*rows)
+    summary = decode_cost.measured_summary(
+        steps, measured, cfg, peak_flops=peak, bandwidth=bandwidth
+    )
+    summary.update(
+        prefill_seconds=prefill_seconds[-1],
+        prefill_batch=args.batches[-1],
+        prefill_tokens_per_sec=args.batches[-1] * P / prefill_seconds[-1],
+    )
+    return write_summary(args.summary_out, cfg, source, text, summary)
 
-    if args.summary_out:
-        steps, measured, prefill_seconds = zip(*rows)
-        summary = decode_cost.measured_summary(
-            steps, measured, cfg, peak_flops=peak, bandwidth=bandwidth
+
+def decode_once(params, cfg, prompt, n, args, unit, tokenizer):
+    """--decode-impl pallas where the kernels run interpreted (a CPU): each batch decoded
+    once with them and once with XLA's step, from one prefill and one key, untimed; what a
+    token launches on the GPU they are for, compiled for it; where each kernel is written.
+    Returns the sample: the first row of the kernels' first decode."""
+    weights = layout.decode_weights(params, cfg)
+    key = jax.random.key(1)
+    sampled = None
+    for B in args.batches:
+        said = "then with ours in Mosaic GPU's interpreter (seconds a step here: untimed)"
+        print(f"batch {B}: {n} tokens with XLA's step, {said}", flush=True)
+        # Ours compile in seconds with JAX 0.10 and 0.11; 0.12's Mosaic GPU may search for
+        # minutes (sessions/plan/kernels_on_target.py), so they get LAUNCH_SECONDS.
+        print("  " + kernels_on_target.decode_launches(cfg, B, seconds=LAUNCH_SECONDS))
+        prompts = jnp.asarray(np.tile(prompt, (B, 1)))
+        both = kernel_check.decode_both(
+            weights, params, prompts, n, key, args.temperature, cfg, "pallas-interpret"
         )
-        summary.update(
-            prefill_seconds=prefill_seconds[-1],
-            prefill_batch=args.batches[-1],
-            prefill_tokens_per_sec=args.batches[-1] * P / prefill_seconds[-1],
-            model=dataclasses.asdict(cfg),
-            source=source,
-            sample=text,
-        )
-        with open(args.summary_out, "w") as f:
+        print("  " + kernel_check.compared_line(both, args.temperature))
+        sampled = both.ours[0] if sampled is None else sampled
+    print("our kernels, to read:")
+    for path, what in kernel_check.kernel_files():
+        print(f"  {path}  {what}")
+    text = show(sampled, unit, tokenizer)
+    print("sample:\n" + text)  # our kernels' tokens: the first row of their first decode
+    return text
+
+
+def write_summary(path, cfg, source, sample, summary):
+    """--summary-out: `summary` with the model, its weights' source and the sample, as JSON."""
+    if path:
+        summary.update(model=dataclasses.asdict(cfg), source=source, sample=sample)
+        with open(path, "w") as f:
             json.dump(summary, f, indent=1)
     return 0
 

@@ -71,6 +71,9 @@ ESTIMATE = "roofline/plan/decode_estimate.py"
 ESTIMATE_TEST = "tests/test_decode_estimate.py"
 WITHIN_25 = "test_the_estimate_is_within_25_percent_of_every_h100_step_and_the_floor_under"
 FAMILY = "tests/test_model_family.py"
+KERNEL_CHECK = "tests/test_s3_kernel_check.py"
+ONCE_TEST = f"{KERNEL_CHECK}::test_interpreted_kernels_decode_once_beside_xla_s_and_their_tokens_are_the_sample"
+SAMPLE_TEST = f"{KERNEL_CHECK}::test_the_sample_comes_from_the_decode_asked_for_where_it_is_timed"
 
 MUTANTS = [
     Mutant(
@@ -1953,6 +1956,110 @@ MUTANTS = [
         "roofline/plan/serving.py",
         (("all_reduces=2 * cfg.layers", "all_reduces=0"),),
         (f"{ESTIMATE_TEST}::test_the_planner_gives_the_floor_and_the_estimate_of_each_batch",),
+    ),
+    Mutant(
+        "s3-sample-from-xla",
+        "s3's sample decoded by XLA's step whatever --decode-impl asked for",
+        "sessions/s3_infer.py",
+        (("args.temperature, args.decode_impl)", "args.temperature)"),),
+        (SAMPLE_TEST,),
+    ),
+    Mutant(
+        "sample-drops-impl",
+        "sample_tokens takes decode_impl and never hands it to generate",
+        "sessions/inference/sample.py",
+        (("            decode_impl=decode_impl,\n", ""),),
+        (SAMPLE_TEST,),
+    ),
+    Mutant(
+        "interpreted-timed",
+        "the kernels, interpreted on a CPU, timed again in session 3's table",
+        "sessions/s3_infer.py",
+        (('    once = impl == "pallas-interpret"\n', "    once = False\n"),),
+        (ONCE_TEST,),
+    ),
+    Mutant(
+        "once-sample-from-xla",
+        "the untimed form's sample is XLA's row, not the kernels'",
+        "sessions/s3_infer.py",
+        (("sampled = both.ours[0] if", "sampled = both.xla[0] if"),),
+        (ONCE_TEST,),
+    ),
+    Mutant(
+        "check-xla-twice",
+        "the kernels' decode compared is XLA's step again: the tokens always agree",
+        "sessions/inference/kernel_check.py",
+        (("    for step in (None, impl):\n", "    for step in (None, None):\n"),),
+        (ONCE_TEST,),
+    ),
+    Mutant(
+        "tokens-never-part",
+        "the comparison never finds where the tokens part: always the same tokens",
+        "sessions/inference/kernel_check.py",
+        (("parted_at = int(differ[0]) if differ.size else None", "parted_at = None"),),
+        (
+            ONCE_TEST,
+            f"{KERNEL_CHECK}::test_the_comparison_says_where_the_tokens_part_and_the_logits_gap",
+        ),
+    ),
+    Mutant(
+        "launches-unsaid",
+        "the untimed form no longer says what a token launches, ours against XLA's",
+        "sessions/s3_infer.py",
+        (
+            (
+                '        print("  " + kernels_on_target.decode_launches(cfg, B, seconds=LAUNCH_SECONDS))\n',
+                "",
+            ),
+        ),
+        (ONCE_TEST,),
+    ),
+    Mutant(
+        "launches-swapped",
+        "XLA's launches a token said as ours, and ours as XLA's",
+        "sessions/plan/kernels_on_target.py",
+        (
+            (
+                "xla = kernel_launches(decode_program(cfg, batch, None, *found)",
+                'xla = kernel_launches(decode_program(cfg, batch, "pallas", *found)',
+            ),
+            (
+                'ours = kernel_launches(decode_program(cfg, batch, "pallas", *found)',
+                "ours = kernel_launches(decode_program(cfg, batch, None, *found)",
+            ),
+        ),
+        (f"{KERNEL_CHECK}::test_the_launches_line_counts_ours_and_xla_s_compiled_for_the_chip",),
+    ),
+    Mutant(
+        "kernel-paths-dotted",
+        "the kernels' files named by their dotted module names, paths that do not exist",
+        "sessions/inference/kernel_check.py",
+        (('module.__name__.replace(".", "/") + ".py"', 'module.__name__ + ".py"'),),
+        (ONCE_TEST,),
+    ),
+    Mutant(
+        "refusal-said-compiled",
+        "a kernel this JAX cannot build reported as compiled by kernels_across_jax.py",
+        "sessions/plan/kernels_on_target.py",
+        (
+            (
+                'results.append((what, "refused", refusal(e)))',
+                'results.append((what, "compiled", refusal(e)))',
+            ),
+        ),
+        (f"{KERNEL_CHECK}::test_the_script_compiles_each_kernel_or_says_what_it_lacks",),
+    ),
+    Mutant(
+        "no-time-limit",
+        "our kernels' compile for the launches line waits however long Mosaic GPU searches",
+        "sessions/plan/kernels_on_target.py",
+        (
+            (
+                "        with time_limit(seconds):\n            ours = kernel_launches",
+                "        with contextlib.nullcontext():\n            ours = kernel_launches",
+            ),
+        ),
+        (f"{KERNEL_CHECK}::test_a_compile_that_does_not_answer_is_given_up_and_said_so",),
     ),
 ]
 

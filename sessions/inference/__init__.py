@@ -6,6 +6,7 @@ what that costs in quality; session 4's kernels can run its step.
     kv_cache.py     the KV cache, prefill and decode; generate
     layout.py       the weights as decode reads them, bf16 or int8
     kernel_step.py  the decode step in kernels, two Mosaic GPU launches a layer
+    kernel_check.py the kernels interpreted (a CPU): one decode each, theirs and XLA's, compared
     shapes.py       every array prefill and decode take, as shapes with their shardings
     quality.py      what a cheaper decode costs: loss through the decode path, agreement
     sample.py       sampling text

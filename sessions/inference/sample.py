@@ -36,8 +36,9 @@ def check_prompt(tokens, cfg):
         )
 
 
-def sample_tokens(params, cfg, tokens, n_new, key, temperature=0.8):
-    """int32 [P] -> the prompt followed by n_new sampled tokens (temperature 0: greedy)."""
+def sample_tokens(params, cfg, tokens, n_new, key, temperature=0.8, decode_impl="xla"):
+    """int32 [P] -> the prompt followed by n_new sampled tokens (temperature 0: greedy),
+    decoded by XLA's step or, with decode_impl "pallas", by our kernels (kv_cache.generate)."""
     tokens = np.asarray(tokens, dtype=np.int32)
     check_prompt(tokens, cfg)
     # One device, one copy of the weights: generation is tiny next to training.
@@ -48,7 +49,15 @@ def sample_tokens(params, cfg, tokens, n_new, key, temperature=0.8):
             context = context[-(cfg.seq // 2) :]  # slide: keep the last half
         n = min(left, cfg.seq - len(context))
         chunk_key = jax.random.fold_in(key, len(tokens))  # a fresh stream per window
-        out = generate(params, cfg, context[None], n, key=chunk_key, temperature=temperature)
+        out = generate(
+            params,
+            cfg,
+            context[None],
+            n,
+            key=chunk_key,
+            temperature=temperature,
+            decode_impl=decode_impl,
+        )
         context = np.asarray(out[0])
         tokens = np.concatenate([tokens, context[-n:]])
         left -= n
