@@ -89,6 +89,7 @@ def float64_half(layer, cache, x_now, pos, cfg):
 
 # (B, E, H, K, D, T, P, rope, pos, live): T 128 in two slices, the second's first 6 slots
 # filled, E in two chunks; T 256 in four slices, two of them empty (weight 0 in the merge);
+# T 2560 in 8 slices of 5 tiles, slice 0's 5 through a cache ring of 4 (one slot refilled);
 # E 2048 (the 1.2B shape's, its tokens in SMEM [8, E]) with heads of 128; two KV heads of
 # two query heads each, with RoPE; heads of 128 (two 64-wide blocks); then two steps of one
 # program (pos and live are traced), one KV head of two query heads: pos 0, no cache read
@@ -98,6 +99,7 @@ ONE_KV_HEAD = (3, 64, 2, 1, 64, 64, 1, True)
 CASES = [
     pytest.param(2, 128, 2, 2, 64, 128, 2, False, 70, True, id="mha-pos70-2-slices"),
     pytest.param(2, 64, 2, 1, 64, 256, 3, True, 100, True, id="gqa-rope-4-slices-2-empty"),
+    pytest.param(1, 64, 2, 1, 64, 2560, 2, True, 330, True, id="8-slices-cache-ring-refilled"),
     pytest.param(1, 2048, 2, 2, 128, 64, 2, False, 9, True, id="e2048-d128"),
     pytest.param(2, 64, 4, 2, 64, 64, 1, True, 37, True, id="gqa-rope-pos37"),
     pytest.param(1, 64, 2, 1, 128, 64, 1, True, 5, True, id="d128-rope-pos5"),
