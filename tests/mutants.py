@@ -1910,7 +1910,7 @@ MUTANTS = [
         RESIDUAL,
         (
             (
-                "            part = [weights[p] * v for v in part]\n",
+                "            part = [weight * v for v in part]\n",
                 "            part = list(part)\n",
             ),
         ),

@@ -16,7 +16,9 @@ partial sum [B, E], with no grid-wide barrier. The next kernel adds them:
 
 Each kernel begins with x_now = (x + pending[0] + pending[1] + ..., in float32 in
 that order, cast to cfg.dtype once, as XLA rounds `x + block(x)`), its norm, its
-work, and returns (x_now, its own partials). The first kernel gets P = 0 partials
+work, and returns (x_now, its own partials). The attention kernel's come from slices
+of the cache (flash decoding) with their softmax stats, which weigh them as the MLP
+kernel adds them (sessions/kernels/decode_residual.py). The first kernel gets P = 0 partials
 (an empty array, not zeros: zeros would cost a kernel a token to write). After the
 last layer the step adds the last partials itself, in the same order.
 

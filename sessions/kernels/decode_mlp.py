@@ -12,7 +12,8 @@ roofline/launch_bound.py)
 of about 1.5 us each, against 2.8 us for GPT-2's 9.4 MB of MLP weights at the
 roof. This kernel is the layer's MLP half in one launch:
 
-    x_now   = x + the pending partial sums           (float32, rounded to bf16)
+    x_now   = x + the pending partial sums           (float32, rounded to bf16; the
+                                                      attention's merged: decode_residual)
     n       = rms_norm(x_now) * mlp_norm              (float32, rounded to bf16)
     h       = relu(w_in @ n^T)                        (or silu(w_gate @ n^T) * (w_in @ n^T))
     partial = w_out[:, f's 64 columns] @ h^T          (float32, one per CTA f)
@@ -32,7 +33,10 @@ The weights stream through SMEM by TMA, the copy engine. CTA f owns rows
 64 tiles (8 KB of bf16) in one sequence: E/64 tiles of w_in (each with w_gate's),
 then E/64 of w_out. A ring of S buffers, each with its barrier, keeps S tiles
 in flight: TMA fills slot t+S while the tensor cores read slot t. The first S
-copies start before the residual sum and the norm, which overlap them. The
+copies start before the residual sum and the norm, which overlap them. By
+Little's law the grid needs about 2.3 MB in flight to stream at an H100's roof
+(decode_grid.py): F/64 CTAs x S x 8 KB (mlp_bytes_in_flight) is 48 x 8 x 8 KB =
+3.1 MB for GPT-2, 128 x 7 x 8 KB = 7.3 MB for the 1.2B shape (predicted). The
 first product accumulates h^T [64, 8] in registers over E/64 tiles;
 rounded to bf16 as XLA rounds it, through relu, h is the second product's B
 operand; each w_out tile then gives 64 of the E outputs.
@@ -41,9 +45,11 @@ Pending partials. F/64 CTAs each sum their own slice of w_out's contraction, so
 the output is a sum of F/64 partials [B, E] float32. Adding them up would take a
 grid-wide barrier or one more launch; instead each CTA writes its own, and the
 next kernel adds them to x as it starts (x_now above), a few at a time in a ring
-of their own. Every CTA computes x_now itself (B·E numbers, from L2) and CTA 0
-writes it out. x_now is rounded to bf16 once, after the whole sum, where XLA
-rounds the MLP's output to bf16 first: the two differ by about one bf16 step.
+of their own; so does this one with the attention kernel's, which come weighted
+by its cache slices' softmax statistics (decode_residual.py). Every CTA computes
+x_now itself (B·E numbers, from L2) and CTA 0 writes it out. x_now is rounded
+to bf16 once, after the whole sum, where XLA rounds the MLP's output to bf16
+first: the two differ by about one bf16 step.
 
 Limits: E and F multiples of 64 (the tile), E ≤ 2048 (the tokens, the normed
 tokens and [8, E] float32 partials sit in SMEM), batch ≤ 8, bfloat16 (see
@@ -64,9 +70,7 @@ from sessions.kernels import decode_residual as residual
 from sessions.kernels.decode_residual import ROWS, WT, swizzled
 
 TILE = 64  # wgmma's M, the rows of a weight a warpgroup multiplies; also each tile's K
-# Weight tiles in flight per CTA, 8 KB each. By Little's law the grid must keep
-# bandwidth x latency in flight to run at the roof: 3.35 TB/s x ~0.7 us ≈ 2.3 MB on
-# an H100. GPT-2's 48 CTAs x 8 slots x 8 KB = 3.1 MB (mlp_bytes_in_flight).
+# Weight tiles in flight per CTA, 8 KB each, where SMEM holds them (mlp_rings).
 SLOTS = 8
 PENDING_SLOTS = 4  # pending partials in flight
 MAX_EMBED = 2048

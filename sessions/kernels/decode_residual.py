@@ -106,30 +106,35 @@ def start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, first, slices)
 
     for p in range(min(depth, P)):
         fetch(p)
-    weights = [None] * P  # w_p as [C, 8], a column a token; None: 1
+    C = x_s.shape[-1]
+
+    def merge_weights_of(h):
+        """Head h's slices' weights, each [C, 8] (a column a token): computed as its first
+        partial comes, not all at once, to hold few registers."""
+        mine = range(h * slices, (h + 1) * slices)
+        m = [load_t(stats_s.at[p, 0], WT.reduce(0)) for p in mine]
+        biggest = m[0]
+        for other in m[1:]:
+            biggest = jnp.maximum(biggest, other)
+        scale = [jnp.exp(mp - biggest) for mp in m]
+        total = sum(s * load_t(stats_s.at[p, 1], WT.reduce(0)) for s, p in zip(scale, mine))
+        bcast = jax.lax.broadcast_in_dim
+        return [plgpu.layout_cast(bcast(s / total, (C, ROWS), (1,)), WT) for s in scale]
+
     if stats_in is not None:
         plgpu.barrier_wait(s_bar)
-        C = x_s.shape[-1]
-        for h in range(P // slices):
-            mine = range(h * slices, (h + 1) * slices)
-            m = [load_t(stats_s.at[p, 0], WT.reduce(0)) for p in mine]
-            biggest = m[0]
-            for other in m[1:]:
-                biggest = jnp.maximum(biggest, other)
-            scale = [jnp.exp(mp - biggest) for mp in m]
-            total = sum(s * load_t(stats_s.at[p, 1], WT.reduce(0)) for s, p in zip(scale, mine))
-            for s, p in zip(scale, mine):
-                w = jax.lax.broadcast_in_dim(s / total, (C, ROWS), (1,))
-                weights[p] = plgpu.layout_cast(w, WT)
     plgpu.barrier_wait(bars.at[0])
     # Rows B..7 hold whatever SMEM held: a product's column reads one token alone.
     n_c = x_s.shape[0]
     x_t = [load_t(x_s.at[i].T).astype(jnp.float32) for i in range(n_c)]  # [C, 8] each
     for p in range(P):  # in order, in float32
+        if stats_in is not None and p % slices == 0:
+            weights = merge_weights_of(p // slices)
         plgpu.barrier_wait(p_bars.at[p % depth])
         part = [load_t(p_s.at[p % depth, i].T) for i in range(n_c)]
-        if weights[p] is not None:
-            part = [weights[p] * v for v in part]
+        if stats_in is not None:
+            weight = weights[p % slices]
+            part = [weight * v for v in part]
         x_t = [a + b for a, b in zip(x_t, part)]
         if p + depth < P:  # refill the slot once every thread has read it
             plgpu.commit_smem()  # a warpgroup barrier (and a fence) before the TMA
@@ -146,7 +151,6 @@ def start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, first, slices)
     # rms_norm as transformer.rms_norm computes it: float32, x * rsqrt(mean(x²) + eps) * scale.
     ms = sum(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=0) for x in x_now) / E  # [8]
     del x_t, x_now  # read again from SMEM below, a chunk at a time: fewer registers
-    C = x_s.shape[-1]
     plgpu.barrier_wait(bars.at[1])
 
     def across(v, dim):  # v broadcast to [C, 8] along the other dim
