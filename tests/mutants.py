@@ -56,6 +56,12 @@ EXPECT_TEST = "tests/test_exercises/test_expect.py"
 WRITE = "                meter.write(record)\n"
 CMATMUL = "sessions/shard/collective_matmul.py"
 CMATMUL_TEST = "tests/test_collective_matmul.py"
+RESIDUAL = "sessions/kernels/decode_residual.py"
+ATTENTION = "sessions/kernels/decode_attention.py"
+GRID = "sessions/kernels/decode_grid.py"
+DECODE_KERNELS = "tests/test_decode_kernels.py"
+ATTENTION_TEST = "tests/test_decode_attention.py"
+GRID_TEST = "tests/test_decode_grid.py"
 TRUTH = "tests/test_trace_truth.py"
 PLANS = "tests/test_step_plans.py"
 MEMORY_PLAN = "roofline/plan/training_memory.py"
@@ -2060,6 +2066,90 @@ MUTANTS = [
             ),
         ),
         (f"{KERNEL_CHECK}::test_a_compile_that_does_not_answer_is_given_up_and_said_so",),
+    ),
+    # The decode kernels. The interpreted tests run on JAX 0.12 (python 3.13: run these
+    # mutants with that interpreter); the grid's on either.
+    Mutant(
+        "merge-unweighted",
+        "the MLP kernel adds the attention's slice partials unweighted, not log-sum-exp merged",
+        RESIDUAL,
+        (
+            (
+                "            part = [weight * v for v in part]\n",
+                "            part = list(part)\n",
+            ),
+        ),
+        (f"{DECODE_KERNELS}::test_the_kernel_step_equals_xla_s",),
+    ),
+    Mutant(
+        "every-slice-has-the-new-token",
+        "each slice of the cache starts its softmax from the new token, counting it S times",
+        ATTENTION,
+        (("on.iota(1), s == 0\n", "on.iota(1), s >= 0\n"),),
+        (f"{ATTENTION_TEST}::test_the_kernel_equals_xla_in_the_interpreter[mha-pos70-2-slices]",),
+    ),
+    Mutant(
+        "slice-drops-its-last-tile",
+        "a slice reads only its whole tiles below pos: the partly filled one is left out",
+        ATTENTION,
+        (("jnp.clip((pos + TILE - 1) // TILE - first_tile", "jnp.clip(pos // TILE - first_tile"),),
+        (f"{ATTENTION_TEST}::test_the_kernel_equals_xla_in_the_interpreter[mha-pos70-2-slices]",),
+    ),
+    Mutant(
+        "stats-sum-is-the-max",
+        "the running max is written where the slice's sum belongs",
+        ATTENTION,
+        (("stats_out[p_out, 1, b] = fstage[b, 1]", "stats_out[p_out, 1, b] = fstage[b, 0]"),),
+        (f"{ATTENTION_TEST}::test_the_kernel_equals_xla_in_the_interpreter[e2048-d128]",),
+    ),
+    Mutant(
+        "out-stage-reused-unwaited",
+        "a stage of the output projection is rewritten before its copy out has read it",
+        ATTENTION,
+        (
+            (
+                "                plgpu.wait_smem_to_gmem(1)  # the copy out",
+                "                # the copy out",
+            ),
+        ),
+        (f"{ATTENTION_TEST}::test_the_kernel_equals_xla_in_the_interpreter[e2048-d128]",),
+    ),
+    Mutant(
+        "cache-slot-refilled-too-soon",
+        "a cache ring's slot is refilled before the tile in it has been multiplied",
+        ATTENTION,
+        (
+            (
+                "                    sc = mma(q, kslots.at[slot]) * scale\n",
+                "                    pl.when(j + Sc < filled)(lambda: cache_fetch(b, j + Sc))\n"
+                "                    sc = mma(q, kslots.at[slot]) * scale\n",
+            ),
+        ),
+        (
+            f"{ATTENTION_TEST}::test_the_kernel_equals_xla_in_the_interpreter"
+            "[8-slices-cache-ring-refilled]",
+        ),
+    ),
+    Mutant(
+        "one-slice",
+        "the cache is not split: one CTA a KV head, far under Little's law's bytes in flight",
+        GRID,
+        (("    return (enough or fits or [1])[0 if enough else -1]", "    return 1"),),
+        (f"{GRID_TEST}::test_the_attention_kernel_s_bytes_in_flight_are_its_grid_times_its_rings",),
+    ),
+    Mutant(
+        "in-flight-forgets-v",
+        "the cache's bytes in flight count k's tile and not v's",
+        GRID,
+        (("c * 2 * TILE * cfg.head_dim * 2)", "c * TILE * cfg.head_dim * 2)"),),
+        (f"{GRID_TEST}::test_the_attention_kernel_s_bytes_in_flight_are_its_grid_times_its_rings",),
+    ),
+    Mutant(
+        "mlp-in-flight-assumes-every-slot",
+        "the MLP's bytes in flight take SLOTS, not the slots that fit its SMEM",
+        "sessions/kernels/decode_mlp.py",
+        (("* mlp_rings(cfg, P, cfg.attention)[1] *", "* SLOTS *"),),
+        (f"{GRID_TEST}::test_the_mlp_kernel_s_bytes_in_flight_are_its_grid_times_its_ring",),
     ),
 ]
 

@@ -16,7 +16,9 @@ partial sum [B, E], with no grid-wide barrier. The next kernel adds them:
 
 Each kernel begins with x_now = (x + pending[0] + pending[1] + ..., in float32 in
 that order, cast to cfg.dtype once, as XLA rounds `x + block(x)`), its norm, its
-work, and returns (x_now, its own partials). The first kernel gets P = 0 partials
+work, and returns (x_now, its own partials). The attention kernel's come from slices
+of the cache (flash decoding) with their softmax stats, which weigh them as the MLP
+kernel adds them (sessions/kernels/decode_residual.py). The first kernel gets P = 0 partials
 (an empty array, not zeros: zeros would cost a kernel a token to write). After the
 last layer the step adds the last partials itself, in the same order.
 
@@ -124,19 +126,20 @@ def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
     kinds["interpret"] = interpret
     check_supported(cfg, token.shape[0], **kinds)
     # Imported here, as first traced: XLA's decode never loads Mosaic GPU.
-    from sessions.kernels import decode_attention, decode_mlp
+    from sessions.kernels import decode_attention, decode_grid, decode_mlp
 
     x = embed(w, token[:, None], cfg, start=pos)[:, 0]  # [B, E]
     pending = jnp.zeros((0, *x.shape), jnp.float32)  # none before layer 0: no buffer to fill
     rope = rope_tables(jnp.asarray(pos), cfg.head_dim, cfg.rope_base) if cfg.rope else None
-    written = []
+    written, stats, slices = [], None, decode_grid.slices(cfg)
     for i, layer in enumerate(w["layers"]):
-        if cfg.attention:
-            x, pending, new = decode_attention.attention_layer(
+        if cfg.attention:  # its partials come with the softmax stats the MLP merges them by
+            x, pending, stats, new = decode_attention.attention_layer(
                 layer, cache[i], x, pending, pos, live, cfg, rope=rope, interpret=interpret
             )
             written.append(new)
-        x, pending = decode_mlp.mlp_layer(layer, x, pending, cfg, interpret=interpret)
+        merge = {"stats": stats, "slices": slices}
+        x, pending = decode_mlp.mlp_layer(layer, x, pending, cfg, **merge, interpret=interpret)
     x = _settle(x, pending)[:, None]  # [B, 1, E]: the last layer's partials, added here
     logits = unembed(w, x, dense=dense_out_in)[:, 0].astype(jnp.float32)
     return logits, written if cfg.attention else cache

@@ -5,8 +5,10 @@ float32 reference to the rounding its chip allows. Session 4 writes them; the mo
 
     flash.py             causal flash attention, forward and backward
     flash_mosaic.py      its forward in Mosaic GPU, for Hopper and later
-    mosaic.py            Mosaic GPU across JAX versions: its kernels and its interpreter
-    decode_attention.py  the attention half of a decode layer, one kernel
+    mosaic.py            Mosaic GPU across JAX versions: its kernels, its interpreter, a ring
+    decode_residual.py   how each decode kernel starts: x + the pending partials, merged, normed
+    decode_attention.py  the attention half of a decode layer, one kernel, its cache split
+    decode_grid.py       that kernel's grid and ring depths, by Little's law
     decode_mlp.py        the MLP half of a decode layer, one kernel
     precision.py         checking against a float32 reference on any chip
 """

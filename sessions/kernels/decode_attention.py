@@ -1,43 +1,41 @@
-"""The attention half of a decode layer as one Mosaic GPU kernel: norm, q/k/v, cache, softmax, wo.
+"""The attention half of a decode layer as one Mosaic GPU kernel, its cache split (flash decoding).
 
-XLA's GPT-2 decode step compiled for h100:1 launches 164 kernels a token, 13 a layer
-(roofline/launch_bound.py); an H100 ran it at 0.39 ms a token, measured (docs/h100-run),
-about 2.4 us a launch. This is
-the attention half in one launch, per the decode-kernel contract's "pending" partial sums:
+    x_now   = x + the MLP's pending partials                    decode_residual.start
+    xn      = rms_norm(x_now) * attn_norm                       every CTA computes it itself
+    q, k, v = wq xn^T, wk xn^T, wv xn^T                         RoPE turns q and k at pos
+    o_s     = softmax over slice s of the cache, unnormalised   with its running max m, sum l
+    pending_out[h·S + s] = wo[:, head h] o_s^T                  one partial a head and slice
+    cache[.., pos] = k, v                                       in place, unless `live` is false
 
-    x_now   = x + pending[0] + pending[1] + ...       float32, rounded to bf16 once
-    xn      = rms_norm(x_now) * attn_norm             every CTA computes it itself
-    q, k, v = xn @ wq^T, wk^T, wv^T                   RoPE turns q and k at position pos
-    out     = softmax(q k^T / sqrt(D)) v              over cache slots t < pos and the new token
-    cache[.., pos] = k, v                             in place, unless `live` is false
-    pending_out[kh] = out_kh @ wo[:, kh's heads]^T    one partial sum per KV head
+The grid is (KV head kh, slice s of T): S slices (decode_grid.slices; GPT-2: 12 KV
+heads x 4 = 48 CTAs, where one CTA a KV head gave 12 and left HBM mostly idle). A
+CTA owns query heads kh·G .. kh·G+G-1 (G = H/K), its slice's cache slots and its
+heads' columns of wo. The merge of the slices' softmaxes needs every slice's max and
+sum, which no CTA sees without a grid-wide barrier, and Mosaic GPU offers none (a
+kernel's CTAs never wait for each other). So each CTA writes its partial
+unnormalised with m and l (stats), and the MLP kernel that follows merges them as
+it adds them to x (log-sum-exp weights, decode_residual): no launch added. The
+price: H·S partials [B, E] float32 for the next kernel to read (GPT-2: 48, as many
+as the MLP leaves this one), and every slice's CTA computes its KV head's q, k, v
+(the weights read from HBM once, then from L2).
 
-One CTA (one warpgroup) per KV head kh: it owns query heads kh*G .. kh*G+G-1 (G = H/K),
-its slice of the cache and its columns of wo, so no CTA waits for another; the next
-kernel adds the K partial sums. CTA 0 writes x_now.
+The tokens sit in wgmma's N, 8 wide, as in decode_mlp.py: q^T [64 dims, 8] = wq
+tile [64, 64 of E] @ xn^T, the weight as stored the A operand, so x_now is [8, E] in
+SMEM (E up to 2048: the 1.2B shape). q, k and v reach rows of tokens, as the
+attention's products want them, by a store of the [64, 8] result through an [8, 64]
+buffer's transpose: scores [64, 64] = q [64, D] @ (row b's cache k tile, [D, 64] as
+stored); o [64, D] += p @ (its v tile); only row b of row b's scores counts. The
+output projection is the MLP's second product: out^T [64 of E, 8] = wo tile @ o^T.
 
-The products run on the tensor cores (wgmma: bf16 in, float32 accumulated) with the
-tokens as the 64 rows of M, B <= 8 of them real: q [64, D] = xn [64, E] @ (wq rows)^T;
-scores [64, 64] = q @ (a tile of batch row b's cache k, [D, 64] as stored); out [64, D]
-+= p @ (its cache v tile). Only row b of batch row b's scores counts: waste a decode
-step has room for, bound by bytes and launches, not FLOPs. (Tokens in N, 8 wide, would
-waste less and keep x_now [8, E]; but the attention's products want q and p with tokens
-in rows, and a transpose between the two has no cheap Mosaic GPU spelling.) Each 64 x 64
-bf16 tile (a 128-byte swizzled line a row) reaches SMEM by TMA. A weight's tiles stream
-through two slots, the next one's copy in flight while the tensor cores take this one;
-the cache's tiles still come one at a time.
-
-The softmax is online (FlashAttention's running max and sum), started from the new
-token's own score q . k_new, then a 64-slot block of the cache at a time, slots >= pos
-masked: none at pos 0. RoPE is rotary.rotate's arithmetic, with the cos and sin the
-caller computes in XLA (kernel_step.rope_tables), on q and on q with each head's halves
-swapped: other 64-wide blocks of the same head, or, at D = 64, a second product with
-weight rows TMA'd in swapped halves.
-
-The cache is written in place: its arrays enter as JAX refs (jax.new_ref), aliased to
-the kernel's outputs, and only slot pos is stored to (scalar stores: a column of cache k
-is strided by T, narrower than a TMA box), by pl.kernel on a plgpu.Mesh (plgpu.kernel
-takes no refs in JAX 0.10). x_now stays whole in SMEM, bounding E (attention_refusal).
+Streams (sized in decode_grid.py): the weight tiles through a ring of W slots in
+one sequence (q, k, v, then wo), the cache's through a ring of C slots, both started
+before the residual so their copies overlap it; the pending partials through their
+own ring. The softmax is online (FlashAttention's running max and sum), slice 0
+starting from the new token's own score. RoPE is rotary.rotate's arithmetic, cos
+and sin from kernel_step.rope_tables; at D = 64 a second product with weight rows in
+swapped halves gives rotate_half's operand. The cache is written in place (jax.new_ref,
+aliased to the outputs; pl.kernel on a plgpu.Mesh): slot pos alone, by scalar stores,
+by the CTA whose slice holds it, after its own reads.
 """
 
 import jax
@@ -46,240 +44,240 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from sessions.kernels import decode_residual as residual
 from sessions.kernels import mosaic
-
-TILE = 64  # rows of a wgmma (M) and columns of a K chunk: 64 bf16, one 128-byte swizzle line
-SWIZZLED = (plgpu.TilingTransform((8, TILE)), plgpu.SwizzleTransform(128))
-SMEM_BYTES = 227 * 1024  # an H100's shared memory a CTA may have (CUDA guide, sm_90)
+from sessions.kernels.decode_grid import TILE, attention_rings, slices
+from sessions.kernels.decode_residual import EMPTY, ROWS, WT, swizzled
 
 
 def attention_refusal(cfg, batch):
-    """Why this kernel cannot run cfg's attention at `batch` rows (one line), or None. Its
-    SMEM: x_now [64, E], q [64, G*D], k, v twice [64, D], six 64 x 64 tiles, 4 KB spare."""
-    E, D, T, G = cfg.embed, cfg.head_dim, cfg.seq, cfg.heads // cfg.n_kv_heads
-    if batch > 8:
-        return f"batches of at most 8 rows, not {batch}"
+    """Why this kernel cannot run cfg's attention at `batch` rows (one line), or None."""
+    E, D, T = cfg.embed, cfg.head_dim, cfg.seq
+    if batch > ROWS:
+        return f"batches of at most {ROWS} rows, not {batch}"
     if E % TILE or D % TILE or T % TILE:
         return f"embed, head dim and seq multiples of {TILE}, not {E}, {D}, {T}"
-    if 2 * TILE * (E + G * D + 4 * D + 6 * TILE) + 8 * D + 4096 > SMEM_BYTES:
+    if attention_rings(cfg, cfg.ff // TILE) is None:
+        G = cfg.heads // cfg.n_kv_heads
         return f"embed {E} with {G} x {D} query dims a KV head: more than a CTA's shared memory"
     return None
 
 
-def _kernel(dims, interpret, refs, scratch):
-    """One CTA: the attention half for KV head kh over all B tokens."""
-    B, P, E, H, K, D, rope = dims
-    G, GD, nE = H // K, H // K * D, E // TILE
-    x_ref, pend_ref, norm_ref, wq, wk, wv, wo, rope_ref, pos_ref, kc, vc, x_out, pend_out = refs
-    xn, qs, kplain, vplain, ropev, normv, bstage, fstage, *tiles = scratch
-    wtiles, ktile, vtile, ptile, spare, bar, wbars, hbars = tiles
-    on = mosaic.Ops(interpret, spare)
-    WG, ROW, COL, zeros = on.WG, on.ROW, on.COL, on.zeros
-    kh = lax.axis_index("kv")
+def _weight_tiles(wq, wk, wv, wo, kh, dims):
+    """The weight tiles a CTA multiplies, in order (q, k, v, then wo), each two 32-row boxes."""
+    _, E, H, K, D, _, _, rope = dims
+    G, nE, nD = H // K, E // TILE, D // TILE
+
+    def rows(w, base, off, turned=False):
+        """E/64 tiles of w's rows base + off .. + 64 (base a multiple of D); turned: each
+        head's halves swapped (dim i + D/2 in place of i), what rotate_half multiplies."""
+        tops = [(off + h * 32 + (D // 2 if turned else 0)) % D for h in (0, 1)]
+        return [[w.at[pl.ds(base + t, 32), pl.ds(c * TILE, TILE)] for t in tops] for c in range(nE)]
+
+    turn = rope and nD == 1  # at D = 64 rotate_half's rows: a second product
+    heads = [(wq, (kh * G + g) * D, True) for g in range(G)] + [(wk, kh * D, True)]
+    tiles = []
+    for w, base, turns in [*heads, (wv, kh * D, False)]:
+        for j in range(nD):
+            tiles += rows(w, base, j * TILE)
+        if turn and turns:
+            tiles += rows(w, base, 0, True)
+
+    def wo_tile(g, e, d):  # wo's [64 of E, 64 of query head kh·G + g's dims]
+        col = (kh * G + g) * D + d * TILE
+        return [wo.at[pl.ds(e * TILE + h * 32, 32), pl.ds(col, TILE)] for h in (0, 1)]
+
+    return tiles + [wo_tile(g, e, d) for g in range(G) for e in range(nE) for d in range(nD)]
+
+
+def _kernel(dims, interpret, scratch, refs, whole):
+    """One CTA: the attention half for KV head kh over slice s of the cache, all B tokens."""
+    B, E, H, K, D, T, NS, rope = dims
+    G, nE, nD, per = H // K, E // TILE, D // TILE, T // TILE // NS
+    x_ref, pend_ref, norm_ref, wq, wk, wv, wo, rope_ref, pos_ref, kc, vc, *outs = refs
+    x_out, pend_out, stats_out = outs
+    xn, ropev, wslots, wbars, kslots, vslots, cbars, rbar = whole
+    on = mosaic.Ops(interpret, None)
+    WG, ROW, zeros = on.WG, on.ROW, on.zeros
+    kh, s = lax.axis_index("kv"), lax.axis_index("slice")
     pos, live = pos_ref[0], pos_ref[1]
     f32, bf16 = jnp.float32, jnp.bfloat16
+    ring = mosaic.Ring(_weight_tiles(wq, wk, wv, wo, kh, dims), wslots, wbars)
+    ring.start()  # the first W weight tiles and C cache tiles: in flight during the residual
+    Sc, first_tile = kslots.shape[0], s * per
+    filled = jnp.clip((pos + TILE - 1) // TILE - first_tile, 0, per)  # the slice's tiles < pos
 
-    def tma(src, dst):  # HBM -> SMEM, waited for
-        plgpu.copy_gmem_to_smem(src, dst, bar)
-        plgpu.barrier_wait(bar)
+    def cache_fetch(b, j):  # tile j of this slice, row b's k and v, into slot j % C
+        t, slot = first_tile + j, lax.rem(j, Sc)
+        k_box, v_box = kc.at[b, kh, :, pl.ds(t * TILE, TILE)], vc.at[b, kh, pl.ds(t * TILE, TILE)]
+        plgpu.copy_gmem_to_smem(k_box, kslots.at[slot], cbars.at[slot])
+        plgpu.copy_gmem_to_smem(v_box, vslots.at[slot], cbars.at[slot])
 
-    def store(src, dst):  # SMEM -> HBM, after the registers' stores to src
+    def cache_start(b):
+        for j in range(Sc):
+            pl.when(j < filled)(lambda j=j: cache_fetch(b, j))
+
+    cache_start(0)
+    if rope:
+        plgpu.copy_gmem_to_smem(rope_ref, ropev, rbar)
+
+    def attend(qs, kn, vn, ptile, ostage, fstage):
+        t = 0  # the next weight tile
+
+        def product(n, b_of):  # [64, 8] float32: the next n weight tiles @ b_of(i)
+            nonlocal t
+
+            def run(acc):
+                for i in range(n):
+                    ring.step(t + i, acc, b_of(i))
+                return acc[...]
+
+            y = pl.run_scoped(run, plgpu.ACC((TILE, ROWS), f32))
+            t += n
+            return y
+
+        # 2. q, k, v as y^T [64 dims, 8 tokens] = w tile @ xn^T, rounded as XLA's dense,
+        # turned by RoPE, then stored transposed: rows of tokens, as the attention reads them.
+        def head(dst, col0, turns):
+            of_xn = lambda c: xn.at[:, pl.ds(c * TILE, TILE)].T  # noqa: E731
+            ys = [product(nE, of_xn).astype(bf16).astype(f32) for _ in range(nD)]
+            turned = ys[nD // 2 :] + ys[: nD // 2]  # dims i + D/2: another block, or ...
+            if rope and turns and nD == 1:  # ... (D = 64) rows copied in swapped halves
+                turned = [product(nE, of_xn).astype(bf16).astype(f32)]
+            for j, y in enumerate(ys):
+                if rope and turns:
+                    cos, sin = (on.load(ropev.at[i, pl.ds(j * TILE, TILE)], ROW) for i in (0, 1))
+                    cos, sin = (lax.broadcast_in_dim(v, y.shape, [0]) for v in (cos, sin))
+                    y = y * cos + turned[j] * sin  # sin negated on the first half
+                rows = dst.at[pl.ds(0, ROWS), pl.ds(col0 + j * TILE, TILE)]
+                rows.T[...] = on.cast(y.astype(bf16), WT)
+
+        for g in range(G):
+            head(qs, g * D, True)
+        head(kn, 0, True)
+        head(vn, 0, False)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(src, dst)
+
+        # 3. Attention over this slice, per query head g and row b (rows >= B: whatever SMEM
+        # held, never mixed into row b). Slice 0 starts from the new token, the rest empty.
+        scale, rows64, cols64, is0 = D**-0.5, on.iota(0), on.iota(1), s == 0
+        rows_d = on.iota(0, (TILE, D))
+        knew, vnew = (on.load(ref, WG).astype(f32) for ref in (kn, vn))
+
+        def mma(a, b, n=TILE):  # a @ b, float32 [64, n], on the tensor cores
+            def run(acc):
+                plgpu.wgmma(acc, a, b)
+                return acc[...]
+
+            return pl.run_scoped(run, plgpu.ACC((TILE, n), f32))
+
+        for g in range(G):
+            q = qs.at[:, pl.ds(g * D, D)]
+            s_new = (q[...].astype(f32) * knew).sum(axis=1) * scale
+            out, stats = zeros((TILE, D), WG), zeros((TILE, TILE), WG)
+            for b in range(B):
+                if b or g:  # row 0 of head 0: started before the residual
+                    cache_start(b)
+
+                def block(j, carry, b=b, q=q):
+                    o, m, total = carry
+                    slot = lax.rem(j, Sc)
+                    plgpu.barrier_wait(cbars.at[slot])
+                    sc = mma(q, kslots.at[slot]) * scale
+                    sc = jnp.where(cols64 + (first_tile + j) * TILE < pos, sc, -jnp.inf)
+                    m_new = jnp.maximum(m, sc.max(axis=1))
+                    alpha = jnp.exp(m - m_new)
+                    p = jnp.exp(sc - lax.broadcast_in_dim(m_new, sc.shape, [0]))
+                    total = total * alpha + p.sum(axis=1)
+                    o = o * lax.broadcast_in_dim(alpha, o.shape, [0])
+                    ptile[...] = p.astype(bf16)  # A from SMEM: the interpreter takes no other
+                    plgpu.commit_smem()
+                    o = o + mma(ptile, vslots.at[slot], D)
+                    pl.when(j + Sc < filled)(lambda: cache_fetch(b, j + Sc))
+                    return o, m_new, total
+
+                ones = on.cast(jnp.ones((TILE,), f32), ROW)
+                start = (jnp.where(is0, vnew, 0.0), jnp.where(is0, s_new, EMPTY), ones * is0)
+                o, m, total = lax.fori_loop(0, filled, block, start)
+                out = jnp.where(rows_d == b, o, out)
+                mine = rows64 == b
+                stats = jnp.where(
+                    mine & (cols64 == 0), lax.broadcast_in_dim(m, stats.shape, [0]), stats
+                )
+                stats = jnp.where(
+                    mine & (cols64 == 1), lax.broadcast_in_dim(total, stats.shape, [0]), stats
+                )
+            qs.at[:, pl.ds(g * D, D)][...] = out.astype(bf16)  # unnormalised: the MLP's to scale
+            fstage[...] = stats
+            plgpu.commit_smem()
+            p_out = (kh * G + g) * NS + s
+            for b in range(ROWS):  # m and l, a row a token: 16 scalar stores
+                stats_out[p_out, 0, b] = fstage[b, 0]
+                stats_out[p_out, 1, b] = fstage[b, 1]
+            plgpu.commit_smem()  # every thread has read fstage before the next head writes it
+
+        # 4. Each head's partial of the output projection: out^T [64 of E, 8] = wo tile @ o^T.
+        for g in range(G):
+            p_out = (kh * G + g) * NS + s
+            for e in range(nE):
+                of_o = lambda d, g=g: qs.at[pl.ds(0, ROWS), pl.ds(g * D + d * TILE, TILE)].T  # noqa: E731
+                y = product(nD, of_o)
+                slot = ostage.at[(g * nE + e) % 2]
+                plgpu.wait_smem_to_gmem(1)  # the copy out of this slot, 2 blocks ago, is done
+                slot.T[...] = on.cast(y, WT)
+                plgpu.commit_smem()
+                dst = pend_out.at[p_out, :, pl.ds(e * TILE, TILE)]
+                plgpu.copy_smem_to_gmem(slot.at[pl.ds(0, B)], dst)
         plgpu.wait_smem_to_gmem(0)
 
-    def mma(a, b, n=TILE):  # a @ b, float32 [64, n], on the tensor cores
-        def run(acc):
-            plgpu.wgmma(acc, a, b)
-            return acc[...]
-
-        return pl.run_scoped(run, plgpu.ACC((TILE, n), f32))
-
-    def matmul(steps, fetch, a_of, bars=wbars):
-        """The sum over chunks c < steps of a_of(c) @ w_c^T, w_c the weight tile that
-        fetch(c, dst, barrier) copies in: two tile slots, so that chunk c + 1's TMA is in
-        flight while the tensor cores multiply chunk c. float32 [64, 64]."""
-        fetch(0, wtiles.at[0], bars.at[0])
-
-        def run(acc):
-            @pl.loop(0, steps)
-            def _(c):
-                slot = lax.rem(c, 2)
-
-                @pl.when(c + 1 < steps)
-                def _():
-                    fetch(c + 1, wtiles.at[1 - slot], bars.at[1 - slot])
-
-                plgpu.barrier_wait(bars.at[slot])
-                plgpu.wgmma(acc, a_of(c), on.transposed(wtiles.at[slot]))
-                plgpu.wgmma_wait(0)  # done reading the slot before the next TMA overwrites it
-
-            return acc[...]
-
-        return pl.run_scoped(run, plgpu.ACC((TILE, TILE), f32))
-
-    # 1. x_now = x + pending, 64 columns at a time (rows >= B stay zero), and its sum of squares.
-    bstage[...] = zeros((TILE, TILE), WG).astype(bf16)
-    fstage[...] = zeros((TILE, TILE), WG)
-    if rope:
-        tma(rope_ref, ropev)
-
-    def residual(c, ss):
-        cols = pl.ds(c * TILE, TILE)
-        plgpu.commit_smem()
-        tma(x_ref.at[:, cols], bstage.at[:B])
-        x = on.load(bstage, WG).astype(f32)
-        for p in range(P):
-            tma(pend_ref.at[p, :, cols], fstage.at[:B])
-            x = x + on.load(fstage, WG)
-        x = x.astype(bf16)
-        xn.at[:, cols][...] = x
-
-        @pl.when(kh == 0)
+        # 5. The new k, v into slot pos, by the CTA whose slice holds it, after its reads.
+        @pl.when(jnp.logical_and(live != 0, pos // (T // NS) == s))
         def _():
-            bstage[...] = x
-            store(bstage.at[:B], x_out.at[:, cols])
+            for b in range(B):
 
-        x = x.astype(f32)
-        return ss + (x * x).sum(axis=1)
+                @pl.loop(0, D)
+                def _(d, b=b):
+                    kc[b, kh, d, pos] = kn[b, d]
+                    vc[b, kh, pos, d] = vn[b, d]
 
-    ss = lax.fori_loop(0, nE, residual, zeros((TILE,), ROW))
-    inv = lax.rsqrt(ss / E + 1e-6)  # transformer.rms_norm's eps
+    # 1. x_now and its norm into xn [8, E], the products' B operand (decode_residual).
+    def begin(*bufs):
+        first = jnp.logical_and(kh == 0, s == 0)
+        residual.start(x_ref, pend_ref, None, norm_ref, x_out, xn, bufs, first, 1)
 
-    @pl.loop(0, nE)
-    def _(c):
-        cols = pl.ds(c * TILE, TILE)
-        tma(norm_ref.at[cols], normv)
-        scale = on.load(normv, COL).astype(f32)
-        x = xn.at[:, cols][...].astype(f32)
-        x = x * lax.broadcast_in_dim(inv, x.shape, [0]) * lax.broadcast_in_dim(scale, x.shape, [1])
-        xn.at[:, cols][...] = x.astype(bf16)
-
-    plgpu.commit_smem()
-
-    # 2. q, k, v: 64 output features at a time, E streamed through one weight tile.
-    def project(w, row0, turned=False):
-        """[64 tokens, 64] = xn @ w[row0:row0+64]^T; `turned`: the rows of each head's
-        halves swapped (dim i + D/2 in place of i), what rotate_half multiplies by sin."""
-
-        def fetch(c, dst, barrier):
-            cols = pl.ds(c * TILE, TILE)
-            if not turned:
-                return plgpu.copy_gmem_to_smem(w.at[pl.ds(row0, TILE), cols], dst, barrier)
-            for half in range(2):  # two copies of 32 rows: head dims (i + D/2) mod D
-                src = row0 - row0 % D + (row0 % D + half * TILE // 2 + D // 2) % D
-                half_dst = dst.at[pl.ds(half * TILE // 2, TILE // 2)]
-                plgpu.copy_gmem_to_smem(w.at[pl.ds(src, TILE // 2), cols], half_dst, barrier)
-
-        a_of = lambda c: xn.at[:, pl.ds(c * TILE, TILE)]  # noqa: E731
-        return matmul(nE, fetch, a_of, hbars if turned else wbars).astype(bf16)
-
-    def head(w, row0):  # a head's D/64 blocks of xn @ w^T, turned as rotary.rotate turns them
-        ys, n = [project(w, row0 + j * TILE).astype(f32) for j in range(D // TILE)], D // TILE
-        turned = ys[n // 2 :] + ys[: n // 2]  # dims i + D/2: another block, or (D = 64) ...
-        if n == 1 and rope:  # ... within this one: its weight rows copied in swapped halves
-            turned = [project(w, row0, True).astype(f32)]
-        out = []
-        for j, (y, swapped) in enumerate(zip(ys, turned) if rope else ()):
-            cos, sin = (on.load(ropev.at[i, pl.ds(j * TILE, TILE)], COL) for i in (0, 1))
-            cos, sin = (lax.broadcast_in_dim(t, y.shape, [1]) for t in (cos, sin))
-            out.append(y * cos + swapped * sin)  # sin negated on the first half (rope_tables)
-        return out if rope else ys
-
-    for j, k in enumerate(head(wk, kh * D)):
-        kplain.at[:, pl.ds(j * TILE, TILE)][...] = k.astype(bf16)
-        vplain.at[:, pl.ds(j * TILE, TILE)][...] = project(wv, kh * D + j * TILE)
-    for g in range(G):
-        for j, q in enumerate(head(wq, (kh * G + g) * D)):
-            qs.at[:, pl.ds(g * D + j * TILE, TILE)][...] = q.astype(bf16)
-    plgpu.commit_smem()
-
-    # 3. Attention, per query head g and cache row b: online softmax over the new token
-    # and then the cache's filled blocks; row b of each result is token b's.
-    scale = D**-0.5
-    rows, cols64 = on.iota(0), on.iota(1)
-    for g in range(G):
-        s_new = zeros((TILE,), ROW)
-        for j in range(D // TILE):
-            q = qs.at[:, pl.ds(g * D + j * TILE, TILE)][...].astype(f32)
-            s_new += (q * on.load(kplain.at[:, pl.ds(j * TILE, TILE)], WG).astype(f32)).sum(1)
-        s_new = s_new * scale
-        out = [zeros((TILE, TILE), WG) for _ in range(D // TILE)]
-        for b in range(B):
-
-            def block(t, carry, b=b, g=g):
-                o, m, total = carry
-                tma(kc.at[b, kh, :, pl.ds(t * TILE, TILE)], ktile)
-                tma(vc.at[b, kh, pl.ds(t * TILE, TILE), :], vtile)
-                s = mma(qs.at[:, pl.ds(g * D, D)], ktile) * scale
-                s = jnp.where(cols64 + t * TILE < pos, s, -jnp.inf)
-                m_new = jnp.maximum(m, s.max(axis=1))
-                alpha = jnp.exp(m - m_new)
-                p = jnp.exp(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                total = total * alpha + p.sum(axis=1)
-                o = o * lax.broadcast_in_dim(alpha, o.shape, [0])
-                ptile[...] = p.astype(bf16)  # A from SMEM: the interpreter takes no other
-                plgpu.commit_smem()
-                return o + mma(ptile, vtile, D), m_new, total
-
-            ones = on.cast(jnp.ones((TILE,), f32), ROW)
-            start = (on.load(vplain, WG).astype(f32), s_new, ones)  # the new token, weight 1
-            o, _, total = lax.fori_loop(0, (pos + TILE - 1) // TILE, block, start)
-            o = o / lax.broadcast_in_dim(total, o.shape, [0])
-            for j in range(D // TILE):
-                oj = o[:, j * TILE : (j + 1) * TILE] if D > TILE else o
-                out[j] = jnp.where(rows == b, oj, out[j])
-        for j in range(D // TILE):
-            qs.at[:, pl.ds(g * D + j * TILE, TILE)][...] = out[j].astype(bf16)
-    plgpu.commit_smem()
-
-    # 4. This KV head's partial sum of the output projection, 64 columns of E at a time.
-    @pl.loop(0, nE)
-    def _(e):
-        def fetch(c, dst, barrier):
-            src = wo.at[pl.ds(e * TILE, TILE), pl.ds(kh * GD + c * TILE, TILE)]
-            plgpu.copy_gmem_to_smem(src, dst, barrier)
-
-        fstage[...] = matmul(GD // TILE, fetch, lambda c: qs.at[:, pl.ds(c * TILE, TILE)])
-        store(fstage.at[:B], pend_out.at[kh, :, pl.ds(e * TILE, TILE)])
-
-    # 5. The new k, v into slot pos of each row's cache, after every read of it above.
-    @pl.when(live != 0)
-    def _():
-        for b in range(B):
-
-            @pl.loop(0, D)
-            def _(d, b=b):
-                kc[b, kh, d, pos] = kplain[b, d]
-                vc[b, kh, pos, d] = vplain[b, d]
+    pl.run_scoped(begin, *scratch[0])
+    if rope:
+        plgpu.barrier_wait(rbar)
+    pl.run_scoped(attend, *scratch[1])
 
 
 def attention_layer(layer, cache, x, pending, pos, live, cfg, *, rope=None, interpret):
     """x [B, E] bf16, pending [P, B, E] float32, cache {"k": [B, K, D, T], "v": [B, K, T, D]}
-    -> (x_now [B, E], pending_out [K, B, E] float32, the cache with slot pos written
-    unless `live` is false). One kernel launch; the cache is updated in place. rope:
-    float32 [2, D], the cos and sin at pos (kernel_step.rope_tables), for a RoPE model."""
-    (B, E), (H, D, _), K = x.shape, layer["wq"].shape, cache["k"].shape[1]
-    G, bf16 = H // K, jnp.bfloat16
-    dims = (B, pending.shape[0], E, H, K, D, bool(cfg.rope))
+    -> (x_now [B, E], partials [H·S, B, E] float32 and their stats [H·S, 2, 8] float32
+    (decode_residual), the cache with slot pos written unless `live` is false). One kernel
+    launch; the cache is updated in place. rope: float32 [2, D], the cos and sin at pos
+    (kernel_step.rope_tables), for a RoPE model."""
+    (B, E), (H, D, _), K, P = x.shape, layer["wq"].shape, cache["k"].shape[1], pending.shape[0]
+    T, NS, bf16, f32 = cache["k"].shape[3], slices(cfg), jnp.bfloat16, jnp.float32
+    G, (depth, W, C) = H // K, attention_rings(cfg, P)
+    dims = (B, E, H, K, D, T, NS, bool(cfg.rope))
 
     def smem(*shape, dtype=bf16, tiled=True):
-        return plgpu.SMEM(shape, dtype, transforms=SWIZZLED if tiled else ())
+        return plgpu.SMEM(shape, dtype, transforms=swizzled(dtype) if tiled else ())
 
-    f32, spare = jnp.float32, TILE if interpret and mosaic.OLD_INTERPRETER else 8
-    # xn (x_now, then normed), qs (q, then the output); k, v untiled (for scalar reads); cos,
-    # sin; 64 of attn_norm; x in, x_now out; pending in, partial sums out; two weight tiles,
-    # cache k, cache v, probabilities; spare; barriers: TMAs waited for at once, weight tiles'.
-    scratch = [smem(TILE, E), smem(TILE, G * D)]
-    scratch += [smem(TILE, D, tiled=False), smem(TILE, D, tiled=False)]
-    scratch += [smem(2, D, dtype=f32, tiled=False), smem(TILE, tiled=False)]
-    scratch += [smem(TILE, TILE, tiled=False), smem(TILE, TILE, dtype=f32, tiled=False)]
-    scratch += [smem(2, TILE, TILE), smem(D, TILE), smem(TILE, D), smem(TILE, TILE)]
-    scratch += [smem(spare, TILE), plgpu.Barrier(num_arrivals=1)]
-    scratch += [plgpu.Barrier(num_arrivals=n, num_barriers=2) for n in (1, 2)]
+    # The whole kernel's: xn, cos and sin, the weights' ring, the cache's (k and v tiles).
+    whole = [smem(ROWS, E), smem(2, D, dtype=f32, tiled=False)]
+    whole += [smem(W, TILE, TILE), plgpu.Barrier(num_arrivals=2, num_barriers=W)]
+    whole += [smem(C, D, TILE), smem(C, TILE, D), plgpu.Barrier(num_arrivals=2, num_barriers=C)]
+    whole += [plgpu.Barrier(num_arrivals=1)]
+    first = residual.scratch(E, P, depth, bf16, False)  # then reused by the attention's:
+    # q (then the output), new k and v (untiled, for scalar reads), p, out stage, stats stage.
+    then = [smem(TILE, G * D), smem(TILE, D, tiled=False), smem(TILE, D, tiled=False)]
+    then += [smem(TILE, TILE), smem(2, ROWS, TILE, dtype=f32, tiled=False)]
+    then += [smem(TILE, TILE, dtype=f32, tiled=False)]
 
     def body(*refs):
-        pl.run_scoped(lambda *s: _kernel(dims, interpret, refs, s), *scratch)
+        pl.run_scoped(lambda *w: _kernel(dims, interpret, (first, then), refs, w), *whole)
 
     flags = jnp.stack([jnp.asarray(pos, jnp.int32), jnp.asarray(live, jnp.int32)])
     if cfg.rope and rope is None:
@@ -289,11 +287,13 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, rope=None, inte
     rope = rope if cfg.rope else flags  # unread without RoPE
     k_ref = jax.new_ref(cache["k"], memory_space=plgpu.GMEM)
     v_ref = jax.new_ref(cache["v"], memory_space=plgpu.GMEM)
-    outs = (jax.ShapeDtypeStruct((B, E), x.dtype), jax.ShapeDtypeStruct((K, B, E), jnp.float32))
-    mesh = plgpu.Mesh(grid=(K,), grid_names=("kv",))
+    outs = [jax.ShapeDtypeStruct((B, E), x.dtype)]
+    outs += [jax.ShapeDtypeStruct(shape, f32) for shape in ((H * NS, B, E), (H * NS, 2, ROWS))]
+    mesh = plgpu.Mesh(grid=(K, NS), grid_names=("kv", "slice"))
     run = mosaic.interpret_params() if interpret else False
-    call = pl.kernel(body, out_type=outs, mesh=mesh, interpret=run, name="decode_attention")
+    call = pl.kernel(body, out_type=tuple(outs), mesh=mesh, interpret=run, name="decode_attention")
     weights = [layer[w].reshape(-1, E) for w in ("wq", "wk", "wv")]  # [rows, E]: bitcasts
     wo = layer["wo"].reshape(E, H * D)
-    x_now, partials = call(x, pending, layer["attn_norm"], *weights, wo, rope, flags, k_ref, v_ref)
-    return x_now, partials, {"k": k_ref[...], "v": v_ref[...]}
+    norm = layer["attn_norm"]
+    x_now, parts, stats = call(x, pending, norm, *weights, wo, rope, flags, k_ref, v_ref)
+    return x_now, parts, stats, {"k": k_ref[...], "v": v_ref[...]}

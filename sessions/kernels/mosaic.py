@@ -12,6 +12,7 @@ import inspect
 
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 OLD_INTERPRETER = not hasattr(plgpu, "InterpretGPUParams")  # JAX 0.10's, with fewer primitives
@@ -54,13 +55,43 @@ class Ops:
         index = ((),) if "idx" in inspect.signature(plgpu.load).parameters else ()  # JAX 0.10
         return plgpu.load(ref, *index, layout=layout, optimized=False)
 
-    def iota(self, dim):
+    def iota(self, dim, shape=(64, 64)):
         if self.interpret:
-            return lax.broadcasted_iota(jnp.int32, (64, 64), dim)
-        return plgpu.broadcasted_iota(jnp.int32, (64, 64), dim, layout=self.WG)
+            return lax.broadcasted_iota(jnp.int32, shape, dim)
+        return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=self.WG)
 
     def transposed(self, tile):
         if self.interpret and OLD_INTERPRETER:
             self.spare[...] = tile[...].T
             return self.spare
         return tile.T
+
+
+class Ring:
+    """Weight tiles streamed HBM -> SMEM through S slots, S copies in flight: tile t + S
+    is copied into t's slot as soon as the tensor cores have read tile t. tiles[t]: the
+    GMEM boxes of tile t, stacked in its slot (each slot's barrier counts them)."""
+
+    def __init__(self, tiles, slots, barriers):
+        self.tiles, self.slots, self.barriers = tiles, slots, barriers
+        self.S = slots.shape[0]
+
+    def fetch(self, t):
+        slot, rows = self.slots.at[t % self.S], 0
+        for box in self.tiles[t]:
+            n = box.shape[0]
+            dst = slot.at[pl.ds(rows, n)]
+            plgpu.copy_gmem_to_smem(box, dst, self.barriers.at[t % self.S])
+            rows += n
+
+    def start(self):
+        for t in range(min(self.S, len(self.tiles))):
+            self.fetch(t)
+
+    def step(self, t, acc, b_operand):
+        """acc += tile t @ b_operand once tile t has landed; then refill its slot."""
+        plgpu.barrier_wait(self.barriers.at[t % self.S])
+        plgpu.wgmma(acc, self.slots.at[t % self.S], b_operand)
+        plgpu.wgmma_wait(0)  # the slot is read: it may be refilled
+        if t + self.S < len(self.tiles):
+            self.fetch(t + self.S)
