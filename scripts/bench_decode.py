@@ -41,7 +41,8 @@ import numpy as np
 
 from roofline import decode_cost
 from roofline.compiled.launches import kernels_per_token
-from roofline.hardware import local_roofs
+from roofline.hardware import chip_for_kind, local_roofs
+from roofline.plan.decode_estimate import decode_times
 from roofline.timing import time_calls
 from scripts.harness.naive_step import uncached_generate
 from sessions.errors import UsageError, run_main
@@ -148,14 +149,17 @@ def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
 
 
 def side_by_side(cfg, params, prompt, batches, args, roofs, mesh):
-    """Each --decode-impl's step, batch by batch: ms a step, tokens/s, MBU and
-    kernels a token, printed in one row -> rows (batch, Achieved) of the first
-    impl (those it runs). Appends {impl: {batch: (Achieved, kernels)}} to args.tables."""
+    """Each --decode-impl's step, batch by batch: ms a step, tokens/s, MBU, kernels a
+    token and the estimate of its step (roofline/plan/decode_estimate.py: our kernels'
+    bytes at what their grids keep in flight), printed in one row -> rows (batch,
+    Achieved) of the first impl (those it runs). Appends {impl: {batch: (Achieved,
+    kernels, DecodeTimes or None)}} to args.tables."""
     peak, bandwidth = roofs
     n = min(args.new_tokens, cfg.seq - len(prompt))
     weights = layout.decode_weights(params, cfg)
     impls = {name: kernel_step.impl_for(name, jax.default_backend()) for name in args.decode_impl}
-    cells = f"{'ms/step':>8} {'tokens/s':>10} {'MBU':>6} {'kernels':>7}"
+    chip = chip_for_kind(jax.devices()[0].device_kind)  # None: no estimate (a CPU)
+    cells = f"{'ms/step':>8} {'tokens/s':>10} {'MBU':>6} {'kernels':>7} {'est ms':>7}"
     print(f"   {'batch':>5}" + "".join(f" | {name:>6} {cells}" for name in impls))
     table = {name: {} for name in impls}
     args.tables = [*getattr(args, "tables", []), table]
@@ -163,16 +167,21 @@ def side_by_side(cfg, params, prompt, batches, args, roofs, mesh):
         line = f"   {b:>5}"
         for name, impl in impls.items():
             if impl and b > kernel_step.MAX_BATCH:  # ours takes batches up to 8
-                line += f" | {name:>6} {'-':>8} {'-':>10} {'-':>6} {'-':>7}"
+                line += f" | {name:>6} {'-':>8} {'-':>10} {'-':>6} {'-':>7} {'-':>7}"
                 continue
             step_s = decode_seconds(weights, params, cfg, prompt, b, n, mesh, args.repeats, impl)
             step = decode_cost.decode_step_cost(cfg, b, peak_flops=peak, bandwidth=bandwidth)
             got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
             kernels = kernels_a_token(weights, cfg, b, impl)
-            table[name][b] = got, kernels
+            streams = kernel_step.byte_streams(cfg, b) if impl else None  # None: XLA's fit
+            times = chip and decode_times(step, kernels, chip, streams=streams)
+            table[name][b] = got, kernels, times
+            estimate = (
+                "-" if not times or times.estimate_s is None else f"{times.estimate_s * 1e3:.3f}"
+            )
             line += (
                 f" | {name:>6} {step_s * 1e3:>8.3f} {got.tokens_per_s:>10,.0f} "
-                f"{100 * got.mbu:>5.1f}% {kernels:>7}"
+                f"{100 * got.mbu:>5.1f}% {kernels:>7} {estimate:>7}"
             )
         print(line)
     first = table[args.decode_impl[0]]
@@ -259,8 +268,10 @@ def main(argv=None):
                                     "tokens_per_sec": got.tokens_per_s,
                                     "mbu": got.mbu,
                                     "kernels_per_token": kernels,
+                                    "floor_step_seconds": times and times.floor_s,
+                                    "estimate_step_seconds": times and times.estimate_s,
                                 }
-                                for b, (got, kernels) in rows.items()
+                                for b, (got, kernels, times) in rows.items()
                             }
                             for impl, rows in table.items()
                         }

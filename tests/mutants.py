@@ -2151,6 +2151,20 @@ MUTANTS = [
         (("* mlp_rings(cfg, P, cfg.attention)[1] *", "* SLOTS *"),),
         (f"{GRID_TEST}::test_the_mlp_kernel_s_bytes_in_flight_are_its_grid_times_its_ring",),
     ),
+    Mutant(
+        "streams-forget-the-cache",
+        "our kernels' estimate streams the caches at XLA's fitted rate, not the attention's",
+        "sessions/inference/kernel_step.py",
+        (("* value + cache\n", "* value\n"),),
+        (f"{ESTIMATE_TEST}::test_our_kernels_bytes_stream_at_what_their_grids_keep_in_flight",),
+    ),
+    Mutant(
+        "target-estimates-ours-as-xla",
+        "s3 --target --decode-impl pallas estimates our kernels' bytes at XLA's fitted rate",
+        "sessions/plan/infer_on_target.py",
+        (("streams = kernel_step.byte_streams(cfg, batch) if impl else None", "streams = None"),),
+        ("tests/test_decode_kernels.py::test_target_compiles_the_kernels_for_the_chip",),
+    ),
 ]
 
 

@@ -168,3 +168,28 @@ def test_no_estimate_where_nothing_is_fitted():
     assert any(line.startswith("estimate: none on this chip") for line in lines)
     row = next(line.split() for line in lines if line[:7].strip() == "1")
     assert row[-4:] == ["-", "-", row[-2], "-"]
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_our_kernels_bytes_stream_at_what_their_grids_keep_in_flight(batch):
+    """kernel_step.byte_streams splits the step's bytes by the kernels that read them: by
+    hand for GPT-2, a layer's attention weights 4·768·768 and norm 768, its MLP's 2·768·3072
+    and norm 768, bf16; the caches with the attention; the rest (the position row, the final
+    norm, the head 256·768, which is the tied embedding's table) XLA's. GPT-2's grids keep 3,145,728 bytes in
+    flight each (48 CTAs x 64 KiB), past Little's 2.3 MB: the bytes at the roof."""
+    from sessions.inference import kernel_step
+
+    step, _ = times(GPT2, batch, 34)
+    streams = kernel_step.byte_streams(GPT2, batch)
+    cache = 2 * 12 * batch * 1024 * 12 * 64 * 2
+    assert [b for b, _ in streams] == [
+        12 * (4 * 768 * 768 + 768) * 2 + cache,
+        12 * (2 * 768 * 3072 + 768) * 2,
+        (768 + 768 + 256 * 768) * 2,
+    ]
+    assert sum(b for b, _ in streams) == step.bytes
+    assert [f for _, f in streams] == [3_145_728, 3_145_728, None]
+    _, ours = times(GPT2, batch, 34, streams=streams)
+    rest = streams[2][0]
+    at_roof = (step.bytes - rest) / 3.35e12 + rest / (est.XLA_FRACTION * 3.35e12)
+    assert ours.bytes_s == pytest.approx(at_roof)

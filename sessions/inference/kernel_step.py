@@ -33,8 +33,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from roofline.decode_cost import dtype_bytes, kv_cache_bytes, weight_bytes
 from sessions.errors import UsageError
 from sessions.inference.layout import dense_out_in
+from sessions.kernels.decode_grid import attention_bytes_in_flight
+from sessions.kernels.decode_mlp import mlp_bytes_in_flight
 from sessions.model import rotary
 from sessions.model.transformer import embed, unembed
 
@@ -151,3 +154,21 @@ def rope_tables(pos, D, base):
     theta = pos.astype(jnp.float32) * rotary.frequencies(D, base)  # [D/2]
     cos, sin = jnp.cos(theta), jnp.sin(theta)
     return jnp.stack([jnp.concatenate([cos, cos]), jnp.concatenate([-sin, sin])])
+
+
+def byte_streams(cfg, batch):
+    """The step's bytes by the kernels that read them, each with the bytes its grid keeps in
+    flight, for the estimate's Little's law (roofline/plan/decode_estimate.py): the attention
+    kernels' (q, k, v and o weights, the norm, the caches), the MLP kernels' (their weights and
+    norm), and the rest, XLA's (the embedding and position rows, the head: None in flight, its
+    fitted rate). [(bytes, bytes in flight)]"""
+    E, F, H, K, D = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim
+    value, cache = dtype_bytes(cfg.dtype), kv_cache_bytes(cfg, batch)
+    attention = cfg.layers * (2 * H * D * E + 2 * K * D * E + E) * value + cache
+    mlp = cfg.layers * ((3 if cfg.gated else 2) * E * F + E) * value
+    rest = weight_bytes(cfg) + cache - attention - mlp
+    return [
+        (attention, attention_bytes_in_flight(cfg, batch)),
+        (mlp, mlp_bytes_in_flight(cfg, batch)),
+        (rest, None),
+    ]

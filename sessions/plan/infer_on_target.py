@@ -139,7 +139,10 @@ def plan_decode_batch(cfg, batch, mesh, target, say, impl=None):
     launches = kernel_launches(text)
     floor = launch_bound(step, launches.per_token, launch_cost(chip).seconds)
     all_reduces = sum(c.count for c in per_step.values())  # each charged a ring's latency
-    times = decode_times(step, launches.per_token, chip, all_reduces=all_reduces, chips=n)
+    streams = kernel_step.byte_streams(cfg, batch) if impl else None  # ours: their grids'
+    times = decode_times(
+        step, launches.per_token, chip, streams=streams, all_reduces=all_reduces, chips=n
+    )
     decoded = DecodePlan(
         batch=batch,
         weight_bytes=sharding.held_bytes(inputs[0]),
