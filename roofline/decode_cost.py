@@ -271,10 +271,11 @@ def achieved(step, step_s, *, peak_flops, bandwidth):
     )
 
 
-def measured_summary(steps, measured, cfg, *, peak_flops, bandwidth):
-    """JSON-ready numbers for decode steps timed beside their roofline: one
-    entry per (DecodeStep, Achieved) pair, and the batch where decode turns
-    compute-bound (s3_infer.py --summary-out)."""
+def measured_summary(steps, measured, cfg, *, peak_flops, bandwidth, times=None):
+    """JSON-ready numbers for decode steps timed beside their roofline, per (DecodeStep,
+    Achieved, DecodeTimes or None: roofline/plan/decode_estimate.py, where kernels were
+    counted) and B* (s3_infer.py --summary-out). Without times, the floor is the bytes' or
+    the FLOPs' time and there is no estimate."""
     return {
         "batches": [
             {
@@ -286,8 +287,12 @@ def measured_summary(steps, measured, cfg, *, peak_flops, bandwidth):
                 "bytes_per_step": s.bytes,
                 "memory_bound_seconds": s.memory_s,
                 "compute_bound_seconds": s.compute_s,
+                "floor_step_seconds": t.floor_s if t else s.step_s,
+                "floor_bound": t.floor_bound if t else {"memory": "bytes"}.get(s.bound, "FLOPs"),
+                "estimate_step_seconds": t and t.estimate_s,
+                "estimate_bound": t and t.estimate_bound,
             }
-            for s, g in zip(steps, measured)
+            for s, g, t in zip(steps, measured, times or [None] * len(steps))
         ],
         "compute_bound_batch": compute_bound_batch(cfg, peak_flops=peak_flops, bandwidth=bandwidth),
         "peak_flops": peak_flops,

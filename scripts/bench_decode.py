@@ -40,13 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from roofline import decode_cost
-from roofline.compiled.launches import kernels_per_token
 from roofline.hardware import chip_for_kind, local_roofs
 from roofline.plan.decode_estimate import decode_times
 from roofline.timing import time_calls
 from scripts.harness.naive_step import uncached_generate
 from sessions.errors import UsageError, run_main
-from sessions.inference import kernel_step, kv_cache, layout
+from sessions.inference import kernel_step, kv_cache, layout, step_times
 from sessions.model import init_params
 from sessions.model.config import PRESETS
 from sessions.run.cli import PROMPT, ArgumentParser, positive_int, resolve, train_flags
@@ -115,15 +114,6 @@ def decode_seconds(weights, params, cfg, prompt, batch, n, mesh, repeats, impl=N
     return time_calls(decode, repeats=repeats).best / n
 
 
-def kernels_a_token(weights, cfg, batch, impl):
-    """Kernels one decode step launches, read off its compiled program."""
-    T, V = cfg.seq, cfg.vocab
-    cache = kv_cache.init_cache(cfg, batch)
-    tokens, logits = jnp.zeros((batch, T), jnp.int32), jnp.zeros((batch, V), jnp.float32)
-    args = (weights, cache, tokens, logits, 1, 1, jax.random.key(0), 1.0, cfg, False, impl)
-    return kernels_per_token(kv_cache.decode_steps.lower(*args).compile())[0]
-
-
 def decode_table(cfg, params, prompt, batches, args, roofs, mesh):
     """Rows (batch, Achieved), printed; with ours asked for, side_by_side's."""
     if args.decode_impl != ["xla"]:
@@ -172,7 +162,7 @@ def side_by_side(cfg, params, prompt, batches, args, roofs, mesh):
             step_s = decode_seconds(weights, params, cfg, prompt, b, n, mesh, args.repeats, impl)
             step = decode_cost.decode_step_cost(cfg, b, peak_flops=peak, bandwidth=bandwidth)
             got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
-            kernels = kernels_a_token(weights, cfg, b, impl)
+            kernels = step_times.kernels_a_token(weights, cfg, b, impl)
             streams = kernel_step.byte_streams(cfg, b) if impl else None  # None: XLA's fit
             times = chip and decode_times(step, kernels, chip, streams=streams)
             table[name][b] = got, kernels, times

@@ -32,8 +32,9 @@ from roofline import decode_cost
 from roofline.flops import model_line
 from roofline.hardware import local_roofs
 from roofline.timing import time_calls
+from roofline.units import ms
 from sessions.errors import UsageError, run_main
-from sessions.inference import kernel_check, kernel_step, kv_cache, layout
+from sessions.inference import kernel_check, kernel_step, kv_cache, layout, step_times
 from sessions.inference.sample import sample_tokens, show
 from sessions.plan import infer_on_target, kernels_on_target, programs
 from sessions.run.accelerator import check_accelerator_visible
@@ -104,6 +105,7 @@ def main(argv=None):
         weights = layout.decode_weights(params, cfg)
         key = jax.random.key(0)
         rows = []  # (roofline DecodeStep, Achieved, prefill seconds) per batch
+        times = []  # its floor and estimate, on a GPU (sessions/inference/step_times.py)
         for B in args.batches:
             # The prompt, tiled into B rows [B, P], split over data x fsdp as a training batch is.
             prompts = jax.device_put(np.tile(prompt, (B, 1)), sharding.batch_sharding(mesh))
@@ -133,8 +135,16 @@ def main(argv=None):
             step = decode_cost.decode_step_cost(cfg, B, peak_flops=peak, bandwidth=bandwidth)
             got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
             rows.append((step, got, prefill_s))
+            times.append(step_times.step_times(step, weights, cfg, B, impl))
         for line in decode_table_lines(rows, cfg, args.batches[-1], P, peak, bandwidth):
             print(line)
+        if estimated := [(s.batch, k, t) for (s, *_), (k, t) in zip(rows, times) if t]:
+            print("predicted (roofline/plan/decode_estimate.py), kernels a token as compiled:")
+            for b, k, t in estimated:
+                print(
+                    f"  batch {b}: {k} kernels, floor {ms(t.floor_s)} ({t.floor_bound}), "
+                    f"estimate {ms(t.estimate_s)} ({t.estimate_bound})"
+                )
         path = os.path.join(args.run_dir, "decode_roofline.png")
         plot_decode([(s.batch, g.tokens_per_s) for s, g, _ in rows], cfg, peak, bandwidth, path)
         print(f"plot: {path}")
@@ -145,7 +155,7 @@ def main(argv=None):
     print("sample:\n" + text)
     steps, measured, prefill_seconds = zip(*rows)
     summary = decode_cost.measured_summary(
-        steps, measured, cfg, peak_flops=peak, bandwidth=bandwidth
+        steps, measured, cfg, peak_flops=peak, bandwidth=bandwidth, times=[t for _, t in times]
     )
     summary.update(
         prefill_seconds=prefill_seconds[-1],

@@ -2165,6 +2165,13 @@ MUTANTS = [
         (("streams = kernel_step.byte_streams(cfg, batch) if impl else None", "streams = None"),),
         ("tests/test_decode_kernels.py::test_target_compiles_the_kernels_for_the_chip",),
     ),
+    Mutant(
+        "timed-step-never-estimated",
+        "a decode step timed on a GPU gets no floor or estimate beside it",
+        "sessions/inference/step_times.py",
+        (('if device.platform == "gpu" else None', 'if device.platform == "tpu" else None'),),
+        (f"{ESTIMATE_TEST}::test_a_timed_step_on_an_h100_gets_its_floor_and_estimate",),
+    ),
 ]
 
 

@@ -193,3 +193,23 @@ def test_our_kernels_bytes_stream_at_what_their_grids_keep_in_flight(batch):
     rest = streams[2][0]
     at_roof = (step.bytes - rest) / 3.35e12 + rest / (est.XLA_FRACTION * 3.35e12)
     assert ours.bytes_s == pytest.approx(at_roof)
+
+
+def test_a_timed_step_on_an_h100_gets_its_floor_and_estimate(monkeypatch):
+    """sessions/inference/step_times.py on an H100 (stood in for: the device's kind, and the
+    kernels its compiled step would launch, 164 for GPT-2's XLA step): the roofline's times
+    for those kernels; on this CPU, none."""
+    from sessions.inference import step_times
+
+    step, want = times(GPT2, 1, 164)
+    assert step_times.step_times(step, None, GPT2, 1, None) == (None, None)  # a CPU
+
+    class H100Device:
+        platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+    monkeypatch.setattr(step_times.jax, "devices", lambda: [H100Device()])
+    monkeypatch.setattr(step_times, "kernels_a_token", lambda *args: 164)
+    kernels, got = step_times.step_times(step, None, GPT2, 1, None)
+    assert kernels == 164 and got == want
+    _, ours = step_times.step_times(step, None, GPT2, 1, "pallas")  # our kernels' streams
+    assert ours.bytes_s < got.bytes_s

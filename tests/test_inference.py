@@ -304,4 +304,9 @@ def test_s3_from_a_checkpoint_on_the_preset_s_defaults_and_its_summary(
         assert {"batch", "decode_tokens_per_sec", "step_seconds", "mbu", "mfu"} <= set(r)
         assert r["decode_tokens_per_sec"] == pytest.approx(r["batch"] / r["step_seconds"])
         assert r["mbu"] == pytest.approx(r["bytes_per_step"] / r["step_seconds"] / s["bandwidth"])
+        # A CPU launches no kernels: its floor is the bytes' or the FLOPs' time, and nothing
+        # is fitted for it, so no estimate (roofline/plan/decode_estimate.py).
+        floor = max(r["memory_bound_seconds"], r["compute_bound_seconds"])
+        assert r["floor_step_seconds"] == floor and r["estimate_step_seconds"] is None
+        assert r["floor_bound"] == ("bytes" if floor == r["memory_bound_seconds"] else "FLOPs")
     assert (tmp_path / "decode_roofline.png").stat().st_size > 0

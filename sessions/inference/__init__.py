@@ -7,6 +7,7 @@ what that costs in quality; session 4's kernels can run its step.
     layout.py       the weights as decode reads them, bf16 or int8
     kernel_step.py  the decode step in kernels, two Mosaic GPU launches a layer
     kernel_check.py the kernels interpreted (a CPU): one decode each, theirs and XLA's, compared
+    step_times.py   a timed step's floor and estimate: the kernels its program launches (a GPU)
     shapes.py       every array prefill and decode take, as shapes with their shardings
     quality.py      what a cheaper decode costs: loss through the decode path, agreement
     sample.py       sampling text
