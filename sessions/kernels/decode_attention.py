@@ -196,8 +196,9 @@ def _kernel(dims, interpret, scratch, refs, whole):
                     pl.when(j + Sc < filled)(lambda: cache_fetch(b, j + Sc))
                     return o, m_new, total
 
-                ones = on.cast(jnp.ones((TILE,), f32), ROW)
-                start = (jnp.where(is0, vnew, 0.0), jnp.where(is0, s_new, EMPTY), ones * is0)
+                ones, one0 = on.cast(jnp.ones((TILE,), f32), ROW), is0.astype(f32)
+                # Not a select on the scalar is0: JAX 0.11's warpgroup select wants one shape.
+                start = (vnew * one0, s_new * one0 + EMPTY * (1 - one0), ones * one0)
                 o, m, total = lax.fori_loop(0, filled, block, start)
                 out = jnp.where(rows_d == b, o, out)
                 mine = rows64 == b
