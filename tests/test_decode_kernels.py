@@ -33,7 +33,7 @@ ONE = dataclasses.replace(TINY, layers=1)  # one layer: quicker to compile twice
 FAMILY = dataclasses.replace(ONE, embed=128, kv_heads=1, rope=True, gated=True)  # GQA: G = 2
 P = 5  # prompt tokens
 SHAPE = ["--embed", "64", "--ff", "128", "--heads", "2", "--head-dim", "64", "--layers", "1"]
-OLD = "--decode-impl pallas on a CPU runs in Mosaic GPU's interpreter, which needs JAX 0.12"
+OLD = "--decode-impl pallas on a CPU runs in Mosaic GPU's interpreter, which needs JAX 0.11"
 # Runs the kernels in the interpreter: JAX 0.10's lacks the MLP kernel's primitives
 # (tests/test_decode_mlp.py), so there the step is refused (tested below).
 interpreted = pytest.mark.skipif(

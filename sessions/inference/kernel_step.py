@@ -76,7 +76,7 @@ def check_supported(
     if interpret and mosaic.OLD_INTERPRETER:  # JAX 0.10's lacks the MLP kernel's primitives
         raise UsageError(
             "--decode-impl pallas on a CPU runs in Mosaic GPU's interpreter, "
-            "which needs JAX 0.12 or later"
+            "which needs JAX 0.11 or later (Python 3.12+)"
         )
     kernels = [decode_mlp.mlp_refusal(cfg, batch)]
     if cfg.attention:
