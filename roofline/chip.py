@@ -41,6 +41,12 @@ class Chip:
             dtype = "tf32" if "tf32" in self.flops else dtype
         return self.flops.get(dtype) or self.flops["bfloat16"]
 
+    @property
+    def link(self):
+        """Bytes/s a chip sends one way over its links: half the datasheet's interconnect,
+        which counts both directions; None where the table has no figure."""
+        return self.interconnect / 2 if self.interconnect else None
+
     def ridge(self, dtype):
         """The ridge point, FLOPs per byte: a kernel doing fewer FLOPs per byte it
         moves than this waits on memory; more, and it waits on the arithmetic
@@ -155,6 +161,6 @@ def chip_roofs(chip, dtype, precision="default", devices_per_chip=1):
         vector_peak=chip.flops.get("float32", matmul) / devices_per_chip
         if chip.platform == "gpu"
         else matmul,
-        link=chip.interconnect / 2 if chip.interconnect else None,
+        link=chip.link,
         tile=matmul_tile(chip),
     )

@@ -93,7 +93,7 @@ def comm_time(collectives, chip):
 
     collectives: {kind: roofline.compiled.program.Collective}. The time is None
     where the chip has no interconnect figure and something must be sent."""
-    link = chip.interconnect / 2 if chip.interconnect else None
+    link = chip.link
     sent = sum(c.bytes for c in collectives.values())
     return link, sent / link if link else (None if sent else 0.0)
 

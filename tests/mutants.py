@@ -353,11 +353,11 @@ MUTANTS = [
     Mutant(
         "comm-both-ways",
         "the communication bound sends over both directions of a link the datasheet sums",
-        "roofline/predict.py",
+        "roofline/chip.py",
         (
             (
-                "    link = chip.interconnect / 2 if chip.interconnect else None",
-                "    link = chip.interconnect if chip.interconnect else None",
+                "return self.interconnect / 2 if self.interconnect else None",
+                "return self.interconnect if self.interconnect else None",
             ),
         ),
         ("tests/test_roofline.py::test_the_communication_bound_by_hand",),

@@ -34,6 +34,7 @@ own model of a ring in its low-latency protocol over NVLink: 6.6 us + 2(n-1) x 0
 one direction of a link, 2(n-1)/n of the message (a ring's traffic).
 """
 
+from math import inf
 from typing import NamedTuple
 
 from roofline.launch_bound import launch_bound, launch_cost
@@ -97,9 +98,9 @@ def fit(rows, bandwidth):
 LAUNCH_S, XLA_FRACTION = fit(H100_ROWS, H100_BANDWIDTH)
 FIT_SOURCE = (
     f"fitted on {len(H100_ROWS)} decode steps measured on an H100 SXM (the course preset, "
-    "GPT-2's shapes and a 1.2B at batches 1-64): a launch {:.2f} us, XLA's fusions at {:.0%} "
-    "of the bandwidth"
-).format(LAUNCH_S * 1e6, XLA_FRACTION)
+    f"GPT-2's shapes and a 1.2B at batches 1-64): a launch {LAUNCH_S * 1e6:.2f} us, XLA's "
+    f"fusions at {XLA_FRACTION:.0%} of the bandwidth"
+)
 
 
 def littles_law_bytes(bandwidth, latency=HBM_LATENCY_S):
@@ -163,12 +164,7 @@ def decode_times(step, kernels, chip, *, streams=None, all_reduces=0, message_by
     terms = {
         "bytes": bytes_s,
         "launches": kernels * LAUNCH_S,
-        "all-reduces": all_reduces * all_reduce_seconds(chips, message_bytes, chip_link(chip)),
+        "all-reduces": all_reduces * all_reduce_seconds(chips, message_bytes, chip.link or inf),
     }
     binds = max(terms, key=terms.get)
     return DecodeTimes(floor, sum(terms.values()), binds, *terms.values(), moved / bytes_s)
-
-
-def chip_link(chip):
-    """Bytes/s one direction of the chip's links carries (half its interconnect)."""
-    return chip.interconnect / 2 if chip.interconnect else float("inf")

@@ -20,13 +20,14 @@ GPT-2 (K 12, E 768, D 64, T 1024): 4 slices, 48 CTAs, W 8, C 4: 48 x min(64 KB, 
 = 4.2 MB. Predicted from these sizes; the batch does not change them.
 """
 
+from roofline.plan.decode_estimate import H100_BANDWIDTH, littles_law_bytes
 from sessions.kernels import decode_residual as residual
 
 TILE = 64  # wgmma's M and a K chunk: 64 bf16, one 128-byte swizzle line
 MAX_SLICES = 8  # slices of T a KV head at most
 # Little's law: an H100's 3.35 TB/s x about 0.7 us from HBM, the bytes a grid must keep in
-# flight to stream at the roof (predicted, not measured).
-IN_FLIGHT_NEED = int(3.35e12 * 0.7e-6)
+# flight to stream at the roof (predicted, not measured; the estimate's own figures).
+IN_FLIGHT_NEED = int(littles_law_bytes(H100_BANDWIDTH))
 SMEM_BYTES = 220 * 1024  # what we plan on of an H100's 227 KB a CTA (CUDA guide, sm_90)
 TILE_BYTES = TILE * TILE * 2  # a bf16 weight tile
 # (pending slots, weight slots, cache slots), most preferred first: the first that fits.
