@@ -40,8 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from roofline import decode_cost
-from roofline.hardware import chip_for_kind, local_roofs
-from roofline.plan.decode_estimate import decode_times
+from roofline.hardware import local_roofs
 from roofline.timing import time_calls
 from scripts.harness.naive_step import uncached_generate
 from sessions.errors import UsageError, run_main
@@ -148,7 +147,7 @@ def side_by_side(cfg, params, prompt, batches, args, roofs, mesh):
     n = min(args.new_tokens, cfg.seq - len(prompt))
     weights = layout.decode_weights(params, cfg)
     impls = {name: kernel_step.impl_for(name, jax.default_backend()) for name in args.decode_impl}
-    chip = chip_for_kind(jax.devices()[0].device_kind)  # None: no estimate (a CPU)
+    chip = step_times.local_chip()  # None: no estimate (a CPU)
     cells = f"{'ms/step':>8} {'tokens/s':>10} {'MBU':>6} {'kernels':>7} {'est ms':>7}"
     print(f"   {'batch':>5}" + "".join(f" | {name:>6} {cells}" for name in impls))
     table = {name: {} for name in impls}
@@ -163,8 +162,7 @@ def side_by_side(cfg, params, prompt, batches, args, roofs, mesh):
             step = decode_cost.decode_step_cost(cfg, b, peak_flops=peak, bandwidth=bandwidth)
             got = decode_cost.achieved(step, step_s, peak_flops=peak, bandwidth=bandwidth)
             kernels = step_times.kernels_a_token(weights, cfg, b, impl)
-            streams = kernel_step.byte_streams(cfg, b) if impl else None  # None: XLA's fit
-            times = chip and decode_times(step, kernels, chip, streams=streams)
+            times = chip and step_times.times_of(step, kernels, cfg, b, impl, chip)
             table[name][b] = got, kernels, times
             estimate = (
                 "-" if not times or times.estimate_s is None else f"{times.estimate_s * 1e3:.3f}"

@@ -23,13 +23,23 @@ def kernels_a_token(weights, cfg, batch, impl):
     return kernels_per_token(kv_cache.decode_steps.lower(*args).compile())[0]
 
 
+def local_chip():
+    """This machine's first device in the chip table, where it is a GPU; else None."""
+    device = jax.devices()[0]
+    return chip_for_kind(device.device_kind) if device.platform == "gpu" else None
+
+
+def times_of(step, kernels, cfg, batch, impl, chip):
+    """The roofline's DecodeTimes of a step launching `kernels` on `chip`: our kernels'
+    bytes at what their grids keep in flight (impl set), XLA's at its fitted rate."""
+    streams = kernel_step.byte_streams(cfg, batch) if impl else None  # None: XLA's fit
+    return decode_times(step, kernels, chip, streams=streams)
+
+
 def step_times(step, weights, cfg, batch, impl):
     """(kernels a token, roofline DecodeTimes) of a step on this machine's first device, or
     (None, None) where it is no GPU of the chip table. step: its decode_cost.DecodeStep."""
-    device = jax.devices()[0]
-    chip = chip_for_kind(device.device_kind) if device.platform == "gpu" else None
-    if chip is None:
+    if (chip := local_chip()) is None:
         return None, None
     kernels = kernels_a_token(weights, cfg, batch, impl)
-    streams = kernel_step.byte_streams(cfg, batch) if impl else None  # None: XLA's fit
-    return kernels, decode_times(step, kernels, chip, streams=streams)
+    return kernels, times_of(step, kernels, cfg, batch, impl, chip)
