@@ -9,9 +9,10 @@
     python -m roofline memory --preset llama3-8b --chip h100 --chips 8 --batch-tokens 1048576 \
         --remat block --weights bfloat16 --master --shard params      # what fills HBM
 
-A preset of predict and decode is a published model's (sessions/model/config.py PUBLISHED:
-its own config.json) where one has that name, else a course preset (PRESETS: our bytes,
-V=256): `gpt2` is GPT-2's 124M with its 50,257 tokens; the first line says which.
+A preset of predict, decode and memory is a published model (sessions/model/config.py
+PUBLISHED: its own config.json; `gpt2` is GPT-2's 124M with its 50,257 tokens) or a course
+preset (PRESETS: our bytes, V=256; `gpt2-bytes` is GPT-2's shapes on them); the first line
+says which.
 
 Bad input (an unknown chip or preset, a number that is not positive, --kv-heads that
 does not divide the heads, int8 where there is no decode, a directory with no trace)

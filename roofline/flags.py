@@ -6,13 +6,14 @@ import argparse
 
 from roofline.hardware import CHIPS
 from roofline.plan.training_memory import DTYPE_BYTES, SHARDS
+from sessions.errors import course_preset
 from sessions.model.attention import IMPLEMENTATIONS
 from sessions.model.config import PRESETS, PUBLISHED
 from sessions.run.cli import ArgumentParser, output_file, positive_float, positive_int
 
 PRESET_HELP = (
-    f"a published model ({', '.join(PUBLISHED)}), or a course preset "
-    f"({', '.join(p for p in PRESETS if p not in PUBLISHED)}); gpt2 is the published one, V=50,257"
+    f"a published model ({', '.join(PUBLISHED)}), or a course preset on bytes, V=256 "
+    f"({', '.join(PRESETS)})"
 )
 CHIP_HELP = f"one of {', '.join(sorted(CHIPS))}"
 
@@ -102,6 +103,7 @@ def add_kv_heads_flag(parser):
 def add_model_flags(parser, preset_default="cpu", published=False):
     parser.add_argument(
         "--preset",
+        type=None if published else course_preset,  # compare reads our own runs alone
         choices=sorted({*PUBLISHED, *PRESETS} if published else PRESETS),
         default=preset_default,
         help=f"{PRESET_HELP if published else 'named shapes'} (default: {preset_default})",

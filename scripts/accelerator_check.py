@@ -13,7 +13,7 @@ never starts a backend):
                                                         a checkpoint kept for 3.
     2. python -m roofline compare DIR                   the trace against the napkin and XLA
     3. python sessions/s3_infer.py                      the checkpoint, decoded
-    4. python scripts/bench_decode.py                   decode MBU at gpt2 shapes
+    4. python scripts/bench_decode.py                   decode MBU at gpt2-bytes shapes
 
 Then one table: MFU of the training run, the trace's step against the
 roofline's bound, decode's MBU. Each step's own output is in RUN_DIR/*.log;

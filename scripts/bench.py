@@ -10,7 +10,7 @@ the ratio.
     python scripts/bench.py                            # course shapes, batch 32 on a CPU
     python scripts/bench.py --compare naive
     python scripts/bench.py --compare flax
-    python scripts/bench.py --preset gpt2 --batch 32   # on a GPU (bfloat16 there)
+    python scripts/bench.py --preset gpt2-bytes --batch 32   # on a GPU (bfloat16 there)
     python scripts/bench.py --weights bfloat16 --master   # session 6's recipe: no cast a step
 """
 
@@ -28,7 +28,7 @@ from roofline.predict import utilisation
 from roofline.timing import Timing, steadiness, time_calls
 from roofline.units import ms
 from scripts.harness.naive_step import make_naive_step
-from sessions.errors import run_main
+from sessions.errors import course_preset, run_main
 from sessions.model.attention import IMPLEMENTATIONS
 from sessions.model.config import LEVERS, PRESETS
 from sessions.run.cli import FAMILY, ArgumentParser, positive_int, resolve
@@ -39,7 +39,7 @@ from sessions.train.step import init_state, make_optimizer, make_train_step
 
 def parse_args(argv):
     parser = ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="course")
+    parser.add_argument("--preset", type=course_preset, choices=sorted(PRESETS), default="course")
     parser.add_argument(
         "--batch", type=positive_int, help="default: 32 on a CPU, else the preset's"
     )

@@ -4,11 +4,11 @@
    model over the whole [1, S] window for every byte and waited on the host
    after each (kept below as the baseline): cpu preset, batch 1, greedy, the
    same tokens; goal >= 10x;
-2. decode MBU at batch 1 for gpt2 shapes in the run's dtype (bfloat16 on a
+2. decode MBU at batch 1 for gpt2-bytes shapes in the run's dtype (bfloat16 on a
    GPU or TPU, float32 on a CPU, as s2_train.py trains; --dtype), against the
    read-only bandwidth (a chip's datasheet, a CPU's measured in this run);
    goal >= 70%;
-3. decode tokens/s against batch, beside the roofline's rate: at gpt2 shapes,
+3. decode tokens/s against batch, beside the roofline's rate: at gpt2-bytes shapes,
    whose weights (340 MB) stream from memory as the roofline assumes, and at
    the cpu preset, whose weights (3.3 MB) sit in the L3 cache, where the
    roofline's memory bound does not hold and XLA's choice of matmul
@@ -43,7 +43,7 @@ from roofline import decode_cost
 from roofline.hardware import local_roofs
 from roofline.timing import time_calls
 from scripts.harness.naive_step import uncached_generate
-from sessions.errors import UsageError, run_main
+from sessions.errors import UsageError, course_preset, run_main
 from sessions.inference import kernel_step, kv_cache, layout, step_times
 from sessions.model import init_params
 from sessions.model.config import PRESETS
@@ -54,8 +54,9 @@ from sessions.train.data import text_to_tokens
 
 def parse_args(argv):
     parser = ArgumentParser(prog="bench_decode.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="for 1 and 3")
-    parser.add_argument("--mbu-preset", choices=sorted(PRESETS), default="gpt2", help="for 2")
+    presets = {"type": course_preset, "choices": sorted(PRESETS)}
+    parser.add_argument("--preset", **presets, default="cpu", help="for 1 and 3")
+    parser.add_argument("--mbu-preset", **presets, default="gpt2-bytes", help="for 2")
     parser.add_argument("--batches", default="1,2,4,8", help="for 3, at --mbu-preset")
     parser.add_argument("--cache-batches", default="1,4,16,64", help="for 3, at --preset")
     parser.add_argument("--new-tokens", type=positive_int, default=64)

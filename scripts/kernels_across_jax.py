@@ -21,7 +21,7 @@ import sys
 
 import jax
 
-from sessions.errors import run_main
+from sessions.errors import course_preset, run_main
 from sessions.inference import kernel_step
 from sessions.model.config import PRESETS
 from sessions.plan import kernels_on_target
@@ -30,7 +30,9 @@ from sessions.run.cli import ArgumentParser, positive_int
 
 def parse_args(argv):
     parser = ArgumentParser(prog="kernels_across_jax.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="gpt2")
+    parser.add_argument(
+        "--preset", type=course_preset, choices=sorted(PRESETS), default="gpt2-bytes"
+    )
     parser.add_argument("--batch", type=positive_int, default=1, help="rows, at most 8")
     parser.add_argument(
         "--seconds",

@@ -7,12 +7,12 @@ the last gap is bisected, in steps the mesh can split (data x fsdp).
 On a GPU the limit is not the whole HBM but the share JAX preallocates
 (roofline.memory.usable_fraction).
 
-    python scripts/max_batch.py --target h100:1 --preset gpt2 --vocab 50304
+    python scripts/max_batch.py --target h100:1 --preset gpt2-bytes --vocab 50304
     python scripts/max_batch.py --target tpu-v5e:2x4 --preset course --mesh fsdp=8
 
 The other flags are s2_train.py's (the shapes, --dtype, --mesh, --remat, --accum, ...),
 and the napkin's answer (roofline/plan/training_memory.py) is printed beside. Each
-candidate is one compile (seconds each for gpt2 on h100:1); the compiler may
+candidate is one compile (seconds each for gpt2-bytes on h100:1); the compiler may
 also refuse a batch outright (out of memory), which counts as not fitting.
 """
 

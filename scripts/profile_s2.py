@@ -21,6 +21,7 @@ import sys
 
 from roofline.measured.record import METADATA, load_metadata
 from roofline.measured.trace import read_trace
+from sessions.errors import course_preset
 from sessions.model.config import PRESETS
 from sessions.run.cli import ArgumentParser, positive_int
 
@@ -29,6 +30,7 @@ def parse_args(argv):
     parser = ArgumentParser(prog="profile_s2.py", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--preset",
+        type=course_preset,
         choices=sorted(PRESETS),
         help="named shapes (default: cpu on a CPU, course on GPU/TPU)",
     )

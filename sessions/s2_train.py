@@ -14,7 +14,7 @@ chip's peak (MFU).
     python sessions/s2_train.py --preset tiny --steps 3
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
         python sessions/s2_train.py --preset tiny --mesh fsdp=4,tp=2
-    python sessions/s2_train.py --preset gpt2 --target tpu-v5e:2x4   # compile only, for a TPU
+    python sessions/s2_train.py --preset gpt2-bytes --target tpu-v5e:2x4   # compile only, for a TPU
 """
 
 import contextlib

@@ -10,7 +10,7 @@ run interpreted on a CPU, where a time means nothing: they decode once, untimed,
 XLA's step.
 
     python sessions/s2_train.py --checkpoint-every 200 && python sessions/s3_infer.py
-    python sessions/s3_infer.py --random-params --preset gpt2 --batches 1,8
+    python sessions/s3_infer.py --random-params --preset gpt2-bytes --batches 1,8
     python sessions/s3_infer.py --target h100:1               # compile only, for a chip
     python sessions/s3_infer.py --random-params --dtype bfloat16 --decode-impl pallas
         # on a CPU our kernels run interpreted: decoded once beside XLA's step, untimed

@@ -164,6 +164,28 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert len(err.strip().splitlines()) == 1, err
 
 
+# Every flag of the course's scripts that names a course preset. gpt2 is the published
+# GPT-2 (V=50,257), python -m roofline's alone: each refuses it, naming ours.
+COURSE_PRESET_FLAGS = [
+    *((f"sessions/{s}.py", "--preset") for s in ("s1_train", "s2_train", "s3_infer")),
+    *((f"sessions/{s}.py", "--preset") for s in ("s5_serve", "s6_memory")),
+    *((f"scripts/{s}.py", "--preset") for s in ("bench", "bench_decode", "max_batch")),
+    *((f"scripts/{s}.py", "--preset") for s in ("kernels_across_jax", "profile_s2")),
+    ("scripts/bench_decode.py", "--mbu-preset"),
+]
+
+
+@pytest.mark.parametrize("script, flag", COURSE_PRESET_FLAGS)
+def test_the_course_s_scripts_refuse_the_published_gpt2_naming_gpt2_bytes(script, flag, capsys):
+    code, out, err = run_script(script, [flag, "gpt2"], capsys)
+    assert code == 2 and not out
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith(
+        f"argument {flag}: gpt2 is the published GPT-2 (V=50,257), which python -m roofline "
+        "plans (predict, decode, memory); the course's GPT-2 on bytes is gpt2-bytes"
+    ), err
+
+
 @pytest.mark.parametrize("content, message", [("", "is empty"), ("x" * 40, "too short")])
 def test_bad_data_file_is_one_line_and_exit_2(tmp_path, content, message, capsys):
     path = tmp_path / "corpus.txt"

@@ -130,7 +130,7 @@ def test_a_chain_of_permutes_on_one_channel_is_every_hop():
     assert schedule_summary(CHAIN).permutes == 2
 
 
-# Compiled for a v5e-8 (tpu-v5e:2x4), the MLP's first matmul at the gpt2 preset's
+# Compiled for a v5e-8 (tpu-v5e:2x4), the MLP's first matmul at the gpt2-bytes preset's
 # widths and length (E=768, F=3072, S=1024), a row a device: compile-only, seconds.
 # Shorter rows make each shard's matmul too small to be worth hiding a permute
 # behind: at S=256 the scheduler runs the first three permutes back to back, and

@@ -254,7 +254,7 @@ TRAIN_SPLIT = {
     # the header of its accelerator check's log (docs/h100-run/accelerator-check/s2.log).
     "3.12.3 on the H100": {"stdlib": 7_044_568},
 }
-DEFAULT_PLATFORM = {"tiny": "cpu", "cpu": "cpu", "course": "gpu", "gpt2": "gpu"}
+DEFAULT_PLATFORM = {"tiny": "cpu", "cpu": "cpu", "course": "gpu", "gpt2-bytes": "gpu"}
 
 
 @pytest.mark.parametrize("preset", sorted(DEFAULT_PLATFORM))

@@ -197,10 +197,10 @@ def test_which_models_it_takes():
     # of 128, E 2048): its tokens are [8, E] in SMEM, not [64, E] (256 KB, more than a CTA
     # has), with the smallest rings (decode_grid.RINGS) that fit.
     big = ModelConfig(embed=2048, ff=8192, heads=16, head_dim=128, seq=1024, layers=24)
-    for cfg in [*(PRESETS[name].model for name in ("cpu", "course", "gpt2")), big]:
+    for cfg in [*(PRESETS[name].model for name in ("cpu", "course", "gpt2-bytes")), big]:
         assert attention_refusal(cfg, 8) is None, cfg
     assert decode_grid.attention_rings(big, 8192 // 64) == (1, 4, 1)
-    cfg = PRESETS["gpt2"].model
+    cfg = PRESETS["gpt2-bytes"].model
     assert attention_refusal(cfg, 9) == "batches of at most 8 rows, not 9"
     assert "multiples of 64" in attention_refusal(PRESETS["tiny"].model, 1)
     # E 8192 with 8 query heads of 128 a KV head: the smallest rings do not fit.

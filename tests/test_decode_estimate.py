@@ -22,12 +22,12 @@ H100, V5P = CHIPS["h100"], CHIPS["tpu-v5p"]
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BF16 = {"dtype": "bfloat16"}
 COURSE = dataclasses.replace(PRESETS["course"].model, **BF16)
-GPT2 = dataclasses.replace(PRESETS["gpt2"].model, **BF16)
+GPT2 = dataclasses.replace(PRESETS["gpt2-bytes"].model, **BF16)
 BIG = dataclasses.replace(GPT2, layers=24, embed=2048, ff=8192, heads=16, head_dim=128)
 # Kernels a token, compiled for h100:1 (JAX 0.10.2), by batch.
 KERNELS = {
     "course": {1: 61, 4: 74, 16: 73, 64: 85},
-    "gpt2": {1: 164, 8: 227},
+    "gpt2-bytes": {1: 164, 8: 227},
     "1.2B": {1: 344, 8: 476},
 }
 
@@ -51,7 +51,7 @@ def log_steps(name):
 
 FIRST_RUN = [
     (COURSE, "course", check_json_steps("h100-run")),
-    (GPT2, "gpt2", log_steps("s3_gpt2_bf16_random.log")),
+    (GPT2, "gpt2-bytes", log_steps("s3_gpt2_bf16_random.log")),
     (BIG, "1.2B", log_steps("s3_1.2B_bf16_random.log")),
 ]
 # The second run's course rows took no part in the fit: held out.

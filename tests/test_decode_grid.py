@@ -12,7 +12,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from sessions.kernels import decode_attention, decode_grid, decode_mlp, mosaic
 from sessions.model.config import PRESETS
 
-GPT2 = dataclasses.replace(PRESETS["gpt2"].model, dtype="bfloat16")
+GPT2 = dataclasses.replace(PRESETS["gpt2-bytes"].model, dtype="bfloat16")
 BIG = dataclasses.replace(GPT2, embed=2048, ff=8192, heads=16, head_dim=128, layers=24)  # s3's 1.2B
 
 
@@ -52,7 +52,7 @@ def shapes(cfg, batch):
     return layer, cache, sds((batch, E), bf16), sds((F // 64, batch, E), f32)
 
 
-@pytest.mark.parametrize("cfg", [GPT2, BIG], ids=["gpt2", "1.2B"])
+@pytest.mark.parametrize("cfg", [GPT2, BIG], ids=["gpt2-bytes", "1.2B"])
 @pytest.mark.parametrize("batch", [1, 8])
 def test_the_attention_kernel_s_bytes_in_flight_are_its_grid_times_its_rings(
     cfg, batch, monkeypatch
@@ -80,7 +80,7 @@ def test_the_attention_kernel_s_bytes_in_flight_are_its_grid_times_its_rings(
     assert in_flight >= decode_grid.IN_FLIGHT_NEED  # Little's law, on an H100 (predicted)
 
 
-@pytest.mark.parametrize("cfg", [GPT2, BIG], ids=["gpt2", "1.2B"])
+@pytest.mark.parametrize("cfg", [GPT2, BIG], ids=["gpt2-bytes", "1.2B"])
 @pytest.mark.parametrize("batch", [1, 8])
 def test_the_mlp_kernel_s_bytes_in_flight_are_its_grid_times_its_ring(cfg, batch, monkeypatch):
     seen = watched(monkeypatch)

@@ -184,7 +184,7 @@ def test_s3_refuses_pallas_on_a_cpu_with_jax_0_10(capsys):
     assert code == 2 and OLD in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("preset", ["cpu", "course", "gpt2"])
+@pytest.mark.parametrize("preset", ["cpu", "course", "gpt2-bytes"])
 def test_the_course_s_presets_qualify_in_bfloat16(preset):
     cfg = dataclasses.replace(PRESETS[preset].model, dtype="bfloat16")
     for batch in (1, 8):
@@ -413,7 +413,13 @@ def test_the_planner_counts_our_step_s_kernels_as_compiled():
 # Session 3's 1.2B shape (GPT-2's preset with --embed 2048 --ff 8192 --heads 16 --head-dim 128
 # --layers 24, docs/h100-run): E 2048, its tokens [8, E] in SMEM in both kernels.
 BIG = dataclasses.replace(
-    PRESETS["gpt2"].model, embed=2048, ff=8192, heads=16, head_dim=128, layers=24, dtype="bfloat16"
+    PRESETS["gpt2-bytes"].model,
+    embed=2048,
+    ff=8192,
+    heads=16,
+    head_dim=128,
+    layers=24,
+    dtype="bfloat16",
 )
 
 
@@ -452,7 +458,7 @@ def test_the_whole_decode_compiled_for_the_chip_launches_two_kernels_a_layer():
     roofline/compiled/launches.py in the loop's body and condition. GPT-2's 12 layers
     then launch 2·12 + 10 = 34 a token (XLA's step: 164, docs/h100-run)."""
     L = 2  # GPT-2 has 12: a layer adds the same 2 kernels, so 2 compile in less time
-    cfg = dataclasses.replace(PRESETS["gpt2"].model, dtype="bfloat16")
+    cfg = dataclasses.replace(PRESETS["gpt2-bytes"].model, dtype="bfloat16")
     per_token, kinds = compiled_decode(cfg, L)
     assert kinds.get("pallas") == 2 * L, kinds  # our kernels: one custom call each
     assert per_token == 2 * L + REST, kinds

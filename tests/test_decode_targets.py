@@ -275,7 +275,7 @@ def trip_counts_known(hlo_text):
 @pytest.fixture(scope="module")
 def gpt2_h100():
     need("gpu")
-    return plan("h100:1", None, "1", "gpt2", "--layers", "2")
+    return plan("h100:1", None, "1", "gpt2-bytes", "--layers", "2")
 
 
 def launches_by_regex(hlo_text):

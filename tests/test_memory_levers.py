@@ -133,7 +133,7 @@ def test_remat_saves_memory_where_the_schedule_rebuilds_in_the_backward():
 def test_the_gpu_plans_less_under_block_remat_and_rebuilds_in_the_backward():
     """The tiny preset's step through s2_train.py --target h100:1 --remat: XLA's GPU
     schedule rebuilds in the backward, so block plans less. (dots sits between the two
-    on the GPU: gpt2's 8.68, 6.95 and 2.62 GB, roofline/README.md.)"""
+    on the GPU: gpt2-bytes' 8.68, 6.95 and 2.62 GB, roofline/README.md.)"""
     need("gpu")
     target, devices = programs.devices_for("h100:1")
     rows = {}

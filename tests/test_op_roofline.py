@@ -1,6 +1,6 @@
 """roofline/compiled/op_work.py and op_roofline.py: each op of a compiled program, its
 FLOPs, bytes and link bytes against counts done by hand, and the step it
-predicts on a chip's roofs; then a gpt2 step compiled for h100:8."""
+predicts on a chip's roofs; then a gpt2-bytes step compiled for h100:8."""
 
 import contextlib
 import io
@@ -178,10 +178,10 @@ def test_an_asynchronous_collective_hides_behind_the_ops_before_its_use():
 
 
 def plan_gpt2_on_h100(out, *mesh):
-    """gpt2's shapes at GPT-2's vocabulary, two layers (to compile in seconds),
+    """GPT-2's shapes at GPT-2's vocabulary, two layers (to compile in seconds),
     planned for h100:8: (exit status, printed, stderr, summary, compiled program's path)."""
     need("gpu")
-    argv = ["--preset", "gpt2", "--layers", "2", "--vocab", "50304", "--target", "h100:8"]
+    argv = ["--preset", "gpt2-bytes", "--layers", "2", "--vocab", "50304", "--target", "h100:8"]
     argv += ["--summary-out", str(out / "s.json"), "--hlo-out", str(out / "step.hlo"), *mesh]
     printed = Printed()
     with contextlib.redirect_stdout(printed.out), contextlib.redirect_stderr(printed.err):

@@ -67,8 +67,22 @@ def test_published_presets_count_the_parameters_each_model_reports(name, params)
     assert PUBLISHED[name].model.dtype == "bfloat16"
 
 
-def test_the_course_s_gpt2_preset_keeps_its_bytes():
-    assert PRESETS["gpt2"].model.vocab == 256 and PUBLISHED["gpt2"].model.vocab == 50_257
+def test_one_model_a_name_gpt2_is_published_and_gpt2_bytes_is_the_course_s(tmp_path, capsys):
+    """No name is both a course preset and a published model: the planner's gpt2 is GPT-2
+    with its 50,257 tokens, its gpt2-bytes the course's model, the same shapes on bytes;
+    compare, which reads the course's runs, refuses gpt2 on one line naming gpt2-bytes."""
+    assert not set(PRESETS) & set(PUBLISHED)
+    assert PUBLISHED["gpt2"].model.vocab == 50_257 and PRESETS["gpt2-bytes"].model.vocab == 256
+    smaller = (50_257 - 256) * 768  # the embedding's rows that bytes do without
+    for name, params, says in [
+        ("gpt2", 124_337_664, "gpt2, published: https://huggingface.co/openai-community/gpt2"),
+        ("gpt2-bytes", 124_337_664 - smaller, "gpt2-bytes, a course preset"),
+    ]:
+        summary, out = summary_of(["predict", "--preset", name, "--chip", "h100"], tmp_path, capsys)
+        assert summary["params"] == params and out.splitlines()[0].startswith(f"predict: {says}")
+    assert roofline_command(["compare", str(tmp_path), "--preset", "gpt2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith("the course's GPT-2 on bytes is gpt2-bytes")
 
 
 def test_kv_cache_bytes_under_gqa_and_int8_for_llama3_8b():

@@ -77,14 +77,14 @@ def test_s5_bad_input_is_one_line_and_exit_2(argv, why, capsys, checkpoint_dir):
 
 
 def test_s5_target_reads_int8_off_the_program_compiled_for_an_h100(tmp_path, capsys):
-    """The decode of each lever compiled for h100:1 at gpt2's shapes on two of its
+    """The decode of each lever compiled for h100:1 at GPT-2's shapes on two of its
     layers (as tests/test_decode_targets.py compiles it: the bytes and kernels are per
     layer, and all 12 take a test three times as long): at batch 1 each reads within
     15% of the roofline's count, int8 weights at most 0.6x of bf16's (0.597x, as at
     12 layers), and no op writes an int8 weight or cache out as floats."""
     need("gpu")
     summary = tmp_path / "target.json"
-    argv = ["--target", "h100:1", "--preset", "gpt2", "--layers", "2", "--batches", "1"]
+    argv = ["--target", "h100:1", "--preset", "gpt2-bytes", "--layers", "2", "--batches", "1"]
     code, _, err = run_script(
         "sessions/s5_serve.py", [*argv, "--summary-out", str(summary)], capsys
     )

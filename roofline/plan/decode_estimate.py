@@ -73,8 +73,8 @@ H100_ROWS = (
     MeasuredDecode("course", 4, 29_632_512, 74, 132.167e-6, _COURSE),
     MeasuredDecode("course", 16, 42_215_424, 73, 158.339e-6, _COURSE),
     MeasuredDecode("course", 64, 92_547_072, 85, 206.682e-6, _COURSE),
-    MeasuredDecode("gpt2 (V=256)", 1, 208_051_200, 164, 1 / 2_596, _GPT2),
-    MeasuredDecode("gpt2 (V=256)", 8, 472_292_352, 227, 8 / 13_990, _GPT2),
+    MeasuredDecode("gpt2-bytes (V=256)", 1, 208_051_200, 164, 1 / 2_596, _GPT2),
+    MeasuredDecode("gpt2-bytes (V=256)", 8, 472_292_352, 227, 8 / 13_990, _GPT2),
     MeasuredDecode("1.2B", 1, 2_618_499_072, 344, 1 / 618, _BIG),
     MeasuredDecode("1.2B", 8, 4_027_785_216, 476, 8 / 3_594, _BIG),
 )

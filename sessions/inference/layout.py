@@ -3,7 +3,7 @@
 Each matmul weight is stored transposed, [out, in], as torch.nn.Linear keeps its own, and
 multiplied as weight @ tokens^T (dense_out_in). A decode step is a chain of
 matrix-vector products, and XLA's CPU backend streams a matrix fastest when
-each output is the dot of one contiguous row with the vector: gpt2's 24 MLP
+each output is the dot of one contiguous row with the vector: GPT-2's 24 MLP
 matrices at batch 1 take 9.4 ms [out, in] against 11.0 ms [in, out], the
 training layout, on this course's 2-core machine. The copy is made once per
 generate(), not per token; on GPU and TPU the layout makes no difference.
@@ -74,7 +74,7 @@ def dense_out_in(x, w, n_in=1):
 
     That order matters on a CPU. With the weight on the left, XLA's CPU backend
     reads it once, row by row, whatever the batch; as x @ w^T, 2 to 8 rows cost
-    it about twice one row's time (gpt2's MLP weights at batch 4: 11.8 ms
+    it about twice one row's time (GPT-2's MLP weights at batch 4: 11.8 ms
     against 18.4 ms). Its simplifier rewrites the one into the other, so the
     product is held as computed behind an optimization barrier.
 

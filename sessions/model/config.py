@@ -157,14 +157,14 @@ PRESETS = {
         TrainConfig(steps=450, batch=256, lr=1e-3, warmup=50, log_every=50, eval_every=150),
         "the course's shapes; default on GPU/TPU",
     ),
-    # GPT-2 small's shapes (124M with its 50257-token vocabulary; ours is bytes). The
-    # same 32,768 tokens a step as course: 800 steps are 3.7 passes over the smallest
-    # stdlib, within data.FRESH_PASSES; its data is meant to be token files
-    # (docs/data.md).
-    "gpt2": Preset(
+    # GPT-2 small's shapes on bytes: 85.9M parameters, where the published GPT-2 (gpt2,
+    # below: 124M with its 50,257-token vocabulary) is the planner's alone. The same
+    # 32,768 tokens a step as course: 800 steps are 3.7 passes over the smallest stdlib,
+    # within data.FRESH_PASSES; its data is meant to be token files (docs/data.md).
+    "gpt2-bytes": Preset(
         ModelConfig(embed=768, ff=3072, heads=12, head_dim=64, layers=12, seq=1024),
         TrainConfig(steps=800, batch=32, lr=6e-4, warmup=200, log_every=50, eval_every=200),
-        "GPT-2 small's shapes, seq 1024",
+        "GPT-2 small's shapes on bytes (V=256), seq 1024",
     ),
 }
 

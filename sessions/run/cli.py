@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import jax
 
-from sessions.errors import UsageError
+from sessions.errors import UsageError, course_preset
 from sessions.model.attention import IMPLEMENTATIONS
 from sessions.model.config import LEVERS, PRESETS, REMAT_POLICIES, TRAIN_LEVERS, ModelConfig
 from sessions.run import multihost
@@ -59,8 +59,7 @@ def positive_float(text):
 
 
 def output_file(text):
-    """A file to write later, its directory checked now: a run must not train for
-    an hour and then fail to write its summary."""
+    """A file to write later, its directory checked now, not after an hour's training."""
     folder = os.path.dirname(os.path.abspath(text))
     if os.path.isdir(text) or not os.path.isdir(folder):
         what = "is a directory" if os.path.isdir(text) else f"its directory {folder} does not exist"
@@ -84,6 +83,7 @@ def add_shape_flags(parser):
     """--preset and the flags that override its fields (None: keep the preset's)."""
     parser.add_argument(
         "--preset",
+        type=course_preset,
         choices=sorted(PRESETS),
         help="named shapes (default: cpu on a CPU, course on GPU/TPU)",
     )

@@ -63,7 +63,7 @@ tests/test_collective_matmul.py checks each line):
 
 So XLA does this on its own on TPU, in both directions at once (half the hops
 each way), once the matmul is big enough: at 256 tokens it gathers instead.
-In the gpt2 step over `--mesh fsdp=8` (README.md, the gpt2 targets table) it
+In the gpt2-bytes step over `--mesh fsdp=8` (docs/chips.md, "Reading a plan") it
 builds 145 such loops: a layer's q, k and v projections gather their weights
 in loops, forward and backward, and six weight gradients are reduce-scattered
 in loops (the mirror image), plus the embedding's gradient. The MLP's w_in and
@@ -83,7 +83,7 @@ from jax.sharding import NamedSharding
 from sessions.shard.sharding import ACTIVATION_SPECS, PARAM_SPECS
 
 RING = "fsdp"  # the mesh axis whose devices pass the weight shards around
-# (B, S, E, F) of the gpt2 preset's first MLP matmul, one sequence of 1024 tokens a
+# (B, S, E, F) of the gpt2-bytes preset's first MLP matmul, one sequence of 1024 tokens a
 # device on a ring of 8.
 GPT2_MLP = (8, 1024, 768, 3072)
 X_SPEC, W_SPEC, OUT_SPEC = ACTIVATION_SPECS["BSE"], PARAM_SPECS["w_in"], ACTIVATION_SPECS["BSF"]

@@ -36,7 +36,7 @@ SPLIT_CHUNK = 10_000  # text's tenth is held out from every chunk this long (spl
 IN_MEMORY_LIMIT = 256 * 2**20  # bytes past which text stays mapped, never copied into memory
 # How much a run may repeat its data: three numbers, kept here and nowhere else. Repeats
 # are worth nearly fresh data up to about 4 passes, fading after (Muennighoff et al. 2023,
-# arXiv:2305.16264): a chip's default run (the course and gpt2 presets over the stdlib)
+# arXiv:2305.16264): a chip's default run (the course and gpt2-bytes presets over the stdlib)
 # stays within FRESH_PASSES on every Python 3.11-3.13, the smallest stdlib seen included.
 FRESH_PASSES = 4
 # The header's warning, for any run: past this many passes. The cpu preset run for 1,800

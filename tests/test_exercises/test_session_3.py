@@ -28,9 +28,9 @@ matmul_utilisation = exercise("mfu_vs_bandwidth.matmul_utilisation")
 elementwise_utilisation = exercise("mfu_vs_bandwidth.elementwise_utilisation")
 best_mfu = exercise("mfu_vs_bandwidth.best_mfu")
 
-GPT2 = PRESETS["gpt2"].model  # L=12, E=768, F=3072, H=12, D=64, T=1024, V=256
+GPT2 = PRESETS["gpt2-bytes"].model  # L=12, E=768, F=3072, H=12, D=64, T=1024, V=256
 H100 = CHIPS["h100-sxm"]  # 989 TFLOP/s bf16, 80 GiB (85.9 GB) at 3.35 TB/s
-# The gpt2 preset in bf16, by hand (roofline/decode_cost.py checks the same numbers):
+# The gpt2-bytes preset in bf16, by hand (roofline/decode_cost.py checks the same numbers):
 W = 85_151_232 * 2  # 12·(2·768·3072 + 4·768·768) + 256·768 matmul weights, 19,968 others
 C = 2 * 12 * 1024 * 12 * 64 * 2  # one sequence's cache: 37,748,736 bytes
 F = 2 * 85_131_264 + 4 * 12 * 1024 * 12 * 64  # FLOPs per token: matmuls, then q·k and p·v
@@ -38,7 +38,7 @@ F = 2 * 85_131_264 + 4 * 12 * 1024 * 12 * 64  # FLOPs per token: matmuls, then q
 
 @pytest.mark.exercise("inference.cache_bytes")
 def test_cache_bytes_by_hand():
-    gpt2 = "gpt2 (L=12, T=1024, H=12, D=64), bf16"
+    gpt2 = "gpt2-bytes (L=12, T=1024, H=12, D=64), bf16"
     expect(cache_bytes(12, 8, 1024, 12, 64, 2), 301_989_888, "bytes", f"{gpt2}, 8 sequences")
     expect(cache_bytes(12, 1, 1024, 12, 64, 2), C, "bytes", f"{gpt2}, 1 sequence")
     assert decode_cost.kv_cache_bytes(GPT2, 1, "bfloat16") == C, "roofline's count is C too"
@@ -56,29 +56,31 @@ def test_decode_roofline_by_hand():
     peak, bw = H100.peak("bfloat16"), H100.hbm_bandwidth
     # Batch 1: 208 MB to read at 3.35 TB/s, 62 µs; the FLOPs would take 0.2 µs.
     got = decode_step_seconds(W, C, F, 1, peak, bw)
-    expect(got, pytest.approx((W + C) / bw), "s", "gpt2 on an H100, batch 1: memory-bound")
+    expect(got, pytest.approx((W + C) / bw), "s", "gpt2-bytes on an H100, batch 1: memory-bound")
     # Batch 64: the caches (2.4 GB) dwarf the weights; still memory-bound.
     got = decode_step_seconds(W, C, F, 64, peak, bw)
-    expect(got, pytest.approx((W + 64 * C) / bw), "s", "gpt2 on an H100, batch 64: memory-bound")
+    expect(
+        got, pytest.approx((W + 64 * C) / bw), "s", "gpt2-bytes on an H100, batch 64: memory-bound"
+    )
     # A compute-bound step: 1 GB of weights, no cache, 2 GFLOP a token, batch 1000.
     got = decode_step_seconds(1e9, 0, 2e9, 1000, 1e15, 1e12)
     expect(got, pytest.approx(2e-3), "s", "1 GB, 2 GFLOP a token, batch 1000: compute-bound")
     step = decode_cost.decode_step_cost(GPT2, 16, peak_flops=peak, bandwidth=bw, dtype="bfloat16")
     got = decode_step_seconds(W, C, F, 16, peak, bw)
-    expect(got, pytest.approx(step.step_s), "s", "gpt2 on an H100, batch 16")
+    expect(got, pytest.approx(step.step_s), "s", "gpt2-bytes on an H100, batch 16")
 
 
 @pytest.mark.exercise("inference.compute_bound_batch")
 def test_compute_bound_batch_by_hand():
     peak, bw = H100.peak("bfloat16"), H100.hbm_bandwidth
-    # gpt2 at T=1024 on an H100: each sequence's cache takes 11 µs to read and
+    # gpt2-bytes at T=1024 on an H100: each sequence's cache takes 11 µs to read and
     # its FLOPs 0.2 µs, so no batch is compute-bound ...
     unit = "sequences"
-    expect(compute_bound_batch(W, C, F, peak, bw), None, unit, "gpt2 at T=1024 on an H100")
+    expect(compute_bound_batch(W, C, F, peak, bw), None, unit, "gpt2-bytes at T=1024 on an H100")
     # ... though the weights alone would be from about 242 sequences (ridge · bytes / 2).
     weights_only = compute_bound_batch(W, 0, F, peak, bw)
-    expect(weights_only, pytest.approx((W / bw) / (F / peak)), unit, "gpt2's weights alone")
-    expect(weights_only, pytest.approx(241.7, abs=0.1), unit, "gpt2's weights alone")
+    expect(weights_only, pytest.approx((W / bw) / (F / peak)), unit, "gpt2-bytes' weights alone")
+    expect(weights_only, pytest.approx(241.7, abs=0.1), unit, "gpt2-bytes' weights alone")
     # A short context: 1 ms of weights, 1 µs of cache and 2 µs of compute per sequence.
     got = compute_bound_batch(1e9, 1e6, 2e9, 1e15, 1e12)
     expect(got, pytest.approx(1000), unit, "1 ms of weights, 1 µs of cache, 2 µs of FLOPs")
