@@ -5,7 +5,7 @@
 A GPU runs a compiled step as a chain of kernels, one after the other. Between
 two of them it moves no weight: the next one is launched, its blocks start, the
 last blocks of the one before drain. At batch 1 a decode step's kernels are
-tiny (GPT-2's 164 read 208 MB, about 1.3 MB each: 0.4 us each at 3.35 TB/s),
+tiny (GPT-2's 163 read 208 MB, about 1.3 MB each: 0.4 us each at 3.35 TB/s),
 so that gap, paid once a kernel, can cost more than the bytes. Whichever of the
 three times is largest binds: "bytes", "FLOPs" or "launches".
 
@@ -14,8 +14,8 @@ The per-launch cost, by chip family (launch_cost), each with its source:
   NVIDIA GPUs  1.5 us, measured: the smallest step over its kernels of two decodes on
                an H100 SXM (JAX 0.11.2, commit 4a81693). The course preset at batch 1 took
                90.77 us a token (docs/h100-run/accelerator-check/check.json) and its step,
-               compiled for h100:1, launches 61 kernels (roofline/compiled/launches.py):
-               1.49 us. GPT-2 at batch 1 took 0.39 ms over 164 kernels
+               compiled for h100:1, launches 60 kernels (roofline/compiled/launches.py):
+               1.51 us. GPT-2 at batch 1 took 0.39 ms over 163 kernels
                (docs/h100-run/s3_gpt2_bf16_random.log): 2.4 us. Each ratio charges a
                kernel's own work to its launch too, so each is an upper bound on a launch;
                the least keeps kernels x cost under every step measured, as a roof must.
@@ -41,17 +41,18 @@ from roofline.tpus import TPU_WHY
 CPU_WHY = "a CPU runs XLA's fusions as calls inside one compiled function: no launches"
 
 # XLA's decode of GPT-2 compiled for h100:1 (deviceless, JAX 0.10.2; roofline/compiled/launches.py),
-# 164 kernels a token: per layer 13 (the norm's sum and its scaling, twice; q, k and v in
+# 163 kernels a token: per layer 13 (the norm's sum and its scaling, twice; q, k and v in
 # one multiply-and-reduce; q·k of the new key; the scores over the cache; a Triton
-# softmax·v; the output projection; the MLP's two; the cache's two writes), and 8 outside
-# the layers (the final norm's two, the logits, the argmax, the token's write, two small
-# loop fusions and the loop's condition): 12 x 13 + 8 = 164.
+# softmax·v; the output projection; the MLP's two; the cache's two writes), and 7 outside
+# the layers (the final norm's two, the logits, the argmax, the token's write and two
+# small loop fusions; the loop's condition never runs, its 16 trips known): 12 x 13 + 7.
 XLA_KERNELS_PER_LAYER = 13
-XLA_KERNELS_OUTSIDE = 8
+XLA_KERNELS_OUTSIDE = 7
 # Our decode in kernels (sessions/inference/kernel_step.py) compiled for h100:1: 2 a layer
-# (attention half, MLP half) and 10 outside (the loop's 5, the embedding, the attention
-# kernel's position operand, and the head's 3; tests/test_decode_kernels.py counts them).
-OUR_KERNELS_PER_LAYER, OUR_KERNELS_OUTSIDE = 2, 10
+# (attention half, MLP half) and 5 outside (the loop's 3: pick, write, counter; the
+# embedding; the head: one kernel, the last partials, the final norm, the logits and the
+# loop's select; tests/test_decode_kernels.py counts them).
+OUR_KERNELS_PER_LAYER, OUR_KERNELS_OUTSIDE = 2, 5
 FUSED_KERNELS_PER_LAYER = 2  # a decode layer as one or two fused kernels
 
 
@@ -71,7 +72,7 @@ def launch_cost(chip):
 def estimated_kernels(layers, per_layer=None):
     """Kernels one decode token launches, by estimate: L x per_layer + the kernels outside
     the layers. per_layer None: XLA's step as compiled for GPT-2 (13, and 8 outside); 2:
-    ours (and its 10 outside); any other N, with XLA's 8 outside."""
+    ours (and its 7 outside); any other N, with XLA's 8 outside."""
     if per_layer is None:
         return layers * XLA_KERNELS_PER_LAYER + XLA_KERNELS_OUTSIDE
     ours = per_layer == OUR_KERNELS_PER_LAYER

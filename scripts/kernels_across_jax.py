@@ -4,7 +4,7 @@ Mosaic GPU's API moves between JAX releases, and the course supports several (0.
 Python 3.11, 0.11 and 0.12 on 3.12 and later: requirements.txt). This compiles, deviceless
 for h100:1 (no GPU needed: the chip compilers of requirements-aot.txt), the attention
 kernel (sessions/kernels/decode_attention.py) and the MLP kernel (decode_mlp.py), each
-alone over one layer, and then the whole decode loop with them
+alone over one layer, the head kernel (decode_head.py), and then the whole decode loop with them
 (sessions/plan/kernels_on_target.py), and prints one line each: compiled; refused, with
 the API this JAX lacks; or no answer within --seconds, and where the compiler was. Where
 this machine cannot compile for h100:1, it says so in one line. Run it under each JAX:

@@ -12,7 +12,7 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from sessions.inference import kv_cache
-from sessions.inference.kernel_step import rope_tables
+from sessions.inference.kernel_step import clock, rope_tables
 from sessions.inference.layout import dense_out_in
 from sessions.kernels import decode_grid, decode_residual, mosaic
 from sessions.kernels.decode_attention import attention_layer, attention_refusal
@@ -112,7 +112,8 @@ CASES = [
 def kernel_half(layer, cache, x, pending, pos, live, cfg):
     """The kernel, interpreted: compiled once per cfg and shapes, for any pos and live."""
     rope = rope_at(pos, cfg)
-    return attention_layer(layer, cache, x, pending, pos, live, cfg, rope=rope, interpret=True)
+    where = clock(pos, live)
+    return attention_layer(layer, cache, x, pending, where, cfg, rope=rope, interpret=True)
 
 
 xla_half_jitted = jax.jit(xla_half, static_argnames="cfg")
@@ -176,7 +177,8 @@ def compiled_for_h100():
 
     def half(layer, cache, x, pending, pos, live):
         rope = rope_at(pos, cfg)
-        return attention_layer(layer, cache, x, pending, pos, live, cfg, rope=rope, interpret=False)
+        where = clock(pos, live)
+        return attention_layer(layer, cache, x, pending, where, cfg, rope=rope, interpret=False)
 
     return jax.jit(half, donate_argnums=(1,)).lower(*args).compile().as_text()
 

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from sessions.kernels import decode_attention, decode_grid, decode_mlp, mosaic
+from sessions.inference import kernel_step
+from sessions.kernels import decode_attention, decode_grid, decode_head, decode_mlp, mosaic
 from sessions.model.config import PRESETS
 
 GPT2 = dataclasses.replace(PRESETS["gpt2-bytes"].model, dtype="bfloat16")
@@ -62,7 +63,7 @@ def test_the_attention_kernel_s_bytes_in_flight_are_its_grid_times_its_rings(
 
     def half(layer, cache, x, pending):
         return decode_attention.attention_layer(
-            layer, cache, x, pending, 7, True, cfg, interpret=False
+            layer, cache, x, pending, kernel_step.clock(7, True), cfg, interpret=False
         )
 
     jax.eval_shape(half, layer, cache, x, pending)
@@ -102,3 +103,27 @@ def test_the_mlp_kernel_s_bytes_in_flight_are_its_grid_times_its_ring(cfg, batch
     in_flight = grid[0] * slots * 64 * 64 * itemsize
     assert decode_mlp.mlp_bytes_in_flight(cfg, batch) == in_flight
     assert in_flight >= decode_grid.IN_FLIGHT_NEED
+
+
+@pytest.mark.parametrize("cfg", [GPT2, BIG], ids=["gpt2", "1.2B"])
+def test_the_head_kernel_s_bytes_in_flight_are_its_grid_times_its_ring(cfg, monkeypatch):
+    """The head (decode_head.py): V/64 CTAs, each a ring of table tiles. The bytes' vocabulary
+    makes it 4 CTAs: 256 KB in flight, far under Little's law's 2.3 MB (predicted; the
+    estimate streams its 0.4 MB at what that keeps in flight)."""
+    seen = watched(monkeypatch)
+    E, V, P = cfg.embed, cfg.vocab, cfg.ff // 64  # after the last MLP kernel's partials
+    sds = jax.ShapeDtypeStruct
+    w = {"embed": sds((V, E), jnp.bfloat16), "final_norm": sds((E,), jnp.bfloat16)}
+    x, pending = sds((1, E), jnp.bfloat16), sds((P, 1, E), jnp.float32)
+    held = sds((1, V), jnp.float32)
+
+    def head(w, x, pending, held):
+        where = kernel_step.clock(3, True)
+        return decode_head.head(w, x, pending, held, where, cfg, interpret=False)
+
+    jax.eval_shape(head, w, x, pending, held)
+    (grid,) = seen["grid"]
+    (slots, *tile), itemsize = seen["smem"][0]  # the table's ring comes first
+    assert grid == (V // 64,) and tile == [64, 64]
+    in_flight = grid[0] * slots * 64 * 64 * itemsize
+    assert decode_head.head_bytes_in_flight(cfg) == in_flight == 4 * 8 * 8192

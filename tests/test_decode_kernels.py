@@ -59,9 +59,11 @@ def xla_step(w, cache, token, live, cfg):
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
-def kernels_step(w, cache, token, live, cfg):
-    """Compiled once per cfg and shapes, whether the step is live or not (live is traced)."""
-    return kernel_step.kernel_decode_step(w, cache, token, jnp.int32(P), cfg, live, interpret=True)
+def kernels_step(w, cache, token, live, cfg, held):
+    """Compiled once per cfg and shapes, whether the step is live or not (live is traced);
+    held: the logits a step that is not live keeps (the head kernel's, decode_head.py)."""
+    pos = jnp.int32(P)
+    return kernel_step.kernel_decode_step(w, cache, token, pos, cfg, live, held, interpret=True)
 
 
 def first_token(logits):
@@ -73,7 +75,8 @@ def both_steps(cfg, batch, live):
     step at position P from the same prefilled cache."""
     w, _, logits, cache, _ = setup(cfg, batch)
     token, live = first_token(logits), jnp.bool_(live)
-    return xla_step(w, cache, token, live, cfg), kernels_step(w, cache, token, live, cfg), cache
+    ours = kernels_step(w, cache, token, live, cfg, logits)
+    return xla_step(w, cache, token, live, cfg), ours, cache
 
 
 @interpreted
@@ -115,9 +118,11 @@ def test_the_kernel_step_equals_xla_s(cfg, batch):
 @interpreted
 def test_a_step_that_is_not_live_writes_nothing():
     """decode_steps runs steps past n that must leave the cache as it was. The kernels'
-    step of the mha-b1 case above, its program and its inputs, with live false."""
+    step of the mha-b1 case above, its program and its inputs, with live false: nor
+    the logits, which stay the ones it was given (the head kernel writes none)."""
     w, _, logits, before, _ = setup(ONE, 1)
-    _, got_cache = kernels_step(w, before, first_token(logits), jnp.bool_(False), ONE)
+    got, got_cache = kernels_step(w, before, first_token(logits), jnp.bool_(False), ONE, logits)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(logits))
     for ours, old in zip(got_cache, before, strict=True):
         for name in ("k", "v"):
             np.testing.assert_array_equal(
@@ -221,8 +226,14 @@ def test_the_flag_picks_the_step_by_platform():
     assert kernel_step.impl_for("xla", "gpu") is None
     assert kernel_step.impl_for("pallas", "gpu") == "pallas"
     assert kernel_step.impl_for("pallas", "cpu") == "pallas-interpret"
-    xla = object()
-    assert kernel_step.step_function(None, xla) is xla
+
+    def xla(w, cache, token, pos, cfg, live):  # XLA's step, whose logits are 1s
+        return jnp.ones(2), cache
+
+    held = jnp.zeros(2)  # the logits a step that is not live keeps (the loop's select)
+    for live in (True, False):
+        logits, _ = kernel_step.step_function(None, xla)(None, {}, 0, 0, None, live, held)
+        assert logits.tolist() == ([1.0, 1.0] if live else [0.0, 0.0])
     interpreted = kernel_step.step_function("pallas-interpret", xla)
     compiled = kernel_step.step_function("pallas", xla)
     assert interpreted.keywords == {"interpret": True}
@@ -394,20 +405,21 @@ def test_the_decode_program_runs_the_step_it_is_asked_for(impl, calls, monkeypat
 # Kernels a token that are no layer's, in the whole decode program (kv_cache.decode_steps)
 # compiled for h100:1 with our step, counted by hand from its optimized HLO (JAX 0.10.2):
 #   the loop's own (XLA's step has them too): pick the token from the last logits (a
-#   reduce), write it into the tokens (a dynamic-update-slice), keep the logits where the
-#   step is live (a select), step the counter (an add), and the loop's condition (a compare): 5
+#   reduce), write it into the tokens (a dynamic-update-slice), step the counter (an add): 3
+#   (the loop's condition, a compare, is compiled but never runs: XLA knows the 16 trips)
 #   the embedding: token row + position row, one fusion: 1
-#   the attention kernel's [pos, live] operand, put together once a token (a concatenate): 1
-#   the head: the last layer's partials settled (an add), the final norm's sum of squares
-#   (a reduce), the norm and the unembedding (a matrix-vector product): 3
-# Not one to fill zeros: the first kernel gets P = 0 pending partials, an empty array.
-REST = 5 + 1 + 1 + 3
+#   the head: one kernel (sessions/kernels/decode_head.py), the last layer's partials
+#   settled, the final norm, the unembedding, and the loop's select, which keeps the last
+#   logits where the step is not live (in XLA's step a select of its own): 1
+# Not one to fill zeros: the first kernel gets P = 0 pending partials, an empty array; nor
+# one to put pos and live together: the kernels read the loop's counter (kernel_step.clock).
+REST = 3 + 1 + 1
 
 
 def test_the_planner_counts_our_step_s_kernels_as_compiled():
     from roofline.launch_bound import OUR_KERNELS_OUTSIDE, estimated_kernels
 
-    assert OUR_KERNELS_OUTSIDE == REST and estimated_kernels(12, 2) == 2 * 12 + REST == 34
+    assert OUR_KERNELS_OUTSIDE == REST and estimated_kernels(12, 2) == 2 * 12 + REST == 29
 
 
 # Session 3's 1.2B shape (GPT-2's preset with --embed 2048 --ff 8192 --heads 16 --head-dim 128
@@ -441,24 +453,25 @@ def compiled_decode(cfg, layers):
 
 def test_the_1_2b_shape_is_taken_and_compiles_for_the_chip():
     """Refused before (x_now [64, E] filled a CTA's SMEM at E 2048). One layer compiled (about a
-    minute on 2 cores): a layer adds the same 2 kernels, so 24 launch 2·24 + REST + 1 = 59 a
-    token. The 1: at E 2048 XLA leaves the final norm's scaling (and its cast to bf16) a
-    kernel of its own, where at GPT-2's 768 it fuses it into the unembedding's product."""
+    minute on 2 cores): a layer adds the same 2 kernels, so 24 launch 2·24 + REST = 53 a
+    token. (XLA's head left the final norm's scaling a kernel of its own at E 2048; the
+    head kernel runs it at any E.)"""
     for batch in (1, 8):
         assert kernel_step.check_supported(BIG, batch) is None
     per_token, kinds = compiled_decode(BIG, 1)
-    assert kinds.get("pallas") == 2 and per_token == 2 + REST + 1, kinds
-    assert kinds.get("convert") == 1, kinds
+    assert kinds.get("pallas") == 2 + 1 and per_token == 2 + REST, kinds  # a layer, the head
+    assert "convert" not in kinds, kinds
 
 
 def test_the_whole_decode_compiled_for_the_chip_launches_two_kernels_a_layer():
     """GPT-2's shapes (bf16, batch 1) at 2 layers, the whole decode program
     (kv_cache.decode_steps, impl "pallas") compiled for h100:1: 2 kernels a layer
     (attention half, MLP half: the contract) plus REST that are no layer's, counted by
-    roofline/compiled/launches.py in the loop's body and condition. GPT-2's 12 layers
-    then launch 2·12 + 10 = 34 a token (XLA's step: 164, docs/h100-run)."""
+    roofline/compiled/launches.py in the loop's body. GPT-2's 12 layers then launch
+    2·12 + 5 = 29 a token (XLA's step: 163, docs/h100-run)."""
     L = 2  # GPT-2 has 12: a layer adds the same 2 kernels, so 2 compile in less time
     cfg = dataclasses.replace(PRESETS["gpt2-bytes"].model, dtype="bfloat16")
     per_token, kinds = compiled_decode(cfg, L)
-    assert kinds.get("pallas") == 2 * L, kinds  # our kernels: one custom call each
+    assert kinds.get("pallas") == 2 * L + 1, kinds  # our kernels, the head's: a custom call each
     assert per_token == 2 * L + REST, kinds
+    assert "reduce" in kinds and "matvec" not in kinds, kinds  # the pick; no XLA head

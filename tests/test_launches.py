@@ -1,15 +1,23 @@
 """The kernels a decode token launches (roofline/compiled/launches.py), read off
 a hand-written program whose launches are counted here by hand: a decode loop
 whose body runs a command buffer, a library call and fusions beside views and
-markers that launch nothing, and a condition that launches one kernel."""
+markers that launch nothing, and a condition that launches one kernel only where
+the loop's trip count is unknown; and programs compiled for h100:1, held to the
+kernels XLA's own thunk sequence lists."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+from helpers import need
 
 from roofline.compiled.launches import kernel_launches, kernels_per_token, launch_text
 
 # Per token, by hand: in the body, the command buffer's two fusions (a convert and
 # a multiply-and-reduce of two arrays), a cuBLAS gemm, a Triton fusion, the cache
 # write (a dynamic-update-slice fusion), an all-reduce (its -start; the -done launches
-# nothing) and the elementwise fusion an async-start runs: 7; the condition's compare
-# fusion: 1. The bitcast, the get-tuple-elements, the tuple, the parameter and the
+# nothing) and the elementwise fusion an async-start runs: 7. The condition's compare
+# fusion runs only where the trip count is unknown: 1 more. The bitcast, the get-tuple-elements, the tuple, the parameter and the
 # Sharding marker launch nothing. Outside the loop: one copy, once per call.
 DECODE_HLO = """
 HloModule decode, is_scheduled=true
@@ -102,10 +110,13 @@ ENTRY %main (x: f32[8], w: f32[8,8]) -> (s32[], f32[8], f32[8,8]) {
 """
 
 
-def test_a_token_counts_the_body_the_condition_and_the_command_buffer_inside():
+UNKNOWN_TRIPS_HLO = DECODE_HLO.replace(', backend_config={"known_trip_count":{"n":"16"}}', "")
+
+
+def test_a_token_counts_the_body_and_the_command_buffer_inside():
     found = kernel_launches(DECODE_HLO)
     assert found.loop
-    assert found.per_token == 8
+    assert found.per_token == 7
     assert found.command_buffers == 1
     assert found.outside == 1  # the copy before the loop, once a call
     assert found.kinds == {
@@ -115,9 +126,15 @@ def test_a_token_counts_the_body_the_condition_and_the_command_buffer_inside():
         "triton": 1,
         "dus": 1,
         "collective": 1,
-        "loop": 2,  # the async fusion and the condition's compare
+        "loop": 1,  # the async fusion
     }
-    assert kernels_per_token(DECODE_HLO) == (8, found.kinds)
+    assert kernels_per_token(DECODE_HLO) == (7, found.kinds)
+
+
+def test_a_loop_of_unknown_trips_runs_its_condition_each_trip():
+    assert UNKNOWN_TRIPS_HLO != DECODE_HLO
+    found = kernel_launches(UNKNOWN_TRIPS_HLO)
+    assert found.per_token == 8 and found.kinds["loop"] == 2  # and the compare
 
 
 def test_a_program_without_a_loop_is_one_token():
@@ -128,7 +145,50 @@ def test_a_program_without_a_loop_is_one_token():
 
 
 def test_the_line_names_each_kind_most_frequent_first():
-    text = launch_text(kernel_launches(DECODE_HLO))
+    text = launch_text(kernel_launches(UNKNOWN_TRIPS_HLO))
     assert text.startswith("a token 8 (2 loop fusions")
     for words in ("cuBLAS gemm", "Triton fusion", "multiply-and-reduce", "in 1 command buffer"):
         assert words in text, text
+
+
+def thunks(dump):
+    """The kernels XLA's GPU thunk sequence (its own list of what the program runs,
+    dumped as it compiled) puts in the loop's body and in its condition."""
+    (listing,) = dump.glob("*thunk_sequence.txt")
+    body = condition = 0
+    part = None
+    for line in listing.read_text().splitlines():
+        if line.strip() in ("condition:", "body:"):
+            part = line.strip()
+        elif re.search(r": k(Custom)?Kernel ", line):
+            body += part == "body:"
+            condition += part == "condition:"
+    return body, condition
+
+
+def test_the_count_is_xla_s_own_list_of_kernels(tmp_path):
+    """Two loops compiled for h100:1: a fori_loop (its 16 trips known: XLA's WhileThunk
+    runs the body 16 times and never the condition) and a while_loop that stops on a
+    value (its condition runs every trip). Each token's count is the kernels XLA's thunk
+    sequence lists in the body, and in the condition only for the second."""
+    need("gpu")
+    from sessions.plan import programs
+
+    _, devices = programs.devices_for("h100:1")
+    on_chip = jax.sharding.SingleDeviceSharding(devices[0])
+    x = jax.ShapeDtypeStruct((1024,), jnp.float32, sharding=on_chip)
+
+    def fixed(x):
+        return jax.lax.fori_loop(0, 16, lambda i, x: jnp.sin(x) * 2 + i, x)
+
+    def until(x):
+        grow = lambda c: (c[0] + 1, jnp.sin(c[1]) * 2)  # noqa: E731
+        return jax.lax.while_loop(lambda c: c[1].sum() < 1e6, grow, (0, x))
+
+    for program, runs_condition in ((fixed, False), (until, True)):
+        dump = tmp_path / program.__name__
+        compiled = jax.jit(program).lower(x).compile({"xla_dump_to": str(dump)})
+        body, condition = thunks(dump)
+        assert body >= 1 and condition >= 1, (body, condition)
+        expected = body + (condition if runs_condition else 0)
+        assert kernels_per_token(compiled)[0] == expected, program.__name__

@@ -22,8 +22,13 @@ XLA's GPU backend wraps runs of kernels in command buffers (CUDA graphs): a
 but each kernel in it still runs: they are counted, and so are the buffers.
 
 A decode loop is a `while` in ENTRY whose body makes one token: a token costs
-the body's kernels plus the condition's (the condition runs once a trip), a
-loop inside the body its count of trips. A program without a loop is one token.
+the body's kernels, a loop inside the body its count of trips. A loop whose trip
+count XLA knows (`known_trip_count` in its backend_config: a fori_loop with
+constant bounds, as kv_cache.decode_steps is) runs its body that many times and
+never its condition (XLA's WhileThunk::ExecuteOnStream, given the count by
+ThunkEmitter::EmitWhile; openxla/xla xla/backends/gpu/runtime/while_thunk.cc):
+its condition launches nothing. Any other loop runs its condition once a trip,
+and once more to stop. A program without a loop is one token.
 The kind of each kernel is said in words a student knows (KINDS).
 """
 
@@ -74,7 +79,7 @@ _PALLAS |= {"tpu_custom_call"}
 class Launches(NamedTuple):
     """Kernels a token launches, by kind; and around them."""
 
-    per_token: int  # kernels one token launches: the loop's body and condition
+    per_token: int  # kernels one token launches: the loop's body (and condition, if run)
     kinds: dict  # kind (a key of KINDS, or an opcode) -> kernels a token
     command_buffers: int  # command buffers a token launches (each holds some of the kernels)
     outside: int  # kernels once a call, outside the decode loop (0 without a loop)
@@ -154,7 +159,8 @@ def _count(module, name, found, buffers, times=1, skip=None):
         elif op.opcode == "while":
             trips = _trips(module, op, computation)
             _count(module, op.calls["body"][0], found, buffers, times * trips)
-            _count(module, op.calls["condition"][0], found, buffers, times * (trips + 1))
+            if not known_trips(op):
+                _count(module, op.calls["condition"][0], found, buffers, times * (trips + 1))
         elif op.opcode == "conditional":
             # One branch runs: the largest stands for it (an upper bound).
             counts = []
@@ -162,6 +168,11 @@ def _count(module, name, found, buffers, times=1, skip=None):
                 counts.append(collections.Counter())
                 _count(module, branch, counts[-1], buffers, times)
             found.update(max(counts, key=lambda c: sum(c.values()), default={}))
+
+
+def known_trips(loop):
+    """True where XLA knows the `while`'s trip count: it then never runs the condition."""
+    return '"known_trip_count"' in loop.attributes.get("backend_config", "")
 
 
 def _trips(module, loop, holder):
@@ -189,7 +200,8 @@ def kernel_launches(hlo_text_or_module):
         _count(module, module.entry.name, found, buffers)
         return Launches(sum(found.values()), dict(found), buffers[0], 0, False)
     _count(module, loop.calls["body"][0], found, buffers)
-    _count(module, loop.calls["condition"][0], found, buffers)
+    if not known_trips(loop):  # a token's share: its trip's condition
+        _count(module, loop.calls["condition"][0], found, buffers)
     around = collections.Counter()
     _count(module, module.entry.name, around, [0], skip=loop)
     return Launches(sum(found.values()), dict(found), buffers[0], sum(around.values()), True)

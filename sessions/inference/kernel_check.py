@@ -79,11 +79,12 @@ def compared_line(compared, temperature):
 def kernel_files():
     """The files that hold our decode step and its kernels, as paths from the repository's
     root, each with what it holds: (path, what) pairs."""
-    from sessions.kernels import decode_attention, decode_mlp  # loads Mosaic GPU
+    from sessions.kernels import decode_attention, decode_head, decode_mlp  # loads Mosaic GPU
 
     what = {
-        kernel_step: "the step: two kernels a layer, the embedding and head XLA's",
+        kernel_step: "the step: two kernels a layer and the head, the embedding XLA's",
         decode_attention: "the attention half: norm, q/k/v, RoPE, the cache write, attention",
         decode_mlp: "the MLP half: norm, the MLP (gated or not)",
+        decode_head: "the head: the last partials, the final norm, the logits",
     }
     return [(module.__name__.replace(".", "/") + ".py", said) for module, said in what.items()]

@@ -1,11 +1,12 @@
 """The decode step in kernels: each layer two Mosaic GPU launches, not XLA's dozen.
 
 At small batches a decode step on a GPU is bound by its launches, not its
-bytes: GPT-2's step compiled for an H100 runs 164 kernels a token, about
+bytes: GPT-2's step compiled for an H100 runs 163 kernels a token, about
 0.39 ms measured, where its bytes take about 0.065 ms at the HBM roof. Here each
 layer is one kernel for its attention half (sessions/kernels/decode_attention.py) and
-one for its MLP half (sessions/kernels/decode_mlp.py); the embedding and the head (final
-norm, unembed) stay XLA's. Same signature and results as kv_cache.decode_step.
+one for its MLP half (sessions/kernels/decode_mlp.py), and the head (the last partials,
+the final norm, the logits, the loop's select) one more (sessions/kernels/decode_head.py);
+the embedding stays XLA's. Same signature and results as kv_cache.decode_step.
 
 The residual between kernels ("pending" partial sums): a kernel may split its
 last matmul's contraction over P thread blocks, each writing its own float32
@@ -37,6 +38,7 @@ from roofline.decode_cost import dtype_bytes, kv_cache_bytes, weight_bytes
 from sessions.errors import UsageError
 from sessions.inference.layout import dense_out_in
 from sessions.kernels.decode_grid import attention_bytes_in_flight
+from sessions.kernels.decode_head import head_bytes_in_flight, head_refusal
 from sessions.kernels.decode_mlp import mlp_bytes_in_flight
 from sessions.model import rotary
 from sessions.model.transformer import embed, unembed
@@ -100,8 +102,23 @@ def step_function(impl, xla_step):
     if impl not in IMPLS:
         raise ValueError(f"decode step {impl!r}: one of {IMPLS}")
     if impl is None:
-        return xla_step
+
+        def held_where_not_live(w, cache, token, pos, cfg, live, held, loop=None):
+            logits, cache = xla_step(w, cache, token, pos, cfg, live)
+            return jnp.where(live, logits, held), cache
+
+        return held_where_not_live
     return functools.partial(kernel_decode_step, interpret=impl == "pallas-interpret")
+
+
+def clock(pos, live, loop=None):
+    """Where a step is, as our kernels read it (decode_residual.pos_and_live): (int32 [1],
+    int32 [2]), step i of a call that decodes n steps from position start. In
+    kv_cache.decode_steps both are arrays its loop holds, the counter i and (start, n)
+    made once a call (loop), so no kernel a token puts pos and live together. A step
+    alone is the first of a call of 1 (live) or 0 steps from pos."""
+    i, run = loop if loop is not None else (0, jnp.stack([pos, live]))
+    return jnp.reshape(i, (1,)).astype(jnp.int32), run.astype(jnp.int32)
 
 
 def _settle(x, pending):
@@ -113,14 +130,16 @@ def _settle(x, pending):
     return total.astype(x.dtype)
 
 
-def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
+def kernel_decode_step(w, cache, token, pos, cfg, live=True, held=None, loop=None, *, interpret):
     """One token per row through the model, two kernels a layer.
 
     w: decode_weights(params, cfg); token: int [B] at position pos (traced) ->
     (logits float32 [B, V] for position pos + 1, the cache with pos written unless
-    `live` is false), as kv_cache.decode_step. interpret: run the kernels in
-    Mosaic GPU's interpreter (True on a CPU) or compile them for a GPU (False).
-    What the kernels do not run is refused here, as the program is traced."""
+    `live` is false), as kv_cache.decode_step. held: the last logits, returned where
+    the step is not live (None: none kept). loop: (i, (start, n)) of kv_cache.decode_steps'
+    loop, or None for a step alone. interpret: run the kernels in Mosaic GPU's
+    interpreter (True on a CPU) or compile them for a GPU (False). What the kernels do
+    not run is refused here, as the program is traced."""
     int8_cache = bool(cache) and "k_scale" in cache[0]
     int8_weights = any(leaf.dtype == jnp.int8 for leaf in jax.tree.leaves(w))
     mesh = jax.sharding.get_abstract_mesh()  # the mesh the step is traced under, if any
@@ -129,7 +148,9 @@ def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
     kinds["interpret"] = interpret
     check_supported(cfg, token.shape[0], **kinds)
     # Imported here, as first traced: XLA's decode never loads Mosaic GPU.
-    from sessions.kernels import decode_attention, decode_grid, decode_mlp
+    from sessions.kernels import decode_attention, decode_grid, decode_head, decode_mlp
+
+    where = clock(pos, live, loop)
 
     x = embed(w, token[:, None], cfg, start=pos)[:, 0]  # [B, E]
     pending = jnp.zeros((0, *x.shape), jnp.float32)  # none before layer 0: no buffer to fill
@@ -138,14 +159,17 @@ def kernel_decode_step(w, cache, token, pos, cfg, live=True, *, interpret):
     for i, layer in enumerate(w["layers"]):
         if cfg.attention:  # its partials come with the softmax stats the MLP merges them by
             x, pending, stats, new = decode_attention.attention_layer(
-                layer, cache[i], x, pending, pos, live, cfg, rope=rope, interpret=interpret
+                layer, cache[i], x, pending, where, cfg, rope=rope, interpret=interpret
             )
             written.append(new)
         merge = {"stats": stats, "slices": slices}
         x, pending = decode_mlp.mlp_layer(layer, x, pending, cfg, **merge, interpret=interpret)
+    cache = written if cfg.attention else cache
+    if held is not None and decode_head.head_refusal(cfg) is None:  # the head: one kernel
+        return decode_head.head(w, x, pending, held, where, cfg, interpret=interpret), cache
     x = _settle(x, pending)[:, None]  # [B, 1, E]: the last layer's partials, added here
     logits = unembed(w, x, dense=dense_out_in)[:, 0].astype(jnp.float32)
-    return logits, written if cfg.attention else cache
+    return (logits if held is None else jnp.where(live, logits, held)), cache
 
 
 def rope_tables(pos, D, base):
@@ -160,15 +184,18 @@ def byte_streams(cfg, batch):
     """The step's bytes by the kernels that read them, each with the bytes its grid keeps in
     flight, for the estimate's Little's law (roofline/plan/decode_estimate.py): the attention
     kernels' (q, k, v and o weights, the norm, the caches), the MLP kernels' (their weights and
-    norm), and the rest, XLA's (the embedding and position rows, the head: None in flight, its
+    norm), the head kernel's (the table and the final norm), and the rest, XLA's (the
+    embedding and position rows; the head where ours refuses it: None in flight, XLA's
     fitted rate). [(bytes, bytes in flight)]"""
     E, F, H, K, D = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim
     value, cache = dtype_bytes(cfg.dtype), kv_cache_bytes(cfg, batch)
     attention = cfg.layers * (2 * H * D * E + 2 * K * D * E + E) * value + cache
     mlp = cfg.layers * ((3 if cfg.gated else 2) * E * F + E) * value
-    rest = weight_bytes(cfg) + cache - attention - mlp
-    return [
+    head = (cfg.vocab * E + E) * value if head_refusal(cfg) is None else 0
+    rest = weight_bytes(cfg) + cache - attention - mlp - head
+    streams = [
         (attention, attention_bytes_in_flight(cfg, batch)),
         (mlp, mlp_bytes_in_flight(cfg, batch)),
         (rest, None),
     ]
+    return streams + ([(head, head_bytes_in_flight(cfg))] if head else [])

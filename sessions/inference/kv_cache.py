@@ -172,9 +172,8 @@ def prefill(params, prompts, cfg, int8_cache=False):
 
 
 def pick(logits, key, pos, temperature, greedy):
-    """logits float32 [B, V] -> tokens int [B]: argmax when greedy, else a sample
-    at `temperature` with a key folded in from the position, so a run is
-    reproducible from its key whatever the batch's sharding."""
+    """logits float32 [B, V] -> tokens int [B]: argmax when greedy, else a sample at
+    `temperature`, its key folded in from the position (reproducible whatever the sharding)."""
     if greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     key = jax.random.fold_in(key, pos)
@@ -195,15 +194,14 @@ def decode_steps(
 ):
     """STEPS decode steps as one program, of which the first n count.
 
-    weights: decode_weights(params, cfg); tokens: int [B, T], filled up to
-    start; logits: float32 [B, V], the prediction for position start. Step i
-    picks the token at start + i, writes it into tokens, and runs it through
-    the model for the next logits. -> (tokens, cache, logits), the same
-    shapes. The loop's trip count is a constant the compiler sees; steps from
-    n on still run (a branch would cost a GPU another host round trip, in its
-    ConditionalThunk) but leave tokens, cache and logits as they found them.
-    start and n are traced: one compile serves every prompt length and count.
-    impl: None, XLA's step, or our kernels' (step_function)."""
+    weights: decode_weights(params, cfg); tokens: int [B, T], filled up to start; logits:
+    float32 [B, V], the prediction for position start. Step i picks the token at start + i,
+    writes it into tokens, and runs it through the model for the next logits. -> (tokens,
+    cache, logits), the same shapes. The trip count is a constant the compiler sees (a GPU
+    runs the body STEPS times, never the condition); steps from n on still run (a branch
+    would cost a GPU a host round trip, in its ConditionalThunk) but leave tokens, cache
+    and logits as they found them. start and n are traced: one compile serves every
+    prompt length and count. impl: None, XLA's step, or our kernels' (step_function)."""
     decode = step_function(impl, decode_step)
 
     def step(i, carry):
@@ -213,9 +211,11 @@ def decode_steps(
         held = jax.lax.dynamic_slice_in_dim(tokens, pos, 1, axis=1)  # [B, 1]
         token_ = jnp.where(live, token[:, None], held)
         tokens = jax.lax.dynamic_update_slice(tokens, token_, (0, pos))
-        new_logits, cache = decode(weights, cache, token, pos, cfg, live)
-        return tokens, cache, jnp.where(live, new_logits, logits)
+        # held where not live; (i, run): where the step is, for our kernels (kernel_step.clock)
+        logits, cache = decode(weights, cache, token, pos, cfg, live, logits, (i, run))
+        return tokens, cache, logits
 
+    run = jnp.stack([start, n])  # once a call, outside the loop
     return jax.lax.fori_loop(0, STEPS, step, (tokens, cache, logits))
 
 

@@ -94,13 +94,13 @@ def _kernel(dims, interpret, scratch, refs, whole):
     """One CTA: the attention half for KV head kh over slice s of the cache, all B tokens."""
     B, E, H, K, D, T, NS, rope = dims
     G, nE, nD, per = H // K, E // TILE, D // TILE, T // TILE // NS
-    x_ref, pend_ref, norm_ref, wq, wk, wv, wo, rope_ref, pos_ref, kc, vc, *outs = refs
+    x_ref, pend_ref, norm_ref, wq, wk, wv, wo, rope_ref, step, run, kc, vc, *outs = refs
     x_out, pend_out, stats_out = outs
     xn, ropev, wslots, wbars, kslots, vslots, cbars, rbar = whole
     on = mosaic.Ops(interpret, None)
     WG, ROW, zeros = on.WG, on.ROW, on.zeros
     kh, s = lax.axis_index("kv"), lax.axis_index("slice")
-    pos, live = pos_ref[0], pos_ref[1]
+    pos, live = residual.pos_and_live(step, run)
     f32, bf16 = jnp.float32, jnp.bfloat16
     ring = mosaic.Ring(_weight_tiles(wq, wk, wv, wo, kh, dims), wslots, wbars)
     ring.start()  # the first W weight tiles and C cache tiles: in flight during the residual
@@ -232,7 +232,7 @@ def _kernel(dims, interpret, scratch, refs, whole):
         plgpu.wait_smem_to_gmem(0)
 
         # 5. The new k, v into slot pos, by the CTA whose slice holds it, after its reads.
-        @pl.when(jnp.logical_and(live != 0, pos // (T // NS) == s))
+        @pl.when(jnp.logical_and(live, pos // (T // NS) == s))
         def _():
             for b in range(B):
 
@@ -252,11 +252,12 @@ def _kernel(dims, interpret, scratch, refs, whole):
     pl.run_scoped(attend, *scratch[1])
 
 
-def attention_layer(layer, cache, x, pending, pos, live, cfg, *, rope=None, interpret):
+def attention_layer(layer, cache, x, pending, clock, cfg, *, rope=None, interpret):
     """x [B, E] bf16, pending [P, B, E] float32, cache {"k": [B, K, D, T], "v": [B, K, T, D]}
     -> (x_now [B, E], partials [H·S, B, E] float32 and their stats [H·S, 2, 8] float32
-    (decode_residual), the cache with slot pos written unless `live` is false). One kernel
-    launch; the cache is updated in place. rope: float32 [2, D], the cos and sin at pos
+    (decode_residual), the cache with slot pos written unless the step is not live). One
+    kernel launch; the cache is updated in place. clock: where the step is
+    (kernel_step.clock). rope: float32 [2, D], the cos and sin at pos
     (kernel_step.rope_tables), for a RoPE model."""
     (B, E), (H, D, _), K, P = x.shape, layer["wq"].shape, cache["k"].shape[1], pending.shape[0]
     T, NS, bf16, f32 = cache["k"].shape[3], slices(cfg), jnp.bfloat16, jnp.float32
@@ -280,12 +281,11 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, rope=None, inte
     def body(*refs):
         pl.run_scoped(lambda *w: _kernel(dims, interpret, (first, then), refs, w), *whole)
 
-    flags = jnp.stack([jnp.asarray(pos, jnp.int32), jnp.asarray(live, jnp.int32)])
     if cfg.rope and rope is None:
         raise ValueError(
             "a RoPE model's kernel takes rope, float32 [2, D] (kernel_step.rope_tables)"
         )
-    rope = rope if cfg.rope else flags  # unread without RoPE
+    rope = rope if cfg.rope else clock[1]  # unread without RoPE
     k_ref = jax.new_ref(cache["k"], memory_space=plgpu.GMEM)
     v_ref = jax.new_ref(cache["v"], memory_space=plgpu.GMEM)
     outs = [jax.ShapeDtypeStruct((B, E), x.dtype)]
@@ -296,5 +296,5 @@ def attention_layer(layer, cache, x, pending, pos, live, cfg, *, rope=None, inte
     weights = [layer[w].reshape(-1, E) for w in ("wq", "wk", "wv")]  # [rows, E]: bitcasts
     wo = layer["wo"].reshape(E, H * D)
     norm = layer["attn_norm"]
-    x_now, parts, stats = call(x, pending, norm, *weights, wo, rope, flags, k_ref, v_ref)
+    x_now, parts, stats = call(x, pending, norm, *weights, wo, rope, *clock, k_ref, v_ref)
     return x_now, parts, stats, {"k": k_ref[...], "v": v_ref[...]}

@@ -7,7 +7,7 @@ weight of 2 bytes, B FLOPs a byte, at most 8 here, where an H100 does about 295
 FLOPs in the time it reads a byte (989 TFLOP/s of bf16 over 3.35 TB/s, its
 datasheet). So the time is the weights' bytes over the bandwidth, or, where they
 are small, the launches: XLA runs a decode layer as about 13 kernels (norms,
-converts, multiply-and-reduce fusions; 164 a GPT-2 token, compiled for h100:1:
+converts, multiply-and-reduce fusions; 163 a GPT-2 token, compiled for h100:1:
 roofline/launch_bound.py)
 of about 1.5 us each, against 2.8 us for GPT-2's 9.4 MB of MLP weights at the
 roof. This kernel is the layer's MLP half in one launch:

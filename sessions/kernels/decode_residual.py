@@ -37,6 +37,13 @@ EMPTY = -1e30  # an empty slice's running max: finite, so exp(EMPTY - M) is 0, n
 WT = plgpu.Layout.WGMMA_TRANSPOSED  # [C, 8] in registers, read from an [8, C] buffer's transpose
 
 
+def pos_and_live(step, run):
+    """(pos, live) inside a kernel, from the refs of its clock (kernel_step.clock): step
+    [1] holds i, run [2] (start, n): pos = start + i, live = i < n."""
+    i = step[0]
+    return run[0] + i, i < run[1]
+
+
 def swizzled(dtype):
     """The SMEM layout wgmma reads: 8-row tiles of 128 bytes, swizzled (no bank conflicts)."""
     elems = 128 // jnp.dtype(dtype).itemsize

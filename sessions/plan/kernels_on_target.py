@@ -31,6 +31,7 @@ from roofline.plan.targets import (
     parse_target,
 )
 from sessions.inference import kernel_step, kv_cache, layout, shapes
+from sessions.kernels.decode_head import head_refusal
 from sessions.model import init_params
 from sessions.plan import programs
 
@@ -132,7 +133,8 @@ def refusal(error):
 
 def compile_kernels(cfg, batch, target, devices, seconds=None):
     """[(what, "compiled", "refused" or "no answer", a word more)] for our attention kernel
-    and MLP kernel, each alone over one layer of cfg at `batch` rows, then the whole decode
+    and MLP kernel, each alone over one layer of cfg at `batch` rows, the head kernel
+    (where cfg's head is one it runs: decode_head.head_refusal), then the whole decode
     loop with them (its kernels a token beside XLA's), each compiled for the target within
     `seconds`. What does not compile says why in one line: on an older JAX, the API it
     lacks; past the time limit, where it was."""
@@ -155,15 +157,22 @@ def compile_kernels(cfg, batch, target, devices, seconds=None):
         from sessions.kernels.decode_attention import attention_layer
 
         rope = kernel_step.rope_tables(pos, cfg.head_dim, cfg.rope_base) if cfg.rope else None
-        return attention_layer(layer, cache, x, pending, pos, live, cfg, rope=rope, interpret=False)
+        where = kernel_step.clock(pos, live)
+        return attention_layer(layer, cache, x, pending, where, cfg, rope=rope, interpret=False)
 
     def mlp(layer, x, pending):
         from sessions.kernels.decode_mlp import mlp_layer
 
         return mlp_layer(layer, x, pending, cfg, interpret=False)
 
-    def launches_of_our_half(half, inputs):  # inputs: the half's, after its layer's weights
-        compiled = jax.jit(half).lower(*abstract((w["layers"][0], *inputs))).compile()
+    def head(w, x, pending, held, pos, live):
+        from sessions.kernels.decode_head import head
+
+        where = kernel_step.clock(pos, live)
+        return head(w, x, pending, held, where, cfg, interpret=False)
+
+    def launches_of_ours(program, inputs):
+        compiled = jax.jit(program).lower(*abstract(inputs)).compile()
         launches = kernel_launches(compiled.as_text())  # with XLA's few around it
         ours, n = launches.kinds.get("pallas", 0), launches.per_token
         return f"{ours} Mosaic GPU kernel{'s' * (ours != 1)} of {n} launch{'es' * (n != 1)}"
@@ -175,13 +184,21 @@ def compile_kernels(cfg, batch, target, devices, seconds=None):
         )
         return f"{ours.per_token} kernels a token, XLA's {xla.per_token}"
 
+    layer = w["layers"][0]
+    last = jax.ShapeDtypeStruct((cfg.ff // 64, batch, cfg.embed), "float32")  # an MLP's partials
+    held = jax.ShapeDtypeStruct((batch, cfg.vocab), "float32")
     attempts = {
-        "sessions/kernels/decode_attention.py": lambda: launches_of_our_half(
-            attention, (cache[0], x, pending, pos, live)
+        "sessions/kernels/decode_attention.py": lambda: launches_of_ours(
+            attention, (layer, cache[0], x, pending, pos, live)
         ),
-        "sessions/kernels/decode_mlp.py": lambda: launches_of_our_half(mlp, (x, pending)),
+        "sessions/kernels/decode_mlp.py": lambda: launches_of_ours(mlp, (layer, x, pending)),
+        "sessions/kernels/decode_head.py": lambda: launches_of_ours(
+            head, (w, x, last, held, pos, live)
+        ),
         "the whole decode (kv_cache.decode_steps, our step)": launches_of_the_decode,
     }
+    if head_refusal(cfg) is not None:  # XLA's head, in the whole decode
+        del attempts["sessions/kernels/decode_head.py"]
     results = []
     for what, attempt in attempts.items():
         # The whole decode holds both kernels: where one did not compile, it would not either.
