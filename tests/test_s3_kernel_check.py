@@ -147,9 +147,9 @@ def test_the_launches_line_counts_ours_and_xla_s_compiled_for_the_chip():
 
 
 def test_the_script_compiles_each_kernel_or_says_what_it_lacks(monkeypatch, capsys):
-    """scripts/kernels_across_jax.py: a line a kernel and one for the whole decode; a
-    kernel this JAX cannot build (here the MLP kernel, made to lack an API) is refused
-    in one line, the others still compile."""
+    """scripts/kernels_across_jax.py: a line a kernel (attention, MLP, head) and one for the
+    whole decode; a kernel this JAX cannot build (here the MLP kernel, made to lack an API)
+    is refused in one line, the others still compile."""
     need("gpu")
     from sessions.kernels import decode_mlp
 
@@ -159,7 +159,7 @@ def test_the_script_compiles_each_kernel_or_says_what_it_lacks(monkeypatch, caps
     monkeypatch.setattr(decode_mlp, "mlp_layer", lacking)
     code, out, err = run_script("scripts/kernels_across_jax.py", ["--preset", "cpu"], capsys)
     lines = read_lines(out)
-    assert code == 1 and len(lines) == 4, out + err
+    assert code == 1 and len(lines) == 5, out + err
     assert lines[0].startswith(f"JAX {jax.__version__}, cpu's shapes in bfloat16, batch 1")
     assert "compiled (h100:1" in lines[0]
     assert lines[1].startswith("  sessions/kernels/decode_attention.py: compiled: 1 Mosaic GPU ")
@@ -167,7 +167,8 @@ def test_the_script_compiles_each_kernel_or_says_what_it_lacks(monkeypatch, caps
         "  sessions/kernels/decode_mlp.py: REFUSED: AttributeError: module 'mosaic_gpu' "
         "has no attribute 'load'"
     )
-    assert lines[3].startswith("  the whole decode") and "NOT TRIED" in lines[3]
+    assert lines[3].startswith("  sessions/kernels/decode_head.py: compiled: 1 Mosaic GPU ")
+    assert lines[4].startswith("  the whole decode") and "NOT TRIED" in lines[4]
 
 
 def test_a_compile_that_does_not_answer_is_given_up_and_said_so(monkeypatch):
