@@ -7,6 +7,7 @@ another test file.
 """
 
 import contextlib
+import dataclasses
 import io
 import math
 import os
@@ -21,6 +22,7 @@ from jax.ad_checkpoint import print_saved_residuals
 
 from roofline.plan.targets import EXTRAS, missing_extras
 from scripts.harness import simulated_cpu_flags
+from sessions.model.config import PRESETS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
@@ -33,6 +35,10 @@ PYTHON = sys.executable
 # compiles for a mesh is read back from the suite's compile cache (tests/conftest.py)
 # by the others, whichever file runs first.
 TINY_STEPS = 4
+# The decode kernels' two test shapes: GPT-2's on bytes in bf16, and session 3's 1.2B
+# (s3_infer.py --embed 2048 --ff 8192 --heads 16 --head-dim 128 --layers 24, docs/h100-run).
+GPT2_BF16 = dataclasses.replace(PRESETS["gpt2-bytes"].model, dtype="bfloat16")
+BIG = dataclasses.replace(GPT2_BF16, embed=2048, ff=8192, heads=16, head_dim=128, layers=24)
 
 
 def subprocess_env(devices=1):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import BIG
+from helpers import GPT2_BF16 as GPT2
 
 from roofline.decode_cost import decode_step_cost
 from roofline.hardware import CHIPS
@@ -22,8 +24,7 @@ H100, V5P = CHIPS["h100"], CHIPS["tpu-v5p"]
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BF16 = {"dtype": "bfloat16"}
 COURSE = dataclasses.replace(PRESETS["course"].model, **BF16)
-GPT2 = dataclasses.replace(PRESETS["gpt2-bytes"].model, **BF16)
-BIG = dataclasses.replace(GPT2, layers=24, embed=2048, ff=8192, heads=16, head_dim=128)
+
 # Kernels a token, compiled for h100:1 (JAX 0.10.2), by batch.
 KERNELS = {
     "course": {1: 60, 4: 73, 16: 72, 64: 84},

@@ -2,19 +2,15 @@
 to the grid and rings the kernels are actually called with: each kernel traced (shapes only,
 nothing compiled) with plgpu.SMEM, plgpu.Mesh and mosaic.kernel watched."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import BIG
+from helpers import GPT2_BF16 as GPT2
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from sessions.inference import kernel_step
 from sessions.kernels import decode_attention, decode_grid, decode_head, decode_mlp, mosaic
-from sessions.model.config import PRESETS
-
-GPT2 = dataclasses.replace(PRESETS["gpt2-bytes"].model, dtype="bfloat16")
-BIG = dataclasses.replace(GPT2, embed=2048, ff=8192, heads=16, head_dim=128, layers=24)  # s3's 1.2B
 
 
 def watched(monkeypatch):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import need, run_script, s3_in_process
+from helpers import BIG, need, run_script, s3_in_process
 
 from sessions.errors import UsageError
 from sessions.inference import kernel_step, kv_cache
@@ -420,19 +420,6 @@ def test_the_planner_counts_our_step_s_kernels_as_compiled():
     from roofline.launch_bound import OUR_KERNELS_OUTSIDE, estimated_kernels
 
     assert OUR_KERNELS_OUTSIDE == REST and estimated_kernels(12, 2) == 2 * 12 + REST == 29
-
-
-# Session 3's 1.2B shape (GPT-2's preset with --embed 2048 --ff 8192 --heads 16 --head-dim 128
-# --layers 24, docs/h100-run): E 2048, its tokens [8, E] in SMEM in both kernels.
-BIG = dataclasses.replace(
-    PRESETS["gpt2-bytes"].model,
-    embed=2048,
-    ff=8192,
-    heads=16,
-    head_dim=128,
-    layers=24,
-    dtype="bfloat16",
-)
 
 
 def compiled_decode(cfg, layers):
