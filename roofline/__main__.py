@@ -5,11 +5,13 @@
     python -m roofline predict --preset gpt2 --batch 32 --chip h100
     python -m roofline predict --preset llama2-7b --chip a100 --chips 2048 --tokens 2e12 --mfu 0.4
     python -m roofline decode --preset llama3-8b --chip h100 --batches 1,8,64 --context 8192
+    python -m roofline serve --preset llama3-70b --chip tpu-v5e --chips 8 --weights int8 \
+        --cache int8 --prompt 8192 --output 512 --slo mlperf-llama2-70b --rate 10
     python -m roofline compare runs/profile_s2                # a trace, read back
     python -m roofline memory --preset llama3-8b --chip h100 --chips 8 --batch-tokens 1048576 \
         --remat block --weights bfloat16 --master --shard params      # what fills HBM
 
-A preset of predict, decode and memory is a published model (sessions/model/config.py
+A preset of predict, decode, serve and memory is a published model (sessions/model/config.py
 PUBLISHED: its own config.json; `gpt2` is GPT-2's 124M with its 50,257 tokens) or a course
 preset (PRESETS: our bytes, V=256; `gpt2-bytes` is GPT-2's shapes on them); the first line
 says which.
@@ -34,6 +36,8 @@ from roofline.measured.record import HLO, comparison_summary, load_hlo, load_met
 from roofline.measured.table import report_lines
 from roofline.measured.trace import read_trace
 from roofline.plan import memory_report
+from roofline.plan.serve_plan import SLO_PRESETS, plan_serve
+from roofline.plan.serve_report import serve_lines, serve_summary
 from roofline.plan.serving import plan_serving, splits_heads
 from roofline.plan.serving_report import serving_lines, serving_summary
 from roofline.plan.training_memory import Recipe, plan_memory
@@ -113,27 +117,48 @@ def predict_lines(args):
     return lines, summary
 
 
-def serving_plan_lines(args):
-    """decode's lines and its --summary-out numbers (roofline/plan/serving.py)."""
-    if args.chip == "local":
-        raise UsageError("decode plans a chip of the table (python -m roofline chips)")
-    chip = table_chip(args.chip)
-    model = PUBLISHED[args.preset].model if args.preset in PUBLISHED else PRESETS[args.preset].model
+def context_of(args, model):
+    """--context, or the model's own; past a learned position table's rows, bad input."""
     context = args.context or model.seq
     if context > model.seq and model.learned_positions:  # a table of model.seq rows ends there
         raise UsageError(
             f"--context {context:,}: {args.preset}'s learned position table has {model.seq:,} rows"
         )
-    prompt = args.prompt or min(1024, context)
-    if prompt > context:
-        raise UsageError(f"--prompt {prompt:,}: longer than the context, {context:,} positions")
-    cfg = dataclasses.replace(model, dtype=args.dtype, kv_heads=args.kv_heads or model.kv_heads)
+    return context
+
+
+def what_if(lines, context, model):
+    """A context past the published one: said on the second line (a rotary model's)."""
+    if context > model.seq:  # rotary positions: no table to outgrow, but never trained there
+        lines.insert(
+            1,
+            f"what-if: {context:,} positions, past the {model.seq:,} it was published "
+            "with; rotary positions have no table to outgrow, the weights never saw them",
+        )
+
+
+def check_heads_split(args, cfg):
+    """--chips that split the query heads and the key/value heads evenly, or bad input."""
     if (n := args.chips) > 1 and not splits_heads(cfg, n):
         counts = ", ".join(str(m) for m in range(1, cfg.heads + 1) if splits_heads(cfg, m))
         raise UsageError(
             f"--chips {n}: tensor parallelism splits the {cfg.heads} query heads and the "
             f"{cfg.n_kv_heads} key/value heads evenly (try {counts})"
         )
+
+
+def serving_plan_lines(args):
+    """decode's lines and its --summary-out numbers (roofline/plan/serving.py)."""
+    if args.chip == "local":
+        raise UsageError("decode plans a chip of the table (python -m roofline chips)")
+    chip = table_chip(args.chip)
+    model = PUBLISHED[args.preset].model if args.preset in PUBLISHED else PRESETS[args.preset].model
+    context = context_of(args, model)
+    prompt = args.prompt or min(1024, context)
+    if prompt > context:
+        raise UsageError(f"--prompt {prompt:,}: longer than the context, {context:,} positions")
+    cfg = dataclasses.replace(model, dtype=args.dtype, kv_heads=args.kv_heads or model.kv_heads)
+    check_heads_split(args, cfg)
     levers = {k: getattr(args, k) for k in ("batches", "chips", "weights", "cache")}
     levers["kernels_per_layer"] = args.kernels_per_layer
     plan = plan_serving(cfg, chip, context=context, prompt=prompt, **levers)
@@ -141,14 +166,37 @@ def serving_plan_lines(args):
     source = PUBLISHED[args.preset].source if args.preset in PUBLISHED else course
     heading = f"decode: {preset_source(args.preset)}"
     lines = serving_lines(plan, heading)
-    if context > model.seq:  # rotary positions: no table to outgrow, but never trained there
-        lines.insert(
-            1,
-            f"what-if: {context:,} positions, past the {model.seq:,} it was published "
-            "with; rotary positions have no table to outgrow, the weights never saw them",
-        )
+    what_if(lines, context, model)
     summary = serving_summary(plan, preset=args.preset, source=source)
     return lines, summary | {"published_context": model.seq}
+
+
+def serve_plan_lines(args):
+    """serve's lines and its --summary-out numbers (roofline/plan/serve_plan.py)."""
+    if args.chip == "local":
+        raise UsageError("serve plans a chip of the table (python -m roofline chips)")
+    chip = table_chip(args.chip)
+    published = args.preset in PUBLISHED
+    model = PUBLISHED[args.preset].model if published else PRESETS[args.preset].model
+    context = context_of(args, model)
+    if args.prefill_mfu > 1:
+        raise UsageError(f"--prefill-mfu {args.prefill_mfu:g}: a fraction in (0, 1] (40% is 0.4)")
+    cfg = dataclasses.replace(model, dtype=args.dtype, seq=context)
+    check_heads_split(args, cfg)
+    ttft, tpot = SLO_PRESETS.get(args.slo, (None, None))  # a preset; either flag overrides it
+    levers = {k: getattr(args, k) for k in ("chips", "weights", "cache", "batch", "prefill_mfu")}
+    levers |= {"rate": args.rate, "page_size": args.page_size}
+    try:
+        plan = plan_serve(
+            cfg, chip, prompt=args.prompt, output=args.output,
+            slo_ttft=args.slo_ttft or ttft, slo_tpot=args.slo_tpot or tpot, **levers,
+        )  # fmt: skip
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    lines = serve_lines(plan, f"serve: {preset_source(args.preset)}")
+    what_if(lines, context, model)
+    source = PUBLISHED[args.preset].source if published else "sessions/model/config.py"
+    return lines, serve_summary(plan, preset=args.preset, source=source, slo=args.slo)
 
 
 def memory_plan_lines(args):
@@ -217,6 +265,8 @@ def main(argv=None):
             lines, summary = predict_lines(args)
         elif args.command == "decode":
             lines, summary = serving_plan_lines(args)
+        elif args.command == "serve":
+            lines, summary = serve_plan_lines(args)
         elif args.command == "memory":
             lines, summary = memory_plan_lines(args)
         else:

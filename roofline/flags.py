@@ -5,6 +5,7 @@ With roofline/__main__.py, the only modules of roofline/ that import from sessio
 import argparse
 
 from roofline.hardware import CHIPS
+from roofline.plan.serve_plan import BOOK_MFU, PAGE_SIZE, SLO_PRESETS
 from roofline.plan.training_memory import DTYPE_BYTES, SHARDS
 from sessions.errors import course_preset
 from sessions.model.attention import IMPLEMENTATIONS
@@ -71,6 +72,12 @@ def parse_args(argv, description):
         help="the compute dtype: the matmuls' peak, and every byte that is not int8",
     )
     dec.add_argument("--summary-out", type=output_file, help="write the plan as JSON")
+
+    add_serve_flags(
+        commands.add_parser(
+            "serve", help="a model served within TTFT/TPOT targets: batch, pages, rates, chips"
+        )
+    )
 
     mem = commands.add_parser("memory", help="a training step's bytes a chip, and its levers")
     add_model_flags(mem, published=True)
@@ -146,3 +153,30 @@ def add_memory_flags(parser):
     parser.add_argument("--shard", choices=SHARDS, default="none", help="ZeRO's stages 0 to 3")
     parser.add_argument("--accum", type=positive_int, default=1, help="microbatches a step")
     parser.add_argument("--scan-layers", action="store_true", help="their weights stacked")
+
+
+def add_serve_flags(parser):
+    """python -m roofline serve's flags: the model, its chips, the requests, the targets."""
+    parser.add_argument(
+        "--preset", required=True, choices=sorted({*PUBLISHED, *PRESETS}), help=PRESET_HELP
+    )
+    parser.add_argument("--chip", required=True, help=CHIP_HELP)
+    parser.add_argument("--chips", type=positive_int, default=1, metavar="N", help="TP over N")
+    parser.add_argument("--weights", choices=["int8"], help="int8: 1 byte + a scale per channel")
+    parser.add_argument("--cache", choices=["int8"], help="int8: 1 byte + a scale per token, head")
+    parser.add_argument("--prompt", type=positive_int, required=True, help="P, prompt tokens")
+    parser.add_argument("--output", type=positive_int, required=True, help="G, output tokens")
+    parser.add_argument("--context", type=positive_int, help="T a sequence may hold (preset's)")
+    parser.add_argument("--batch", type=positive_int, help="B slots (default: the most that fit)")
+    parser.add_argument(
+        "--prefill-mfu", type=positive_float, default=BOOK_MFU, help="default 0.4, the book's"
+    )
+    parser.add_argument("--slo", choices=sorted(SLO_PRESETS), help="MLPerf's server limits")
+    parser.add_argument("--slo-ttft", type=positive_float, help="seconds to the first token")
+    parser.add_argument("--slo-tpot", type=positive_float, help="seconds per output token")
+    parser.add_argument("--rate", type=positive_float, help="requests/s to serve: fewest chips")
+    parser.add_argument("--page-size", type=positive_int, default=PAGE_SIZE, help="default 16")
+    parser.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="compute dtype"
+    )
+    parser.add_argument("--summary-out", type=output_file, help="write the plan as JSON")

@@ -73,6 +73,9 @@ EMBED_GRAD = "tests/test_embedding_gradient.py"
 HLO_READING = "tests/test_hlo_reading.py"
 LAYERS = "tests/test_layers.py"
 PLANNER = "tests/test_planner.py"
+NAPKIN = "tests/test_serving_napkin.py"
+BATCHING = "roofline/plan/batching.py"
+SERVE_PLAN = "roofline/plan/serve_plan.py"
 ESTIMATE = "roofline/plan/decode_estimate.py"
 ESTIMATE_TEST = "tests/test_decode_estimate.py"
 WITHIN_25 = "test_the_estimate_is_within_25_percent_of_every_h100_step_and_the_floor_under"
@@ -2239,6 +2242,119 @@ MUTANTS = [
         "sessions/inference/kernel_step.py",
         (("[(head, head_bytes_in_flight(cfg))]", "[(head, 10**9)]"),),
         (f"{ESTIMATE_TEST}::test_our_kernels_bytes_stream_at_what_their_grids_keep_in_flight",),
+    ),
+    Mutant(
+        "expected-max-off-by-one",
+        "uniform E[max]'s CDF one value behind: F(k) = (k - low)/n",
+        BATCHING,
+        (("1 - ((k - low + 1) / n) ** batch", "1 - ((k - low) / n) ** batch"),),
+        (f"{NAPKIN}::test_expected_max_of_uniform_on_one_to_three_at_batch_two_by_enumeration",),
+    ),
+    Mutant(
+        "expected-max-pmf-cdf-stale",
+        "a pmf's E[max] weighting each value by F(v)^B alone, not F(v)^B - F(v-)^B",
+        BATCHING,
+        (("total += v * (at_most - below)", "total += v * at_most"),),
+        (f"{NAPKIN}::test_expected_max_of_a_weighted_pmf_by_enumeration",),
+    ),
+    Mutant(
+        "exponential-ratio-h-b-minus-1",
+        "exponential lengths' continuous/static ratio as H_(B-1), not H_B",
+        BATCHING,
+        (("    return harmonic(batch)", "    return harmonic(batch - 1)"),),
+        (
+            f"{NAPKIN}::test_continuous_over_static_at_eight_slots_matches_the_issue_s_figures",
+            f"{NAPKIN}::test_exponential_ratio_is_the_mean_of_the_max_of_draws",
+        ),
+    ),
+    Mutant(
+        "kv-freed-without-the-prompt",
+        "KV tokens freed a step as B·P/G, not B·(P + G)/G",
+        BATCHING,
+        (("batch * (prompt + output) / output", "batch * prompt / output"),),
+        (
+            f"{NAPKIN}::test_the_book_s_kv_tokens_freed_and_prefill_to_generate",
+            f"{NAPKIN}::test_the_book_s_llama3_70b_on_v5e_as_a_subprocess",
+        ),
+    ),
+    Mutant(
+        "knee-prefill-stalls-one-slot",
+        "the knee with prefill stalling only its own slot: B / (G·step + prefill)",
+        BATCHING,
+        (
+            (
+                "slots / (mean_output * step_s + slots * prefill_s)",
+                "slots / (mean_output * step_s + prefill_s)",
+            ),
+        ),
+        (f"{NAPKIN}::test_little_s_law_and_the_knee", f"{NAPKIN}::test_fewest_chips_for_a_rate"),
+    ),
+    Mutant(
+        "paged-gather-read-once",
+        "the paged step's gather counted as free: W + B·C, as contiguous",
+        BATCHING,
+        (("paged = step.weight_bytes + 3 * step.cache_bytes", "paged = step.bytes"),),
+        (f"{NAPKIN}::test_the_paged_step_reads_the_cache_three_times",),
+    ),
+    Mutant(
+        "pages-rounded-down",
+        "a sequence's pages as tokens // N: its last, partial page not counted",
+        BATCHING,
+        (("return -(-tokens // page_size)", "return tokens // page_size"),),
+        (f"{NAPKIN}::test_pages_paged_against_reserved",),
+    ),
+    Mutant(
+        "int8-kv-scales-forgotten",
+        "the int8 cache's bytes a token without its float32 scales: 163,840, not 168,960",
+        SERVE_PLAN,
+        (
+            (
+                "per_token = decode_cost.kv_cache_bytes(one_token, 1, cache=cache)",
+                "per_token = decode_cost.kv_cache_bytes(one_token, 1, cache=None)"
+                " // (2 if cache else 1)",
+            ),
+        ),
+        (f"{NAPKIN}::test_the_book_s_llama3_70b_on_v5e_as_a_subprocess",),
+    ),
+    Mutant(
+        "int8-kv-values-with-scales",
+        "the cache's values a token counted with the scales added: 168,960, not 163,840",
+        SERVE_PLAN,
+        (
+            (
+                "values = 2 * cfg.layers * cfg.n_kv_heads * cfg.head_dim\n",
+                "values = 2 * cfg.layers * cfg.n_kv_heads * (cfg.head_dim + 4)\n",
+            ),
+        ),
+        (f"{NAPKIN}::test_the_book_s_llama3_70b_on_v5e_as_a_subprocess",),
+    ),
+    Mutant(
+        "prefill-mfu-ignored",
+        "prefill at the chips' whole peak, --prefill-mfu ignored",
+        SERVE_PLAN,
+        (("flops / (chips * peak * prefill_mfu)", "flops / (chips * peak)"),),
+        (f"{NAPKIN}::test_the_book_s_prefill_on_sixteen_chips_at_forty_percent",),
+    ),
+    Mutant(
+        "serve-batch-past-the-tpot",
+        "without --batch, the largest that fits whatever the TPOT target",
+        SERVE_PLAN,
+        (("tpot is None or step <= tpot", "True"),),
+        (f"{NAPKIN}::test_mlperf_slos_pick_the_largest_batch_that_meets_them",),
+    ),
+    Mutant(
+        "serve-past-the-context",
+        "a prompt and output past the context planned, exit 0",
+        SERVE_PLAN,
+        (("if prompt + output > cfg.seq:", "if False:"),),
+        (f"{NAPKIN}::test_bad_input_is_one_line_and_exit_2",),
+    ),
+    Mutant(
+        "serve-slo-presets-swapped",
+        "MLPerf's llama3.1-8b TPOT given as llama2-70b's 200 ms",
+        SERVE_PLAN,
+        (('"mlperf-llama3.1-8b": (2.0, 0.100)', '"mlperf-llama3.1-8b": (2.0, 0.200)'),),
+        (f"{NAPKIN}::test_mlperf_slos_pick_the_largest_batch_that_meets_them",),
     ),
 ]
 
