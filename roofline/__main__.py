@@ -6,7 +6,7 @@
     python -m roofline predict --preset llama2-7b --chip a100 --chips 2048 --tokens 2e12 --mfu 0.4
     python -m roofline decode --preset llama3-8b --chip h100 --batches 1,8,64 --context 8192
     python -m roofline serve --preset llama3-70b --chip tpu-v5e --chips 8 --weights int8 \
-        --cache int8 --prompt 8192 --output 512 --slo mlperf-llama2-70b --rate 10
+        --cache int8 --prompt 2048 --output 512 --slo mlperf-llama2-70b --rate 10
     python -m roofline compare runs/profile_s2                # a trace, read back
     python -m roofline memory --preset llama3-8b --chip h100 --chips 8 --batch-tokens 1048576 \
         --remat block --weights bfloat16 --master --shard params      # what fills HBM
@@ -193,7 +193,7 @@ def serve_plan_lines(args):
         )  # fmt: skip
     except ValueError as e:
         raise UsageError(str(e)) from None
-    lines = serve_lines(plan, f"serve: {preset_source(args.preset)}")
+    lines = serve_lines(plan, f"serve: {preset_source(args.preset)}", args.slo)
     what_if(lines, context, model)
     source = PUBLISHED[args.preset].source if published else "sessions/model/config.py"
     return lines, serve_summary(plan, preset=args.preset, source=source, slo=args.slo)

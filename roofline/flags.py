@@ -171,7 +171,9 @@ def add_serve_flags(parser):
     parser.add_argument(
         "--prefill-mfu", type=positive_float, default=BOOK_MFU, help="default 0.4, the book's"
     )
-    parser.add_argument("--slo", choices=sorted(SLO_PRESETS), help="MLPerf's server limits")
+    parser.add_argument(
+        "--slo", choices=sorted(SLO_PRESETS), help="MLPerf's Server limits (loadgen/mlperf.conf)"
+    )
     parser.add_argument("--slo-ttft", type=positive_float, help="seconds to the first token")
     parser.add_argument("--slo-tpot", type=positive_float, help="seconds per output token")
     parser.add_argument("--rate", type=positive_float, help="requests/s to serve: fewest chips")

@@ -2268,6 +2268,13 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "static-prefill-counted-once",
+        "the ratio with prefill: a static batch charged one prefill, not B",
+        BATCHING,
+        (("return (batch * prefill_s + most * step_s)", "return (prefill_s + most * step_s)"),),
+        (f"{NAPKIN}::test_prefill_that_is_not_free_shrinks_the_ratio",),
+    ),
+    Mutant(
         "kv-freed-without-the-prompt",
         "KV tokens freed a step as B·P/G, not B·(P + G)/G",
         BATCHING,

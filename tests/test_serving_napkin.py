@@ -40,6 +40,15 @@ def test_expected_max_of_a_weighted_pmf_by_enumeration():
     assert batching.continuous_over_static(3, [2, 2, 10, 2]) == pytest.approx(1.65625)
 
 
+def test_prefill_that_is_not_free_shrinks_the_ratio():
+    """Lengths {1, 3} equally, B = 2: E[max] = 1·1/4 + 3·3/4 = 2.5, E[G] = 2. Steps of 10 ms,
+    prefill 20 ms: static spends 2·20 + 2.5·10 = 65 ms a batch for 4 tokens, continuous
+    20 + 2·10/2 = 30 ms a request for 2: 65/60 = 1.0833, against 1.25 with prefill free."""
+    ratio = batching.continuous_over_static_with_prefill(2, 0.010, 0.020, [1, 3])
+    assert ratio == pytest.approx(65 / 60)
+    assert batching.continuous_over_static_with_prefill(2, 0.010, 0.0, [1, 3]) == 1.25
+
+
 def test_continuous_over_static_at_eight_slots_matches_the_issue_s_figures():
     """Uniform on [1, N], large N: 2B/(B+1) = 16/9 = 1.78; on [N/2, N]: (1/2 + 4/9)/(3/4) =
     68/54 = 1.26; exponential: H_8 = 1 + 1/2 + ... + 1/8 = 761/280 = 2.718."""

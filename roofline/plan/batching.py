@@ -101,6 +101,21 @@ def continuous_over_static_exponential(batch):
     return harmonic(batch)
 
 
+def continuous_over_static_with_prefill(batch, step_s, prefill_s, lengths, weights=None):
+    """The same ratio with prefill no longer free: each admission stalls the device for
+    prefill_s (one prompt at a time, between steps). Static spends B·prefill + E[max]·step
+    on a batch's B·E[G] tokens; continuous spends prefill + E[G]·step/B on each request's
+    E[G]. Their ratio of tokens a second:
+
+        (B·prefill + E[max]·step) / (B·prefill + E[G]·step)     -> E[max]/E[G] at prefill 0
+
+    How far a measurement falls short of E[max]/E[G] for this reason alone."""
+    values, probs = _pmf(lengths, weights)
+    mean = sum(v * p for v, p in zip(values, probs))
+    most = expected_max(batch, values, probs)
+    return (batch * prefill_s + most * step_s) / (batch * prefill_s + mean * step_s)
+
+
 def littles_law_in_flight(rate, mean_latency_s):
     """Little's law: requests in the system = rate (requests/s) x mean latency (s)."""
     return rate * mean_latency_s

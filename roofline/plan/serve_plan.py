@@ -31,9 +31,10 @@ from roofline.flops import matmul_params
 from roofline.plan import batching
 from roofline.plan.serving import plan_serving
 
-# MLPerf Inference's server scenario latency limits, p99 (MLCommons, inference_policies
-# inference_rules.adoc, "Benchmarks and latency constraints" for LLM Server).
-MLPERF_RULES = "https://github.com/mlcommons/inference_policies/blob/master/inference_rules.adoc"
+# MLPerf Inference's Server scenario limits, p99 (*.Server.target_latency_percentile = 99),
+# in ms in mlcommons/inference loadgen/mlperf.conf: "llama2-70b.Server.ttft_latency = 2000",
+# "tpot_latency = 200"; "llama3_1-8b.Server.ttft_latency = 2000", "tpot_latency = 100".
+MLPERF_SOURCE = "https://github.com/mlcommons/inference/blob/master/loadgen/mlperf.conf"
 SLO_PRESETS = {
     "mlperf-llama2-70b": (2.0, 0.200),  # TTFT 2 s, TPOT 200 ms
     "mlperf-llama3.1-8b": (2.0, 0.100),  # TTFT 2 s, TPOT 100 ms

@@ -2,15 +2,21 @@
 its units, and as JSON (--summary-out; bytes, seconds and counts): python -m roofline serve."""
 
 from roofline.flops import model_line
-from roofline.units import capacity, gb, ms
+from roofline.plan.serve_plan import MLPERF_SOURCE
+from roofline.units import capacity, flop, gb, ms
+
+
+def tflop(x):
+    return f"{x / 1e12:,.1f} TFLOP" if x >= 1e12 else flop(x)
 
 
 def rate_text(r):
     return f"{r:,.2f}" if r < 100 else f"{r:,.0f}"
 
 
-def serve_lines(plan, heading):
-    """The plan as text, its first line `heading` (which model, from where)."""
+def serve_lines(plan, heading, slo=None):
+    """The plan as text, its first line `heading` (which model, from where); `slo` the
+    name of the SLO preset its targets come from, if one."""
     cfg, chip, n, B, P, G = plan.cfg, plan.chip, plan.chips, plan.batch, plan.prompt, plan.output
     dtype = cfg.dtype
     weights, cache = plan.weights or dtype, plan.cache or dtype
@@ -49,23 +55,26 @@ def serve_lines(plan, heading):
         f"predicted decode step: {ms(plan.decode_step_s)} at B = {B:,} with P = {P:,} cached "
         f"positions ({plan.decode_bound}-bound floor of roofline decode: no step is faster)",
         f"predicted prefill: {ms(plan.prefill_s)} for one prompt of {P:,} tokens at "
-        f"{plan.prefill_mfu:.0%} MFU ({plan.prefill_flops / 1e12:,.1f} TFLOP, 2 a matmul weight "
+        f"{plan.prefill_mfu:.0%} MFU ({tflop(plan.prefill_flops)}, 2 a matmul weight "
         f"a token; attention's causal scores would add {ms(plan.prefill_attention_s)})",
         f"predicted time to first token: {ms(plan.prefill_s)} (one prompt's prefill, no "
         "queueing); time per output token: the decode step, "
         f"{ms(plan.tpot_colocated_s)} where prefills share the chips (+ B·prefill/G)",
         f"predicted decode throughput: {B / plan.decode_step_s:,.0f} tokens/s, "
         f"{plan.tokens_per_s_per_chip:,.0f} tokens/s per chip",
-        f"predicted requests/s a replica of {n} chips: "
+        f"predicted requests/s a replica of {n} chip{'s' if n > 1 else ''}: "
         f"{rate_text(plan.requests_per_s_per_replica)} (B / (G·step + B·prefill), prefill on "
         f"the same chips); {rate_text(plan.generate_requests_per_s)} generating alone "
         "(B / (G·step))",
         f"predicted KV tokens freed a step: B·(P + G)/G = {plan.kv_tokens_freed_per_step:,.1f}",
-        f"predicted prefill servers per generate server (disaggregated, {n} chips each): "
+        f"predicted prefill servers per generate server (disaggregated, {n} chip"
+        f"{'s' if n > 1 else ''} each): "
         f"prefill·B / (G·step) = {plan.prefill_to_generate:,.2f}",
     ]
     if plan.slo_ttft_s is not None or plan.slo_tpot_s is not None:
         lines.append(slo_line(plan))
+        if slo:
+            lines.append(f"SLO preset {slo}: MLPerf's Server limits ({MLPERF_SOURCE})")
     if plan.rate is not None:
         lines.append(
             f"predicted fewest chips for {plan.rate:g} requests/s: {min_chips(plan):,} "
@@ -89,7 +98,8 @@ def slo_line(plan):
         ok = plan.decode_step_s <= plan.slo_tpot_s
         parts.append(f"TPOT {ms(plan.decode_step_s)} {'<=' if ok else '>'} {ms(plan.slo_tpot_s)}")
     verdict = "meets" if plan.meets_slos else "misses"
-    return f"predicted SLOs: {verdict} them: {'; '.join(parts)}"
+    targets = "p99 targets, against the napkin's one request"
+    return f"predicted SLOs: {verdict} them: {'; '.join(parts)} ({targets})"
 
 
 def min_chips(plan):
