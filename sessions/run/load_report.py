@@ -57,7 +57,7 @@ def latency_throughput_chart(runs, path, title="latency against throughput"):
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
     policies = list(dict.fromkeys(r["policy"] for r in runs))
     for colour, policy in enumerate(policies):
         own = sorted(
@@ -87,7 +87,7 @@ def latency_throughput_chart(runs, path, title="latency against throughput"):
             ax.set_yscale("log")  # latencies span decades from below the knee to past it
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    axes[0].set_title(f"{title}: TTFT (points: requests/s)", fontsize=9)
+    axes[0].set_title(f"{title}: TTFT (labels: the rate offered, requests/s)", fontsize=9)
     axes[1].set_title("TPOT", fontsize=9)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=100, bbox_inches="tight")
