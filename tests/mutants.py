@@ -83,6 +83,11 @@ FAMILY = "tests/test_model_family.py"
 KERNEL_CHECK = "tests/test_s3_kernel_check.py"
 ONCE_TEST = f"{KERNEL_CHECK}::test_interpreted_kernels_decode_once_beside_xla_s_and_their_tokens_are_the_sample"
 SAMPLE_TEST = f"{KERNEL_CHECK}::test_the_sample_comes_from_the_decode_asked_for_where_it_is_timed"
+LOAD = "tests/test_serve_load.py"
+LOAD_HAND = f"{LOAD}::test_latencies_throughput_and_goodput_by_hand"
+WORKLOAD = "sessions/serve/workload.py"
+REPLAY = "sessions/serve/replay.py"
+LATENCY = "sessions/serve/latency.py"
 
 MUTANTS = [
     Mutant(
@@ -2362,6 +2367,153 @@ MUTANTS = [
         SERVE_PLAN,
         (('"mlperf-llama3.1-8b": (2.0, 0.100)', '"mlperf-llama3.1-8b": (2.0, 0.200)'),),
         (f"{NAPKIN}::test_mlperf_slos_pick_the_largest_batch_that_meets_them",),
+    ),
+    Mutant(
+        "serve-ttft-from-admission",
+        "TTFT from when the engine was handed the request, not from its arrival: no queueing",
+        LATENCY,
+        (
+            (
+                '[0] - r["arrival_s"] for r in done])',
+                '[0] - r.get("added_s", r["arrival_s"]) for r in done])',
+            ),
+        ),
+        (LOAD_HAND,),
+    ),
+    Mutant(
+        "serve-tpot-over-output",
+        "TPOT divides the time after the first token by the output, not output - 1",
+        LATENCY,
+        (("(e2e - ttft) / np.maximum(outputs - 1, 1)", "(e2e - ttft) / outputs"),),
+        (LOAD_HAND,),
+    ),
+    Mutant(
+        "serve-p99-is-max",
+        "p99 taken as the largest sample, not numpy's linear percentile",
+        LATENCY,
+        (
+            (
+                "float(np.percentile(values, q))",
+                "float(values.max() if q == 99 else np.percentile(values, q))",
+            ),
+        ),
+        (f"{LOAD}::test_percentiles_are_numpy_s_linear_by_hand", LOAD_HAND),
+    ),
+    Mutant(
+        "serve-rate-as-interval",
+        "the rate used as the mean gap between arrivals",
+        WORKLOAD,
+        (("scale=1.0 / (rate * burstiness)", "scale=rate / burstiness"),),
+        (f"{LOAD}::test_gamma_gaps_have_mean_one_over_rate_and_cv_one_over_root_burstiness",),
+    ),
+    Mutant(
+        "serve-gamma-swapped",
+        "the gamma's shape and scale swapped: the same mean gap, the wrong burstiness",
+        WORKLOAD,
+        (
+            (
+                "shape=burstiness, scale=1.0 / (rate * burstiness)",
+                "shape=1.0 / (rate * burstiness), scale=burstiness",
+            ),
+        ),
+        (f"{LOAD}::test_gamma_gaps_have_mean_one_over_rate_and_cv_one_over_root_burstiness",),
+    ),
+    Mutant(
+        "serve-fit-off-by-one",
+        "a stream whose longest request is a token past the context let through",
+        WORKLOAD,
+        (
+            (
+                "if prompt_most + output_room > context or",
+                "if prompt_most + output_room > context + 1 or",
+            ),
+        ),
+        (f"{LOAD}::test_lengths_must_fit_the_context_exactly",),
+    ),
+    Mutant(
+        "serve-exponential-unclipped",
+        "exponential lengths not clipped to what the context leaves",
+        WORKLOAD,
+        (("return np.clip(drawn, 1, cap)", "return np.maximum(drawn, 1)"),),
+        (f"{LOAD}::test_each_dist_samples_within_its_range",),
+    ),
+    Mutant(
+        "serve-added-early",
+        "every request handed to the engine at once, before its arrival",
+        REPLAY,
+        (
+            (
+                "while nxt < len(pending) and pending[nxt].arrival_s <= now:",
+                "while nxt < len(pending):",
+            ),
+        ),
+        (f"{LOAD}::test_a_request_is_added_at_its_arrival_never_before",),
+    ),
+    Mutant(
+        "serve-in-flight-running-only",
+        "requests in flight counted as the running ones only, the queued left out",
+        REPLAY,
+        (('"in_flight": in_flight,', '"in_flight": stats["running"],'),),
+        (
+            f"{LOAD}::test_queued_requests_count_in_flight_ttft_and_little_s_law_by_hand",
+            f"{LOAD}::test_little_s_law_holds_exactly_on_a_deterministic_fake",
+        ),
+    ),
+    Mutant(
+        "serve-host-gap-dropped",
+        "the host's gap between steps left out of host_s: only the engine's own counted",
+        REPLAY,
+        (
+            (
+                '"host_s": host_gap + stats.get("host_s", 0.0),',
+                '"host_s": stats.get("host_s", 0.0),',
+            ),
+        ),
+        (
+            f"{LOAD}::test_host_time_between_steps_is_measured_and_preemptions_counted_from_the_start",
+        ),
+    ),
+    Mutant(
+        "serve-preemptions-cumulative",
+        "the engine's preemptions since it was built reported as this run's",
+        REPLAY,
+        (
+            (
+                'preemptions = engine.stats()["preemptions"] - preemptions_before',
+                'preemptions = engine.stats()["preemptions"]',
+            ),
+        ),
+        (
+            f"{LOAD}::test_host_time_between_steps_is_measured_and_preemptions_counted_from_the_start",
+        ),
+    ),
+    Mutant(
+        "serve-kv-over-pool",
+        "KV utilisation over the whole pool, not the pages in use",
+        REPLAY,
+        (("held / (used * page_size)", 'held / (stats["pages_total"] * page_size)'),),
+        (f"{LOAD}::test_kv_utilisation_paged_and_reserved_by_hand",),
+    ),
+    Mutant(
+        "serve-tokens-returned",
+        "tokens a step counted as the tokens it returned: prefill's work left out",
+        REPLAY,
+        (('"tokens": stats.get("tokens_this_step", tokens_out),', '"tokens": tokens_out,'),),
+        (f"{LOAD}::test_tokens_a_step_come_from_the_engine_continuous_against_static",),
+    ),
+    Mutant(
+        "serve-duration-from-first-token",
+        "the run's duration from the first token, not the first arrival: throughput inflated",
+        LATENCY,
+        (('min(r["arrival_s"] for r in records)', 'min(r["token_times_s"][0] for r in served)'),),
+        (LOAD_HAND,),
+    ),
+    Mutant(
+        "serve-goodput-ttft-only",
+        "goodput that checks the TTFT SLO and forgets the TPOT one",
+        LATENCY,
+        (('ok &= latencies["tpot"] <= slo_tpot', "pass"),),
+        (LOAD_HAND,),
     ),
 ]
 
