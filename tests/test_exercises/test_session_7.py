@@ -250,12 +250,13 @@ def test_a_pool_for_one_request_serves_three_in_turn():
 
 @pytest.mark.exercise("bug_page_leak.serve")
 def test_two_rows_serve_a_mix_by_hand():
-    """Two rows, pages of 2, a pool of 6 (each row's 5 tokens at most, 3 pages). Steps
-    1-3: requests 0 (3 tokens) and 1 (5); 4-5: request 2 (2 tokens) in 0's row, both
-    finish at 5; 6-9: request 3 (4 tokens). All six pages free after."""
-    steps, finished, free, tables = serve([3, 5, 2, 4], 2, 6, 2)
-    expect(steps, 9, "steps", "3, 5, 2, 4 tokens on 2 rows")
-    expect(sorted(finished), [0, 1, 2, 3], "", "the requests finished")
+    """Two rows, pages of 2, a pool of 6 (each row's 6 tokens at most, 3 pages).
+    Request 1 (6 tokens) runs steps 1-6; in the other row request 0 (2 tokens) steps
+    1-2, request 2 (3) steps 3-5, request 3 (3) steps 6-8: 8 steps, where a static
+    batcher would take 6 + 3 = 9. All six pages free after."""
+    steps, finished, free, tables = serve([2, 6, 3, 3], 2, 6, 2)
+    expect(steps, 8, "steps", "2, 6, 3, 3 tokens on 2 rows")
+    expect(list(finished), [0, 2, 1, 3], "", "the requests finished, in order")
     expect(sorted(free), list(range(6)), "", "the free list after draining")
     expect(dict(tables), {}, "", "the page tables after draining")
 
@@ -289,12 +290,15 @@ def test_leaked_pages_finds_what_the_broken_serve_lost():
     """broken_serve hands out the free list's last page first. One row, 2 pages of 4:
     request 0 takes page 1, then page 0 at its fifth token, and gives back 5 // 4 = 1 of
     them, page 1; request 1 takes it and waits at its fifth token. Page 0 is lost.
-    Two rows, 6 pages of 2, 3, 5, 2, 4 tokens: request 0 takes 5 and 3 and gives back
-    5; request 1 takes 4, 2, 1 and gives back 4 and 2: pages 3 and 1 are lost."""
+    Two rows, 6 pages of 2, 2, 6, 3, 3 tokens: request 0 takes 5 and gives it back;
+    request 1 takes 4 at step 1; at step 3 request 2 takes 5, request 1 3; at step 5
+    request 1 takes 2, request 2 1, and request 2 gives back 3 // 2 = 1 of its two, 5;
+    request 1, 6 tokens, gives back all three of its pages at step 6; request 3 takes 5,
+    then 2, and gives back 5: pages 1 and 2 are lost."""
     from solutions.bug_page_leak import broken_serve
 
     steps, finished, free, tables = broken_serve([5, 5, 5], 1, 2, 4)
     expect((steps, finished), (9, [0]), "", "the broken serve, stuck (steps, finished)")
     expect(leaked_pages(2, free, tables), [0], "", "lost by 3 requests of 5 in 2 pages of 4")
-    steps, finished, free, tables = broken_serve([3, 5, 2, 4], 2, 6, 2)
-    expect(leaked_pages(6, free, tables), [1, 3], "", "lost by 3, 5, 2, 4 tokens in pages of 2")
+    steps, finished, free, tables = broken_serve([2, 6, 3, 3], 2, 6, 2)
+    expect(leaked_pages(6, free, tables), [1, 2], "", "lost by 2, 6, 3, 3 tokens in pages of 2")
