@@ -2381,6 +2381,47 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "position-shared-back",
+        "the drill's bug back in its solution: every row's key and value written at row 0's position",
+        "solutions/bug_shared_position.py",
+        (
+            (
+                "cache_k = cache_k.at[rows, positions].set(k)",
+                "cache_k = cache_k.at[rows, positions[0]].set(k)",
+            ),
+            (
+                "cache_v = cache_v.at[rows, positions].set(v)",
+                "cache_v = cache_v.at[rows, positions[0]].set(v)",
+            ),
+        ),
+        (
+            f"{SESSION_7}::test_each_row_writes_and_attends_at_its_own_position[staggered]",
+            f"{SESSION_7}::test_rows_admitted_at_different_times_decode_their_own_sequences",
+        ),
+    ),
+    Mutant(
+        "mask-shared",
+        "each row writes at its own position but attends up to row 0's",
+        "solutions/bug_shared_position.py",
+        (("<= positions[:, None]  # [B, T]", "<= positions[0]  # [B, T]"),),
+        (
+            f"{SESSION_7}::test_each_row_writes_and_attends_at_its_own_position[staggered]",
+            f"{SESSION_7}::test_rows_admitted_at_different_times_decode_their_own_sequences",
+        ),
+    ),
+    Mutant(
+        "differ-against-itself",
+        "each row compared with the batch's own output, never run alone",
+        "solutions/bug_shared_position.py",
+        (
+            (
+                "alone = step(cache_k[one], cache_v[one], q[one], k[one], v[one], positions[one])[0]",
+                "alone = together[one]",
+            ),
+        ),
+        (f"{SESSION_7}::test_rows_that_differ_finds_the_rows_away_from_row_0",),
+    ),
+    Mutant(
         "leak-check-counts-held",
         "the invariant check reports held pages as leaked",
         "solutions/bug_page_leak.py",

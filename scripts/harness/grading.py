@@ -59,6 +59,7 @@ TOPIC_EXERCISES = {
             "bug_bf16_scatter",
             "bug_remat",
             "bug_page_leak",
+            "bug_shared_position",
         ],
         "a find-the-bug drill: the bug and the tool that finds it, whatever module it touches",
     ),

@@ -1,8 +1,9 @@
 """Session 7 (s7_engine), the serving loop: continuous over static batching at
 saturation, E[max of B] / E[L], for uniform, two-point and exponential lengths; pages
 for a mix of lengths, paged against reserved; Little's law, forwards, backwards and at
-the knee; the scaling book's 96 KV tokens freed a step; and a find-the-bug, a page
-allocator that never returns a finished request's last page.
+the knee; the scaling book's 96 KV tokens freed a step; and two find-the-bugs, a page
+allocator that never returns a finished request's last page, and a decode step that
+gives every row one position.
 
 Every expected number is worked out by hand in a comment, by enumerating every
 outcome, from the maximum's own distribution, or by a schedule computed another way
@@ -14,6 +15,9 @@ import math
 import random
 from fractions import Fraction
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from adapters import exercise
 
@@ -30,6 +34,8 @@ knee_rate = exercise("serving_napkin.knee_rate")
 kv_tokens_freed_per_step = exercise("serving_napkin.kv_tokens_freed_per_step")
 serve = exercise("bug_page_leak.serve")
 leaked_pages = exercise("bug_page_leak.leaked_pages")
+decode_step = exercise("bug_shared_position.decode_step")
+rows_that_differ = exercise("bug_shared_position.rows_that_differ")
 
 
 # Continuous over static at saturation: E[max of B] / E[L].
@@ -302,3 +308,93 @@ def test_leaked_pages_finds_what_the_broken_serve_lost():
     expect(leaked_pages(2, free, tables), [0], "", "lost by 3 requests of 5 in 2 pages of 4")
     steps, finished, free, tables = broken_serve([2, 6, 3, 3], 2, 6, 2)
     expect(leaked_pages(6, free, tables), [1, 2], "", "lost by 2, 6, 3, 3 tokens in pages of 2")
+
+
+# Find the bug: one position shared by every row.
+
+B, T, D = 4, 8, 4
+
+
+def batch(seed=0):
+    """Caches [B, T, D] already holding earlier tokens (random: what a row has not
+    written yet is some other request's leftovers), and q, k, v [B, D]."""
+    keys = jax.random.split(jax.random.key(seed), 5)
+    cache_k, cache_v = (jax.random.normal(key, (B, T, D)) for key in keys[:2])
+    q, k, v = (jax.random.normal(key, (B, D)) for key in keys[2:])
+    return cache_k, cache_v, q, k, v
+
+
+def attention_of_row(cache_k, cache_v, q, k, v, pos):
+    """One row in float64: k, v written at pos, q attending to positions 0..pos."""
+    keys = np.array(cache_k, np.float64)
+    values = np.array(cache_v, np.float64)
+    keys[pos], values[pos] = k, v
+    scores = keys[: pos + 1] @ np.asarray(q, np.float64) / np.sqrt(len(q))
+    weights = np.exp(scores - scores.max())
+    return weights / weights.sum() @ values[: pos + 1], keys, values
+
+
+@pytest.mark.exercise("bug_shared_position.decode_step")
+@pytest.mark.parametrize("positions", [[3, 0, 7, 5], [2, 2, 2, 2]], ids=["staggered", "equal"])
+def test_each_row_writes_and_attends_at_its_own_position(positions):
+    cache_k, cache_v, q, k, v = batch()
+    out, new_k, new_v = decode_step(cache_k, cache_v, q, k, v, jnp.array(positions))
+    expect(out.shape, (B, D), "", "the output's shape [B, D]")
+    for row, pos in enumerate(positions):
+        want, keys, values = attention_of_row(
+            cache_k[row], cache_v[row], q[row], k[row], v[row], pos
+        )
+        np.testing.assert_allclose(out[row], want, atol=1e-5, err_msg=f"row {row} at {pos}")
+        np.testing.assert_allclose(new_k[row], keys, atol=1e-6, err_msg=f"row {row}'s keys")
+        np.testing.assert_allclose(new_v[row], values, atol=1e-6, err_msg=f"row {row}'s values")
+
+
+@pytest.mark.exercise("bug_shared_position.decode_step")
+def test_rows_admitted_at_different_times_decode_their_own_sequences():
+    """Prompts of 1, 4, 2 and 6 tokens already cached; two decode steps later each row's
+    last output is attention over its own sequence alone, in float64: the keys and
+    values it wrote at each step are where the next step reads them."""
+    cache_k, cache_v, _, _, _ = batch(1)
+    starts = np.array([1, 4, 2, 6])
+    ref_k, ref_v = np.array(cache_k, np.float64), np.array(cache_v, np.float64)
+    for step in range(2):
+        _, _, q, k, v = batch(10 + step)
+        positions = starts + step
+        out, cache_k, cache_v = decode_step(cache_k, cache_v, q, k, v, jnp.asarray(positions))
+        for row, pos in enumerate(positions):
+            want, ref_k[row], ref_v[row] = attention_of_row(
+                ref_k[row], ref_v[row], q[row], k[row], v[row], pos
+            )
+            what = f"step {step}, row {row} at position {pos}"
+            np.testing.assert_allclose(out[row], want, atol=1e-5, err_msg=what)
+
+
+def row_by_row(cache_k, cache_v, q, k, v, positions):
+    """A decode step that is right by construction: each row on its own, in float64."""
+    rows = [
+        attention_of_row(cache_k[b], cache_v[b], q[b], k[b], v[b], int(positions[b]))
+        for b in range(len(positions))
+    ]
+    return tuple(np.stack(parts) for parts in zip(*rows))
+
+
+@pytest.mark.exercise("bug_shared_position.rows_that_differ")
+def test_rows_that_differ_finds_the_rows_away_from_row_0():
+    """The broken step at positions 3, 3, 0, 5: rows 2 and 3 are not at row 0's
+    position, so they write and read the wrong keys; alone, each row is its own row 0."""
+    from solutions.bug_shared_position import broken_decode_step
+
+    cache_k, cache_v, q, k, v = batch(2)
+    staggered, equal = jnp.array([3, 3, 0, 5]), jnp.array([4, 4, 4, 4])
+    got = rows_that_differ(broken_decode_step, cache_k, cache_v, q, k, v, staggered)
+    expect(list(got), [2, 3], "", "the broken step at positions 3, 3, 0, 5")
+    got = rows_that_differ(broken_decode_step, cache_k, cache_v, q, k, v, equal)
+    expect(list(got), [], "", "the broken step, every row at 4 (static batching hides it)")
+    got = rows_that_differ(row_by_row, cache_k, cache_v, q, k, v, staggered)
+    expect(list(got), [], "", "a step that is right, row by row, at positions 3, 3, 0, 5")
+
+    def batch_size_leaks(cache_k, cache_v, q, k, v, positions):
+        return q * q.shape[0], cache_k, cache_v  # a row's output depends on the batch
+
+    got = rows_that_differ(batch_size_leaks, cache_k, cache_v, q, k, v, staggered)
+    expect(list(got), [0, 1, 2, 3], "", "a step whose output is scaled by the batch size")
