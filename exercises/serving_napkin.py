@@ -31,7 +31,7 @@ def continuous_over_static(pmf, slots):
     `slots` slots (B) and i.i.d. output lengths drawn from pmf, a dict {length:
     probability} over positive integers: E[max of B lengths] / E[length], a float.
     Hint: E[max] = Σ_{k≥1} P(max ≥ k) = Σ_{k≥1} (1 - F(k-1)^B), with F(k) = P(L ≤ k)
-    (the B lengths are all below k together, or the max is not)."""
+    (the max is below k only when all B lengths are)."""
     raise NotImplementedError
 
 
