@@ -47,6 +47,7 @@ OP_ROOFLINE = "tests/test_op_roofline.py"
 POD_ORDER = "tests/test_pod_order.py"
 SESSION_4 = "tests/test_exercises/test_session_4.py"
 SESSION_5 = "tests/test_exercises/test_session_5.py"
+SESSION_7 = "tests/test_exercises/test_session_7.py"
 NAMES_TEST = "tests/test_exercises/test_exercise_names.py"
 HOMEWORK_TEST = "tests/test_exercises/test_homework.py"
 DISCORD_TEST = f"{HOMEWORK_TEST}::test_every_part_fits_discord_at_the_boundary"
@@ -2514,6 +2515,201 @@ MUTANTS = [
         LATENCY,
         (('ok &= latencies["tpot"] <= slo_tpot', "pass"),),
         (LOAD_HAND,),
+    ),
+    Mutant(
+        "emax-off-by-one",
+        "E[max] summed over P(max > k), not P(max >= k): one step short",
+        "solutions/serving_napkin.py",
+        (
+            (
+                "        expected_max += 1 - below**slots\n        below += pmf.get(k, 0.0)\n",
+                "        below += pmf.get(k, 0.0)\n        expected_max += 1 - below**slots\n",
+            ),
+        ),
+        (
+            f"{SESSION_7}::test_continuous_over_static_by_enumeration",
+            f"{SESSION_7}::test_uniform_lengths_at_eight_slots",
+        ),
+    ),
+    Mutant(
+        "harmonic-short",
+        "exponential lengths' ratio as H_(B-1): the last request to end left out",
+        "solutions/serving_napkin.py",
+        (
+            (
+                "return sum(1 / k for k in range(1, slots + 1))",
+                "return sum(1 / k for k in range(1, slots))",
+            ),
+        ),
+        (f"{SESSION_7}::test_exponential_lengths_by_hand",),
+    ),
+    Mutant(
+        "pages-floor",
+        "a sequence's pages rounded down: its last, partly full page not counted",
+        "solutions/serving_napkin.py",
+        (
+            (
+                "return sum(math.ceil(length / page_size) for length in lengths)",
+                "return sum(math.floor(length / page_size) for length in lengths)",
+            ),
+        ),
+        (
+            f"{SESSION_7}::test_pages_for_a_mix_by_hand",
+            f"{SESSION_7}::test_kv_utilisation_paged_and_reserved_by_hand",
+        ),
+    ),
+    Mutant(
+        "fit-skips-the-queue",
+        "a sequence that does not fit is skipped and a later, shorter one admitted",
+        "solutions/serving_napkin.py",
+        (
+            (
+                "        if used > pages:\n            break\n",
+                "        if used > pages:\n            used -= math.ceil(length / page_size)\n"
+                "            continue\n",
+            ),
+        ),
+        (f"{SESSION_7}::test_sequences_that_fit_paged_and_reserved_by_hand",),
+    ),
+    Mutant(
+        "reserved-uncapped",
+        "reserved sequences counted by the pool alone, more than there are",
+        "solutions/serving_napkin.py",
+        (
+            (
+                "reserved = min(len(lengths), pages // math.ceil(context / page_size))",
+                "reserved = pages // math.ceil(context / page_size)",
+            ),
+        ),
+        (f"{SESSION_7}::test_sequences_that_fit_paged_and_reserved_by_hand",),
+    ),
+    Mutant(
+        "littles-law-divides",
+        "Little's law as rate / latency",
+        "solutions/serving_napkin.py",
+        (("    return rate * mean_latency_s\n", "    return rate / mean_latency_s\n"),),
+        (
+            f"{SESSION_7}::test_littles_law_by_hand",
+            f"{SESSION_7}::test_littles_law_holds_on_a_trace_counted_step_by_step",
+        ),
+    ),
+    Mutant(
+        "knee-per-step",
+        "the knee as a request a slot a step: a request's G steps forgotten",
+        "solutions/serving_napkin.py",
+        (("return slots / (step_s * mean_output_tokens)", "return slots / step_s"),),
+        (f"{SESSION_7}::test_the_knee_by_hand",),
+    ),
+    Mutant(
+        "freed-prompt-only",
+        "the tokens freed a step as B·P/G: the generated tokens' cache not counted",
+        "solutions/serving_napkin.py",
+        (
+            (
+                "return batch * (prompt + generate) / generate",
+                "return batch * prompt / generate",
+            ),
+        ),
+        (f"{SESSION_7}::test_the_books_96_tokens_freed_a_step",),
+    ),
+    Mutant(
+        "page-leak-back",
+        "the drill's bug back in its solution: a finished request returns tokens // N pages",
+        "solutions/bug_page_leak.py",
+        (
+            (
+                "            held.pop(request)\n            free.extend(tables.pop(request))",
+                "            pages_used = held.pop(request) // page_size\n"
+                "            free.extend(tables.pop(request)[:pages_used])",
+            ),
+        ),
+        (
+            f"{SESSION_7}::test_a_pool_for_one_request_serves_three_in_turn",
+            f"{SESSION_7}::test_two_rows_serve_a_mix_by_hand",
+            f"{SESSION_7}::test_a_long_stream_drains_with_every_page_free",
+        ),
+    ),
+    Mutant(
+        "pages-never-returned",
+        "a finished request's page table dropped, none of its pages returned",
+        "solutions/bug_page_leak.py",
+        (("            free.extend(tables.pop(request))", "            tables.pop(request)"),),
+        (
+            f"{SESSION_7}::test_a_pool_for_one_request_serves_three_in_turn",
+            f"{SESSION_7}::test_two_rows_serve_a_mix_by_hand",
+            f"{SESSION_7}::test_a_long_stream_drains_with_every_page_free",
+        ),
+    ),
+    Mutant(
+        "serve-static",
+        "the fixed loop admits only when no row has started: static batching",
+        "solutions/bug_page_leak.py",
+        (
+            (
+                "        while waiting and len(tables) < slots:\n",
+                "        while waiting and len(tables) < slots and not any(held.values()):\n",
+            ),
+        ),
+        (
+            f"{SESSION_7}::test_two_rows_serve_a_mix_by_hand",
+            f"{SESSION_7}::test_a_long_stream_drains_with_every_page_free",
+        ),
+    ),
+    Mutant(
+        "position-shared-back",
+        "the drill's bug back in its solution: every row's key and value written at row 0's position",
+        "solutions/bug_shared_position.py",
+        (
+            (
+                "cache_k = cache_k.at[rows, positions].set(k)",
+                "cache_k = cache_k.at[rows, positions[0]].set(k)",
+            ),
+            (
+                "cache_v = cache_v.at[rows, positions].set(v)",
+                "cache_v = cache_v.at[rows, positions[0]].set(v)",
+            ),
+        ),
+        (
+            f"{SESSION_7}::test_each_row_writes_and_attends_at_its_own_position[staggered]",
+            f"{SESSION_7}::test_rows_admitted_at_different_times_decode_their_own_sequences",
+        ),
+    ),
+    Mutant(
+        "mask-shared",
+        "each row writes at its own position but attends up to row 0's",
+        "solutions/bug_shared_position.py",
+        (("<= positions[:, None]  # [B, T]", "<= positions[0]  # [B, T]"),),
+        (
+            f"{SESSION_7}::test_each_row_writes_and_attends_at_its_own_position[staggered]",
+            f"{SESSION_7}::test_rows_admitted_at_different_times_decode_their_own_sequences",
+        ),
+    ),
+    Mutant(
+        "differ-against-itself",
+        "each row compared with the batch's own output, never run alone",
+        "solutions/bug_shared_position.py",
+        (
+            (
+                "alone = step(cache_k[one], cache_v[one], q[one], k[one], v[one], positions[one])[0]",
+                "alone = together[one]",
+            ),
+        ),
+        (f"{SESSION_7}::test_rows_that_differ_finds_the_rows_away_from_row_0",),
+    ),
+    Mutant(
+        "leak-check-counts-held",
+        "the invariant check reports held pages as leaked",
+        "solutions/bug_page_leak.py",
+        (
+            (
+                "return sorted(set(range(pages)) - set(free) - held)",
+                "return sorted(set(range(pages)) - set(free))",
+            ),
+        ),
+        (
+            f"{SESSION_7}::test_leaked_pages_by_hand",
+            f"{SESSION_7}::test_leaked_pages_finds_what_the_broken_serve_lost",
+        ),
     ),
 ]
 

@@ -29,6 +29,10 @@ SESSIONS = {
         "test_session_6.py",
         "training memory: bytes a parameter, remat's saved values, accumulation, chips",
     ),
+    "7": (
+        "test_session_7.py",
+        "the serving loop: continuous batching, a paged KV cache, Little's law",
+    ),
     "bugs": ("test_session_bugs.py", "find the bug"),
 }
 # An exercise that rebuilds a module of the repository (its solution mirrors
@@ -43,6 +47,7 @@ TOPIC_EXERCISES = {
     "inference_roofline": "a napkin of prefill, holding and generating; no module plans all three",
     "int8_numerics": "an int8 sum accumulated in int32; quantize.py scales matrices, never sums",
     "pallas_matmul": "a first Pallas kernel; the course's, for attention, is kernels/flash.py",
+    "serving_napkin": "a napkin of batching, pages and Little's law; no one module plans them all",
     **dict.fromkeys(
         [
             "bug_zero_inputs",
@@ -53,6 +58,8 @@ TOPIC_EXERCISES = {
             "bug_attention_flops",
             "bug_bf16_scatter",
             "bug_remat",
+            "bug_page_leak",
+            "bug_shared_position",
         ],
         "a find-the-bug drill: the bug and the tool that finds it, whatever module it touches",
     ),

@@ -83,7 +83,8 @@ def test_session_names():
     assert grading.session_names("bugs") == ["bugs"]
     assert grading.session_names("all") == list(grading.SESSIONS)
     assert grading.session_names("5") == grading.session_names("s5") == ["5"]
-    assert grading.session_names("7") is None and grading.session_names("") is None
+    assert grading.session_names("7") == grading.session_names("s7") == ["7"]
+    assert grading.session_names("8") is None and grading.session_names("") is None
     for gone in ("infer", "kernels"):  # the names before sets were numbered by session
         assert grading.session_names(gone) is None, gone
 
