@@ -39,7 +39,7 @@ def serve_engine(args):
     try:
         from sessions.serve import Engine
     except ImportError:
-        raise UsageError("the engine is not built yet (sessions/serve/engine.py)") from None
+        raise UsageError("the engine is not built yet (sessions.serve.Engine)") from None
     from sessions.serve.server import serve  # FastAPI and uvicorn: only a server needs them
 
     serving = serving_config(args)

@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -165,6 +166,7 @@ def test_a_streamed_completion_is_the_whole_one_s_text(server):
     assert [c.choices[0].finish_reason for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
 def test_curl_gets_the_openai_client_s_completion(server):
     asked = {"model": model_of(server), "prompt": "SELECT ", "max_tokens": 6}
     command = ["curl", "-s", f"{server}/v1/completions", "-H", "Content-Type: application/json"]
@@ -291,3 +293,33 @@ def test_sigterm_during_a_stream_ends_it_with_an_error_and_exits_cleanly():
     assert "Traceback" not in err, err
     assert rest[-1] == "[DONE]"
     assert json.loads(rest[-2])["error"]["code"] == "shutting_down"
+
+
+def test_bench_serving_drives_the_server_and_counts_every_token(server, tmp_path):
+    summary = tmp_path / "bench.json"
+    asked = ["--requests", "6", "--rate", "1000", "--prompt-len", "fixed:5"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench_serving.py",
+            "--url",
+            server,
+            *asked,
+            "--output-len",
+            "fixed:3",
+            "--summary-out",
+            str(summary),
+        ],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    run = json.loads(summary.read_text())["runs"][0]
+    assert run["requests"] == run["completed"] == 6
+    # Both rates are over the same duration: their ratio is the tokens a request, 3.
+    assert run["output_tokens_per_s"] / run["requests_per_s"] == pytest.approx(3)
+    assert run["ttft_s"]["p50"] <= run["e2e_s"]["p50"]
+    assert "TTFT" in done.stdout and "TPOT" in done.stdout
