@@ -57,7 +57,8 @@ except ImportError:  # TEMPORARY, until the load's workload and latency modules 
             lo, hi = (int(x) for x in (numbers + "," + numbers).split(",")[:2])
             return rng.integers(lo, hi + 1, size=n) if kind == "uniform" else np.full(n, lo)
 
-        prompts, outputs = draw(prompt_len), np.minimum(draw(output_len), context - 64)
+        outputs = np.minimum(draw(output_len), context - 1)  # each fits the context
+        prompts = np.minimum(draw(prompt_len), context - outputs)
         gaps = rng.gamma(burstiness, 1 / (rate * burstiness), size=n - 1)
         arrivals = np.concatenate([[0.0], np.cumsum(gaps)])
         text = np.frombuffer(b"The import statement combines two operations. " * 64, np.uint8)
