@@ -9,6 +9,7 @@ written yet; --serve is: OpenAI's /v1/completions, /v1/models, /health and /metr
 the engine (sessions/serve/server.py).
 """
 
+import argparse
 import math
 import sys
 
@@ -21,11 +22,18 @@ from sessions.run.serving import inference_config, load_params
 from sessions.shard import sharding
 
 
+def port(text):
+    value = int(text) if text.isdigit() else -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 (any free one) to 65535, not '{text}'")
+    return value
+
+
 def engine_flags(argv=None):
     parser = infer_parser("s7_engine.py", "Session 7: the serving loop.")
     parser.add_argument("--serve", action="store_true", help="serve the engine over HTTP")
     parser.add_argument("--host", default="127.0.0.1", help="with --serve (0.0.0.0: any)")
-    parser.add_argument("--port", type=int, default=8000, help="with --serve (0: any free one)")
+    parser.add_argument("--port", type=port, default=8000, help="with --serve (0: any free one)")
     parser.add_argument("--slots", type=positive_int, default=8, help="rows of the decode step")
     parser.add_argument("--page-size", type=positive_int, default=16, help="tokens a KV page")
     parser.add_argument("--pages", type=positive_int, help="the pool (default: slots x context)")

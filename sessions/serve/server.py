@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from sessions.errors import UsageError
 from sessions.serve.completion_request import BadRequest, parse_completion
 from sessions.serve.metrics import ServerMetrics
 from sessions.serve.orchestrator import Orchestrator, Refused
@@ -195,10 +196,16 @@ def make_app(engine, *, model_name, context, max_queue=64, grace_s=3.0):
     return app
 
 
-def warm_up(engine):
-    """One tiny request through the engine before the server listens: its step's shapes
-    (prefill and decode) compile now, not in the first client's time to first token."""
-    engine.add_request("warm-up", [ord(" ")], 2)
+def warm_up(engine, context):
+    """Requests through the engine before the server listens, so that its step's shapes
+    compile now, not in the first client's time to first token: a prompt of nearly the
+    whole context (its prefill in more than one chunk, if the engine chunks it) and a short
+    one beside it (a prefill beside a decode)."""
+    try:  # a pool too small for a whole context would refuse clients later: say so now
+        engine.add_request("warm-up-long", [ord(" ")] * max(context - 2, 1), 2)
+    except ValueError as e:
+        raise UsageError(f"the engine cannot hold a request of the whole context: {e}") from None
+    engine.add_request("warm-up-short", [ord(" ")], 2)
     while engine.has_unfinished_requests():
         engine.step()
 
@@ -239,7 +246,7 @@ def serve(engine, host, port, *, model_name, context, max_queue=64, grace_s=3.0,
     warmed up first; once it listens, print banner(url) (default: try_it's lines). uvicorn
     re-raises SIGTERM once it has shut down (since 0.29), so the process then ends with
     status 143; after SIGINT this returns."""
-    warm_up(engine)
+    warm_up(engine, context)
     banner = banner or (lambda url: try_it(url, model_name))
     app = make_app(
         engine, model_name=model_name, context=context, max_queue=max_queue, grace_s=grace_s
@@ -249,5 +256,12 @@ def serve(engine, host, port, *, model_name, context, max_queue=64, grace_s=3.0,
     config = uvicorn.Config(
         app, host=host, port=port, access_log=False, timeout_graceful_shutdown=grace_s + 2
     )
-    with contextlib.suppress(KeyboardInterrupt):  # SIGINT, re-raised by uvicorn: done
-        GracefulServer(config, app.state.orchestrator, grace_s, banner).run()
+    server = GracefulServer(config, app.state.orchestrator, grace_s, banner)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # SIGINT, re-raised by uvicorn once it has shut down: done
+        pass
+    except SystemExit:  # uvicorn's exit when it cannot listen, its reason logged above
+        if server.started:
+            raise
+        raise UsageError(f"cannot serve on {host}:{port} (uvicorn's line above says why)") from None
