@@ -2346,6 +2346,20 @@ MUTANTS = [
         ),
         (f"{HTTP_TEST}::test_bench_serving_drives_the_server_and_counts_every_token",),
     ),
+    Mutant(
+        "http-engine-failure-kills-the-thread",
+        "a step that raises stops the engine's thread: the server serves no one after it",
+        "sessions/serve/orchestrator.py",
+        (
+            (
+                "except Exception as e:  # an engine bug: fail what it held, serve on",
+                "except KeyError as e:  # an engine bug: fail what it held, serve on",
+            ),
+        ),
+        (
+            f"{HTTP_TEST}::test_a_step_that_fails_fails_its_request_with_500_and_the_server_serves_on",
+        ),
+    ),
 ]
 
 

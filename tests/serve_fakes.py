@@ -5,7 +5,8 @@ predict and whose steps they can slow down, which no model gives.
     python tests/serve_fakes.py --port 8001 --step-ms 20 --max-queue 1 --slots 1
 
 EchoEngine's token i for a request is its prompt's byte i mod S: a prompt of UTF-8 text
-comes back as that text, its characters' bytes split across steps.
+comes back as that text, its characters' bytes split across steps; a prompt of FAIL makes
+its steps raise, as an engine's bug would.
 """
 
 import argparse
@@ -17,6 +18,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sessions.serve.server import serve  # after the repository is on the path
+
+FAIL = b"fail the step"  # a prompt that makes the step that runs it raise
 
 
 class EchoEngine:
@@ -54,6 +57,8 @@ class EchoEngine:
             self.waiting.pop(0)
             self.pages_free -= needed
             self.running[request_id] = [prompt, max_tokens, 0, needed]
+        if any(bytes(request[0]) == FAIL for request in self.running.values()):
+            raise RuntimeError("a planted failure of the engine's step")
         outputs = []
         for request_id, request in list(self.running.items()):
             prompt, max_tokens, made, needed = request

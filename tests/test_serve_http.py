@@ -25,6 +25,7 @@ import openai
 import pytest
 
 from tests.helpers import REPO, subprocess_env
+from tests.serve_fakes import FAIL
 
 FAKE = [sys.executable, os.path.join(REPO, "tests", "serve_fakes.py")]
 # The shared server, and its context (S: prompt + max_tokens fit in it). To serve the real
@@ -218,6 +219,9 @@ BAD = {
     "temperature as text": {"prompt": "a", "temperature": "hot"},
     "stream as text": {"prompt": "a", "stream": "yes"},
     "a text seed": {"prompt": "a", "seed": "7"},
+    "a negative seed": {"prompt": "a", "seed": -1},
+    "a stop sequence": {"prompt": "a", "stop": ["\n"]},
+    "two completions": {"prompt": "a", "n": 2},
 }
 
 
@@ -276,6 +280,14 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot_and_pages(slow):
 def test_a_client_that_leaves_a_whole_completion_frees_its_slot_and_pages(slow):
     with pytest.raises(httpx.ReadTimeout):  # it hangs up after half a second
         HTTP.post(slow + "/v1/completions", json={"prompt": "x", "max_tokens": LONG}, timeout=0.5)
+    assert settles(slow, num_requests_running=0, kv_pages_used=0)
+
+
+def test_a_step_that_fails_fails_its_request_with_500_and_the_server_serves_on(slow):
+    failed = HTTP.post(slow + "/v1/completions", json={"prompt": FAIL.decode(), "max_tokens": 2})
+    assert failed.status_code == 500
+    assert failed.json()["error"]["code"] == "engine_error"
+    assert HTTP.post(slow + "/v1/completions", json={"prompt": "ok"}).status_code == 200
     assert settles(slow, num_requests_running=0, kv_pages_used=0)
 
 

@@ -10,6 +10,16 @@ import math
 from typing import NamedTuple
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+# OpenAI's options this server cannot honour, each with the value that asks nothing.
+UNSUPPORTED = {"n": 1, "best_of": 1, "stop": [], "logprobs": None, "echo": False, "suffix": ""}
+UNSUPPORTED_WHY = {
+    "n": "one completion a request",
+    "best_of": "one completion a request",
+    "stop": "a byte model stops at max_tokens, its only stop",
+    "logprobs": "the engine returns tokens only",
+    "echo": "the completion holds the new text only",
+    "suffix": "no insertion",
+}
 
 
 class Completion(NamedTuple):
@@ -87,14 +97,17 @@ def parse_completion(body, *, context, model_name):
             f"temperature must be 0 (greedy) or positive, not {temperature}", "temperature"
         )
     seed, stream = request.get("seed"), request.get("stream", False)
-    if seed is not None and not is_int(seed):
-        raise BadRequest("seed must be an integer", "seed")
+    if seed is not None and not (is_int(seed) and 0 <= seed < 2**31):  # a key's int32
+        raise BadRequest("seed must be an integer from 0 to 2**31 - 1", "seed")
     if not isinstance(stream, bool | None):
         raise BadRequest("stream must be true or false", "stream")
     options = request.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", "stream_options")
     include_usage = bool(options.get("include_usage"))
+    for name, default in UNSUPPORTED.items():  # asked for, they would be silently ignored
+        if request.get(name) not in (None, default):
+            raise BadRequest(f"{name} is not supported: {UNSUPPORTED_WHY[name]}", name)
     return Completion(
         prompt_token_ids, max_tokens, float(temperature), seed, bool(stream), include_usage
     )

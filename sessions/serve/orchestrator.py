@@ -116,6 +116,21 @@ class Orchestrator:
     # Everything below runs on the engine's thread.
 
     def run(self):
+        try:
+            self.loop()
+        except Exception as e:  # the engine broke past a step: every client hears, none hangs
+            print(f"error: the engine's thread stopped: {e!r}", file=sys.stderr)
+            self.closing = True  # submit refuses from now on (503), /health says 503
+            with contextlib.suppress(queue.Empty):
+                while True:  # requests handed over but never added
+                    command = self.inbox.get_nowait()
+                    if command[0] == "add":
+                        self.in_flight[command[1].request_id] = command[1]
+            for request in self.in_flight.values():
+                self.send(request, ("error", 500, f"the engine failed: {e!r}", "engine_error"))
+            self.flush()
+
+    def loop(self):
         while True:
             busy = self.engine.has_unfinished_requests()
             ended = self.take_commands(block=not busy)
