@@ -82,6 +82,8 @@ ESTIMATE_TEST = "tests/test_decode_estimate.py"
 WITHIN_25 = "test_the_estimate_is_within_25_percent_of_every_h100_step_and_the_floor_under"
 FAMILY = "tests/test_model_family.py"
 KERNEL_CHECK = "tests/test_s3_kernel_check.py"
+HTTP_TEST = "tests/test_serve_http.py"
+BAD_REQUEST = "test_a_bad_request_gets_400_in_openai_s_shape_and_costs_the_engine_nothing"
 ONCE_TEST = f"{KERNEL_CHECK}::test_interpreted_kernels_decode_once_beside_xla_s_and_their_tokens_are_the_sample"
 SAMPLE_TEST = f"{KERNEL_CHECK}::test_the_sample_comes_from_the_decode_asked_for_where_it_is_timed"
 LOAD = "tests/test_serve_load.py"
@@ -2709,6 +2711,124 @@ MUTANTS = [
         (
             f"{SESSION_7}::test_leaked_pages_by_hand",
             f"{SESSION_7}::test_leaked_pages_finds_what_the_broken_serve_lost",
+        ),
+    ),
+    Mutant(
+        "http-non-json-crashes",
+        "the server parses a body that is not JSON without catching the error: a 500, not a 400",
+        "sessions/serve/completion_request.py",
+        (
+            (
+                "    try:\n        request = json.loads(body)\n    except ValueError:",
+                "    request = json.loads(body)\n    if False:",
+            ),
+        ),
+        (f"{HTTP_TEST}::{BAD_REQUEST}[not JSON]", f"{HTTP_TEST}::{BAD_REQUEST}[not UTF-8]"),
+    ),
+    Mutant(
+        "http-negative-temperature",
+        "a negative temperature passes the server's check and reaches the engine",
+        "sessions/serve/completion_request.py",
+        (("math.isfinite(temperature) and temperature >= 0", "math.isfinite(temperature)"),),
+        (f"{HTTP_TEST}::{BAD_REQUEST}[a negative temperature]",),
+    ),
+    Mutant(
+        "http-prompt-past-context",
+        "the server lets a prompt and max_tokens past the context through to the engine",
+        "sessions/serve/completion_request.py",
+        (("len(prompt_token_ids) + max_tokens > context", "len(prompt_token_ids) > context"),),
+        (f"{HTTP_TEST}::{BAD_REQUEST}[prompt + max_tokens past the context]",),
+    ),
+    Mutant(
+        "http-no-queue-limit",
+        "no backpressure: every request is queued, however many wait",
+        "sessions/serve/orchestrator.py",
+        (("if self.unfinished - self.running >= self.max_queue:", "if self.max_queue < 0:"),),
+        (f"{HTTP_TEST}::test_past_the_queue_limit_a_request_gets_429_at_once",),
+    ),
+    Mutant(
+        "http-no-abort-on-disconnect",
+        "a stream whose client left is never aborted: its slot and pages stay held",
+        "sessions/serve/server.py",
+        (
+            (
+                "        if not finished:\n            orchestrator.abort(request_id)",
+                "        if not finished:\n            pass",
+            ),
+        ),
+        (f"{HTTP_TEST}::test_a_client_that_leaves_mid_stream_frees_its_slot_and_pages",),
+    ),
+    Mutant(
+        "http-whole-disconnect-unseen",
+        "an unstreamed completion whose client left runs to its end",
+        "sessions/serve/server.py",
+        (("if await request.is_disconnected():", "if False:"),),
+        (f"{HTTP_TEST}::test_a_client_that_leaves_a_whole_completion_frees_its_slot_and_pages",),
+    ),
+    Mutant(
+        "http-abort-skips-the-engine",
+        "the engine thread forgets an aborted request without telling the engine: pages held",
+        "sessions/serve/orchestrator.py",
+        (("                    self.engine.abort_request(command[1])\n", ""),),
+        (f"{HTTP_TEST}::test_a_client_that_leaves_mid_stream_frees_its_slot_and_pages",),
+    ),
+    Mutant(
+        "http-decodes-each-token-alone",
+        "each streamed step's bytes decoded alone: a character split across tokens mangled",
+        "sessions/serve/server.py",
+        (
+            (
+                "text = decoder.decode(bytes(token_ids), final=finished)",
+                'text = bytes(token_ids).decode("utf-8", errors="replace")',
+            ),
+        ),
+        (f"{HTTP_TEST}::test_a_character_split_across_tokens_comes_out_whole",),
+    ),
+    Mutant(
+        "http-stream-without-done",
+        "the stream ends without OpenAI's data: [DONE]",
+        "sessions/serve/server.py",
+        (('        yield "data: [DONE]\\n\\n"\n', ""),),
+        (f"{HTTP_TEST}::test_a_character_split_across_tokens_comes_out_whole",),
+    ),
+    Mutant(
+        "http-metric-renamed",
+        "generation_tokens_total under another name than vLLM's",
+        "sessions/serve/metrics.py",
+        (('"generation_tokens", "tokens generated"', '"output_tokens", "tokens generated"'),),
+        (f"{HTTP_TEST}::test_metrics_carry_vllm_s_names_and_count_the_tokens",),
+    ),
+    Mutant(
+        "http-no-grace-deadline",
+        "on SIGTERM the engine runs its requests to their end: no error, uvicorn cuts them off",
+        "sessions/serve/orchestrator.py",
+        (("not self.in_flight or time.perf_counter() >= self.deadline_s", "not self.in_flight"),),
+        (f"{HTTP_TEST}::test_sigterm_during_a_stream_ends_it_with_an_error_and_exits_cleanly",),
+    ),
+    Mutant(
+        "bench-reads-the-prompt-s-usage",
+        "bench_serving.py takes the usage's prompt_tokens for a request's output length",
+        "scripts/bench_serving.py",
+        (
+            (
+                'record["output_len"] = chunk["usage"]["completion_tokens"]',
+                'record["output_len"] = chunk["usage"]["prompt_tokens"]',
+            ),
+        ),
+        (f"{HTTP_TEST}::test_bench_serving_drives_the_server_and_counts_every_token",),
+    ),
+    Mutant(
+        "http-engine-failure-kills-the-thread",
+        "a step that raises stops the engine's thread: the server serves no one after it",
+        "sessions/serve/orchestrator.py",
+        (
+            (
+                "except Exception as e:  # an engine bug: fail what it held, serve on",
+                "except KeyError as e:  # an engine bug: fail what it held, serve on",
+            ),
+        ),
+        (
+            f"{HTTP_TEST}::test_a_step_that_fails_fails_its_request_with_500_and_the_server_serves_on",
         ),
     ),
 ]

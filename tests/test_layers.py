@@ -30,6 +30,7 @@ SESSION_SCRIPTS = (
     "sessions.s4_kernels",
     "sessions.s5_serve",
     "sessions.s6_memory",
+    "sessions.s7_engine",
 )
 FOLDERS = ("roofline", "sessions", "scripts", "tests", "exercises", "solutions", "docs")
 LAYOUT = os.path.join("docs", "layout.md")
