@@ -21,13 +21,13 @@ slot's pages.
 
 import math
 
-import jax
+import jax.numpy as jnp
 import numpy as np
 
 from sessions.errors import UsageError
 from sessions.inference.kv_cache import check_lengths
 from sessions.inference.layout import decode_weights
-from sessions.serve.paged_cache import init_pool, paged_step
+from sessions.serve.paged_cache import init_pool, pack_rows, slot_step
 from sessions.serve.scheduler import Request, Scheduler
 
 POLICIES = ("continuous", "static")
@@ -85,6 +85,10 @@ class Engine:
         )
         self.weights = decode_weights(params, cfg)
         self.pool = init_pool(cfg, pages, page_size)
+        self.last = jnp.zeros(slots, jnp.int32)  # each slot's latest token, on the device
+        self.all_rows = np.arange(slots, dtype=np.int32)
+        self.no_tokens = jnp.zeros((slots, 1), jnp.int32)  # a decode's: taken from last
+        self.pending = None  # the step queued ahead (step())
         self.requests = {}  # by id: waiting or running
         self.arrivals = 0
         self.near_ties = 0
@@ -130,53 +134,73 @@ class Engine:
             self.scheduler.remove(request_id)
 
     def has_unfinished_requests(self):
-        return self.scheduler.has_work()
+        return bool(self.requests)
 
-    def _call(self, table, tokens, start, count, seeds, out_index, temperature):
-        # Copies: on a CPU a numpy argument may be aliased, not copied, by the call, and
-        # the scheduler rewrites these arrays in place while a queued call may still run.
-        args = [np.array(a) for a in (table, tokens, start, count, seeds, out_index, temperature)]
-        token, gap, self.pool = paged_step(self.weights, self.pool, *args, self.cfg)
-        return token, gap
+    def _call(self, rows, tokens=None):
+        """One slot_step queued: rows from pack_rows (a fresh array: on a CPU a numpy
+        argument may be aliased by a queued call); tokens None for a decode."""
+        from_last = tokens is None
+        tokens = self.no_tokens if from_last else tokens
+        out, self.pool, self.last = slot_step(
+            self.weights, self.pool, self.last, rows, tokens, self.cfg, from_last
+        )
+        return out
+
+    def _dispatch(self):
+        """The scheduler's next plan, queued on the device: one call for every decoding
+        slot (rows not live write nothing), one a prefill chunk. -> (plan, results),
+        the results still on the device; None when there is nothing to run."""
+        sched = self.scheduler
+        plan = sched.schedule()
+        if not plan.decode and not plan.chunks:
+            return None
+        decoded = None
+        if plan.decode:
+            table, position, live, seed, out_index, temperature = plan.rows
+            rows = (table, position, live, self.all_rows, seed, out_index, temperature)
+            decoded = self._call(pack_rows(*rows))
+        prefilled = []
+        for chunk in plan.chunks:
+            tokens = np.zeros((1, self.prefill_chunk), np.int32)
+            tokens[0, : chunk.count] = chunk.request.tokens[chunk.start : chunk.start + chunk.count]
+            i = [chunk.slot]
+            rows = (chunk.table, [chunk.start], [chunk.count], i, sched.seed[i])
+            rows += ([chunk.out_index], sched.temperature[i])
+            result = self._call(pack_rows(*rows), tokens)
+            if chunk.final:
+                prefilled.append((chunk.request, result))
+        return plan, decoded, prefilled
 
     def step(self):
         """One step -> [(request_id, [token], finished)] for each request that got a
         token in it: every decoding slot, and each request whose prefill ended. A
-        request preempted in this step, or still prefilling, is not listed."""
-        sched = self.scheduler
-        plan = sched.schedule()
-        decoded = None
-        if plan.decode:  # one call for every slot; rows not live write nothing
-            s = sched
-            decoded = self._call(
-                s.table, s.token, s.position, s.live, s.seed, s.out_index, s.temperature
-            )
-        prefilled = []
-        for request, start, count in plan.chunks:
-            tokens = np.zeros((1, self.prefill_chunk), np.int32)
-            tokens[0, :count] = request.tokens[start : start + count]
-            last = start + count == len(request.tokens)
-            result = self._call(
-                sched.table[request.slot][None], tokens, np.array([start], np.int32),
-                np.array([count], np.int32), sched.seed[request.slot][None],
-                np.array([request.produced], np.int32),
-                sched.temperature[request.slot][None],
-            )  # fmt: skip
-            if last:
-                prefilled.append((request, result))
-        self.tokens_this_step = len(plan.decode) + sum(c for _, _, c in plan.chunks)
-        got = []  # (request, token, gap), read back once the step's calls are queued
+        request preempted in this step, still prefilling, or aborted, is not listed.
+
+        The next step is queued before this one's tokens are read (the schedule needs
+        no token: only max_tokens stops a request), so the device never waits for the
+        host's reading, scheduling and dispatching between two steps. A request added
+        after a step therefore starts one step later than it could."""
+        pending = self.pending if self.pending is not None else self._dispatch()
+        self.pending = self._dispatch() if pending is not None else None
+        if pending is None:
+            self.tokens_this_step = 0
+            return []
+        plan, decoded, prefilled = pending
+        self.tokens_this_step = len(plan.decode) + sum(c.count for c in plan.chunks)
+        got = []  # (request, token, gap)
         if decoded is not None:
-            token, gap = jax.device_get(decoded)
-            got += [(r, token[r.slot], gap[r.slot]) for r in plan.decode]
-        for request, (token, gap) in prefilled:
-            token, gap = jax.device_get((token, gap))
-            got.append((request, token[0], gap[0]))
+            out = np.asarray(decoded)  # [slots, 2]: token, gap
+            got += [(r, out[slot, 0], out[slot, 1]) for r, slot in plan.decode]
+        for request, result in prefilled:
+            out = np.asarray(result)
+            got.append((request, out[0, 0], out[0, 1]))
         outputs = []
         for request, token, gap in got:
+            if self.requests.get(request.request_id) is not request:
+                continue  # aborted after its step was queued
             if request.temperature == 0 and gap < self.near_tie:
                 self.near_ties += 1
-            finished = sched.commit(request, token)
+            finished = self.scheduler.commit(request, token)
             if finished:
                 del self.requests[request.request_id]
             outputs.append((request.request_id, [int(token)], finished))

@@ -32,6 +32,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sessions.inference.layout import dense_out_in
 from sessions.model.attention import masked_softmax
@@ -147,3 +148,38 @@ def paged_step(weights, pool, page_table, tokens, start, count, seeds, out_index
     top2 = jax.lax.top_k(logits, 2)[0]
     next_token = sample(logits, seeds, out_index, temperature)
     return next_token, top2[:, 0] - top2[:, 1], written if cfg.attention else pool
+
+
+# The columns of slot_step's one host array a row, after its page table's P.
+START, COUNT, SLOT, SEED, OUT_INDEX, TEMPERATURE = range(6)
+
+
+def pack_rows(table, start, count, slot, seed, out_index, temperature):
+    """The rows' host inputs as one int32 array [R, P + 6] (one transfer a call, not
+    seven: each costs the host tens of microseconds): the page table, then the
+    columns above; the seed's and the temperature's bits reinterpreted as int32."""
+    columns = [start, count, slot, np.asarray(seed, np.uint32).view(np.int32), out_index]
+    columns.append(np.asarray(temperature, np.float32).view(np.int32))
+    return np.concatenate([table, np.stack(columns, axis=1).astype(np.int32)], axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "from_last"), donate_argnames=("pool", "last"))
+def slot_step(weights, pool, last, rows, tokens, cfg, from_last):
+    """paged_step for an engine's slots, each slot's latest token kept on the device.
+
+    last int [slots]: each slot's latest token; rows: pack_rows' int32 [R, P + 6];
+    from_last: the rows' tokens [R, 1] are last[slot] (a decode: the host need not
+    read the previous step's tokens to queue this one), else `tokens` [R, C] (a prefill
+    chunk) -> (float32 [R, 2]: each row's next token and its top-2 gap, pool, last with
+    each live row's token written)."""
+    P = rows.shape[1] - 6
+    table, column = rows[:, :P], rows[:, P:]
+    slot, count = column[:, SLOT], column[:, COUNT]
+    seed = jax.lax.bitcast_convert_type(column[:, SEED], jnp.uint32)
+    temperature = jax.lax.bitcast_convert_type(column[:, TEMPERATURE], jnp.float32)
+    if from_last:
+        tokens = last[slot][:, None]
+    args = (table, tokens, column[:, START], count, seed, column[:, OUT_INDEX], temperature)
+    token, gap, pool = paged_step(weights, pool, *args, cfg)
+    last = last.at[slot].set(jnp.where(count > 0, token, last[slot]))
+    return jnp.stack([token.astype(jnp.float32), gap], axis=1), pool, last

@@ -22,6 +22,7 @@ The decode rows' inputs are numpy arrays [R] kept here and updated row by row.
 """
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,6 +43,7 @@ class Request:
     slot: int | None = None
     pages: list = dataclasses.field(default_factory=list)
     cached: int = 0  # tokens whose keys and values are in the pool: positions 0..cached-1
+    made: int = 0  # output tokens planned (produced counts those read back)
     prefill_to: int = 0  # at admission, every token it has then: prefilled in chunks
 
     @property
@@ -58,13 +60,26 @@ class Request:
         return self.slot is not None and self.cached >= self.prefill_to
 
 
-@dataclasses.dataclass
-class Plan:
-    """What one step runs: decode rows (requests in their slots) and prefill chunks."""
+class Chunk(NamedTuple):
+    """A prefill chunk: request.tokens[start:start + count] into slot's pages; the
+    last (final) gives its output token number out_index."""
 
-    decode: list  # requests, each one token at position request.cached (before the step)
-    chunks: list  # (request, start, count): tokens[start:start + count] to prefill
-    preempted: list
+    request: Request
+    slot: int
+    start: int
+    count: int
+    final: bool
+    out_index: int
+    table: np.ndarray  # int [1, P]: the slot's page table as the chunk writes it
+
+
+class Plan(NamedTuple):
+    """What one step runs: decode rows and prefill chunks."""
+
+    decode: list  # (request, slot): one token each, at the position its row holds
+    chunks: list  # Chunks
+    preempted: list  # requests sent back to the queue
+    rows: tuple  # the decode call's table, position, live, seed, out_index, temperature
 
 
 class Scheduler:
@@ -80,7 +95,6 @@ class Scheduler:
         self.preemptions, self.batch_open = 0, True
         # The decode rows' inputs, a row a slot (paged_cache.paged_step's arguments).
         self.table = np.full((slots, self.columns), self.pool.padding, np.int32)
-        self.token = np.zeros((slots, 1), np.int32)
         self.position = np.zeros(slots, np.int32)
         self.live = np.zeros(slots, np.int32)
         self.seed = np.zeros(slots, np.uint32)
@@ -133,13 +147,14 @@ class Scheduler:
         """A free slot, and the pages for all its tokens with the watermark kept (none
         kept when nothing runs: the watermark guards running requests, and a request
         that fits the pool must be able to start alone)."""
-        if not self.free_slots:
+        if not self.free_slots or request.produced < request.made:  # tokens still to read
             return False
         keep = self.keep if self.running else 0
         return self.pool.can_allocate(self.pool.pages_for(len(request.tokens)), keep)
 
     def schedule(self):
-        """The next step's plan; pages allocated, preemptions done, slots given."""
+        """The next step's plan; pages given, preemptions done, requests admitted, and
+        each request advanced as if the step had run (its tokens come later: commit)."""
         preempted = []
         decode = sorted((r for r in self.running.values() if r.decoding), key=lambda r: r.arrival)
         for request in decode:  # oldest first: a victim is newer, not yet given its page
@@ -150,13 +165,10 @@ class Scheduler:
                     preempted.append(self._preempt_newest())
                     if request.slot is None:
                         break
-        decode = [r for r in decode if r.slot is not None]
-        for request in decode:
-            s = request.slot
-            self.token[s, 0], self.position[s], self.live[s] = request.tokens[-1], request.cached, 1
-            self.out_index[s] = request.produced
-        for s in self.free_slots:
-            self.live[s] = 0
+        decode = [(r, r.slot) for r in decode if r.slot is not None]
+        self.live[:] = 0
+        for request, s in decode:
+            self.position[s], self.live[s], self.out_index[s] = request.cached, 1, request.made
         if self.policy == "static" and not self.running:
             self.batch_open = True
         while not preempted and self.batch_open and self.waiting:
@@ -171,13 +183,28 @@ class Scheduler:
             if budget <= 0:
                 break
             count = min(self.prefill_chunk, budget, request.prefill_to - request.cached)
-            chunks.append((request, request.cached, count))
+            final = request.cached + count == request.prefill_to
+            chunk = (request.slot, request.cached, count, final, request.made)
+            chunks.append(Chunk(request, *chunk, self.table[[request.slot]]))
             budget -= count
-        for request in decode:
+        # Copies, taken before _advance releases a finishing request's row.
+        rows = (self.table, self.position, self.live, self.seed, self.out_index, self.temperature)
+        return self._advance(Plan(decode, chunks, preempted, tuple(a.copy() for a in rows)))
+
+    def _advance(self, plan):
+        """Each planned request moved on by its step: its cache, the tokens it was
+        promised; one whose last token is planned leaves its slot now (its pages are
+        written and read by calls already queued, before any later owner's)."""
+        for request, _ in plan.decode:
             request.cached += 1
-        for request, start, count in chunks:
-            request.cached = start + count
-        return Plan(decode, chunks, preempted)
+            request.made += 1
+        for chunk in plan.chunks:
+            chunk.request.cached = chunk.start + chunk.count
+            chunk.request.made += chunk.final
+        for request in [r for r, _ in plan.decode] + [c.request for c in plan.chunks if c.final]:
+            if request.made == request.max_tokens:
+                self.release(request)
+        return plan
 
     def _admit(self, request):
         request.slot, request.prefill_to = self.free_slots.pop(), len(request.tokens)
@@ -186,13 +213,11 @@ class Scheduler:
         self.seed[s], self.temperature[s] = request.seed, request.temperature
         self._give_pages(request, self.pool.pages_for(len(request.tokens)), 0)
 
-    def commit(self, request, token):
-        """request's next token; True if that was its last (it is released)."""
+    @staticmethod
+    def commit(request, token):
+        """request's next token, once read; True if that was its last."""
         request.tokens.append(int(token))
-        if request.produced == request.max_tokens:
-            self.release(request)
-            return True
-        return False
+        return request.produced == request.max_tokens
 
     def has_work(self):
         return bool(self.waiting or self.running)
