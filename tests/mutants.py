@@ -80,6 +80,14 @@ FAMILY = "tests/test_model_family.py"
 KERNEL_CHECK = "tests/test_s3_kernel_check.py"
 ONCE_TEST = f"{KERNEL_CHECK}::test_interpreted_kernels_decode_once_beside_xla_s_and_their_tokens_are_the_sample"
 SAMPLE_TEST = f"{KERNEL_CHECK}::test_the_sample_comes_from_the_decode_asked_for_where_it_is_timed"
+SERVE_PAGES = "tests/test_serve_pages.py"
+SERVE = "tests/test_serve_engine.py"
+SAME_TOKENS = (
+    f"{SERVE}::test_greedy_tokens_are_generate_s_alone_under_staggered_arrivals_and_preemption"
+)
+PAGED_STEP = (
+    f"{SERVE}::test_the_paged_step_equals_a_full_forward_pass_and_rows_not_live_write_nothing"
+)
 
 MUTANTS = [
     Mutant(
@@ -2239,6 +2247,80 @@ MUTANTS = [
         "sessions/inference/kernel_step.py",
         (("[(head, head_bytes_in_flight(cfg))]", "[(head, 10**9)]"),),
         (f"{ESTIMATE_TEST}::test_our_kernels_bytes_stream_at_what_their_grids_keep_in_flight",),
+    ),
+    Mutant(
+        "serve-shared-position",
+        "the paged step writes and masks every row at row 0's position",
+        "sessions/serve/paged_cache.py",
+        (
+            (
+                "positions = start[:, None] + jnp.arange(C)",
+                "positions = jnp.broadcast_to(start[:1, None], start[:, None].shape) + jnp.arange(C)",
+            ),
+        ),
+        (f"{SAME_TOKENS}[course]", f"{PAGED_STEP}[course]"),
+    ),
+    Mutant(
+        "serve-rope-shared-start",
+        "rotary positions turn every row by the largest row's start",
+        "sessions/model/rotary.py",
+        (("(jnp.asarray(start)[..., None]", "(jnp.asarray(start).max()[..., None]"),),
+        (f"{SAME_TOKENS}[gqa-rope-gated-untied]",),
+    ),
+    Mutant(
+        "serve-learned-shared-start",
+        "learned positions give every row row 0's positions",
+        "sessions/model/positions.py",
+        (("rows = jnp.asarray(start)[:, None]", "rows = jnp.asarray(start)[:1, None]"),),
+        (f"{SAME_TOKENS}[course]",),
+    ),
+    Mutant(
+        "serve-dead-rows-write",
+        "rows that are not live (and padded tokens) write the cache",
+        "sessions/serve/paged_cache.py",
+        (
+            (
+                "        page = jnp.where(real, page, pages_plus_padding)  # past the pool: dropped\n",
+                "",
+            ),
+        ),
+        (f"{PAGED_STEP}[course]", f"{PAGED_STEP}[gqa-rope-gated-untied]"),
+    ),
+    Mutant(
+        "serve-page-leak",
+        "a released request keeps one page off the free list",
+        "sessions/serve/scheduler.py",
+        (("self.pool.release(request.pages)", "self.pool.release(request.pages[1:])"),),
+        (f"{SERVE_PAGES}::test_every_page_and_slot_is_free_once_the_queue_drains", SAME_TOKENS),
+    ),
+    Mutant(
+        "serve-preempt-oldest",
+        "a dry pool preempts the oldest running request, not the newest",
+        "sessions/serve/scheduler.py",
+        (("victim = max(self.running.values()", "victim = min(self.running.values()"),),
+        (
+            f"{SERVE_PAGES}::test_a_dry_pool_preempts_the_newest_running_request_to_the_front_of"
+            "_the_queue",
+        ),
+    ),
+    Mutant(
+        "serve-budget-ignored",
+        "prefill chunks take prefill_chunk tokens whatever the step's token budget left",
+        "sessions/serve/scheduler.py",
+        (
+            (
+                "count = min(self.prefill_chunk, budget, request.prefill_to - request.cached)",
+                "count = min(self.prefill_chunk, request.prefill_to - request.cached)",
+            ),
+        ),
+        (f"{SERVE_PAGES}::test_decodes_go_first_and_prefill_chunks_fill_the_rest_of_the_budget",),
+    ),
+    Mutant(
+        "serve-static-mid-batch",
+        "static batching admits into a free slot before its whole batch has finished",
+        "sessions/serve/scheduler.py",
+        (("self.batch_open = False", "self.batch_open = True"),),
+        (f"{SERVE_PAGES}::test_static_admits_nothing_until_its_whole_batch_has_finished",),
     ),
 ]
 
