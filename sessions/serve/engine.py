@@ -10,8 +10,11 @@ A step is the scheduler's plan (sessions/serve/scheduler.py) run on the device: 
 of the paged step (sessions/serve/paged_cache.py) for every decoding slot at once, R =
 slots rows of one token, then one call a prefill chunk, R = 1 row of prefill_chunk
 tokens. Each shape compiles once. The calls are queued without waiting (JAX dispatches
-asynchronously): the host builds the prefill chunks while the device decodes, and reads
-the tokens back once, at the end of the step.
+asynchronously), and step() queues the NEXT step before it reads this one's tokens: only
+max_tokens stops a request, so the scheduler plans a step without them, and a decode
+takes each slot's latest token from the device (paged_cache.slot_step). The device then
+never waits for the host to read, plan and dispatch between two steps
+(sessions/serve/host_share.py measures what is left).
 
 As the scaling book's inference chapter lays an engine out (prefill, insert into a
 slot, one generate over all slots, an orchestrator), and JetStream's engine_api.py names
@@ -20,6 +23,7 @@ slot's pages.
 """
 
 import math
+import numbers
 
 import jax.numpy as jnp
 import numpy as np
@@ -105,8 +109,9 @@ class Engine:
         prompt = [int(t) for t in prompt_token_ids]
         if request_id in self.requests:
             raise UsageError(f"request {request_id!r} is already queued or running")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise UsageError(f"max_tokens must be at least 1, not {max_tokens}")
+        if not isinstance(max_tokens, numbers.Integral) or max_tokens < 1:
+            raise UsageError(f"max_tokens must be a whole number, at least 1, not {max_tokens}")
+        max_tokens = int(max_tokens)
         check_lengths(self.cfg, len(prompt), max_tokens)  # not empty, fits the context
         if min(prompt) < 0 or max(prompt) >= self.cfg.vocab:
             raise UsageError(f"prompt tokens must lie in 0..{self.cfg.vocab - 1}")
@@ -207,10 +212,11 @@ class Engine:
         return outputs
 
     def stats(self):
-        """The pool and the queues now: pages_total, pages_free, pages_used, running,
-        waiting, preemptions; tokens_held (tokens in the cache), tokens_this_step
-        (live tokens in the last step), near_ties (greedy tokens so far whose top two
-        logits were within the dtype's NEAR_TIE)."""
+        """The pool and the queues as scheduled (the step queued ahead included):
+        pages_total, pages_free, pages_used, running, waiting, preemptions; tokens_held
+        (tokens in the cache), tokens_this_step (live tokens in the step step() last
+        returned), near_ties (greedy tokens so far whose top two logits were within
+        the dtype's NEAR_TIE)."""
         sched = self.scheduler
         return {
             "pages_total": sched.pool.total,

@@ -37,31 +37,37 @@ def decoding_engine(cfg, slots, page_size, prompt_len=16, seed=0):
     return engine
 
 
-def host_share(cfg, slots=8, page_size=16, steps=40):
+def host_share(cfg, slots=8, page_size=16, steps=20, rounds=4):
     """{"step_s", "device_s", "host_s", "host_fraction", "host_cpu_s"}: the engine's
     decode step, the device's work alone (the same call back to back), their
     difference, as a fraction of the step; and the CPU time of the host's own thread
-    a step. On a CPU the "device" is the same cores: host work the next step hides
-    behind still takes cycles from XLA's threads."""
-    engine = decoding_engine(cfg, slots, page_size)
+    a step. Medians of `rounds` rounds, the two timed in turn, as other work on the
+    machine comes and goes. On a CPU the "device" is the same cores: host work that
+    the queued step hides still takes cycles from XLA's threads."""
+    engine = decoding_engine(cfg, slots, page_size, prompt_len=8)
     engine.step()  # warm
-    start, cpu = time.perf_counter(), time.thread_time()
-    for _ in range(steps):
-        engine.step()
-    step_s = (time.perf_counter() - start) / steps
-    host_cpu_s = (time.thread_time() - cpu) / steps  # the Python thread's own work
     s = engine.scheduler
-    rows = (s.table, s.position, s.live, engine.all_rows, s.seed, s.out_index, s.temperature)
-    rows = jax.device_put(pack_rows(*rows))
-    pool, last = engine.pool, engine.last
-    out, pool, last = slot_step(engine.weights, pool, last, rows, engine.no_tokens, cfg, True)
-    jax.block_until_ready(out)
-    start = time.perf_counter()
-    for _ in range(steps):
-        out, pool, last = slot_step(engine.weights, pool, last, rows, engine.no_tokens, cfg, True)
-    jax.block_until_ready((out, pool))
-    device_s = (time.perf_counter() - start) / steps
-    engine.pool, engine.last, engine.pending = pool, last, None
+    measured = []
+    for _ in range(rounds):
+        start, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(steps):
+            engine.step()
+        step_s = (time.perf_counter() - start) / steps
+        host_cpu_s = (time.thread_time() - cpu) / steps  # the Python thread's own work
+        # The step the engine queued last, again and again: its pool and tokens only.
+        rows = (s.table, s.position, s.live, engine.all_rows, s.seed, s.out_index)
+        rows = jax.device_put(pack_rows(*rows, s.temperature))
+        pool, last = engine.pool, engine.last
+        start = time.perf_counter()
+        for _ in range(steps):
+            out, pool, last = slot_step(
+                engine.weights, pool, last, rows, engine.no_tokens, cfg, True
+            )
+        jax.block_until_ready((out, pool))
+        device_s = (time.perf_counter() - start) / steps
+        engine.pool, engine.last = pool, last
+        measured.append((step_s, device_s, host_cpu_s))
+    step_s, device_s, host_cpu_s = (float(np.median(m)) for m in zip(*measured))
     host_s = max(step_s - device_s, 0.0)
     return {
         "step_s": step_s,

@@ -78,14 +78,15 @@ def paged_attention(q, keys, values, positions):
     """q [R, C, H, D] at positions int [R, C], over keys [R, K, D, T] and values
     [R, K, T, D] -> [R, C, H, D]. Query (r, c) sees key t where t <= positions[r, c];
     groups as sessions/model/attention.py: query head h = k·G + g reads KV head k.
-    Scores and softmax in float32."""
+    Scores and softmax in float32. In the einsums, the course's letters: the rows are
+    its batch B, their C tokens its queries S."""
     R, C, H, D = q.shape
     K, T = keys.shape[1], keys.shape[-1]
     q = q.reshape(R, C, K, H // K, D).transpose(0, 2, 3, 1, 4)  # [R, K, G, C, D]
-    scores = jnp.einsum("RKGCD,RKDT->RKGCT", q, keys, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("BKGSD,BKDT->BKGST", q, keys, preferred_element_type=jnp.float32)
     seen = jnp.arange(T)[None, None, :] <= positions[:, :, None]  # [R, C, T]
     probs = masked_softmax(scores * D**-0.5, seen[:, None, None]).astype(values.dtype)
-    out = jnp.einsum("RKGCT,RKTD->RCKGD", probs, values)
+    out = jnp.einsum("BKGST,BKTD->BSKGD", probs, values)
     return out.reshape(R, C, H, D)
 
 
