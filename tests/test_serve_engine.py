@@ -18,7 +18,7 @@ from sessions.inference import generate
 from sessions.inference.layout import decode_weights
 from sessions.model import ModelConfig, forward, init_params
 from sessions.serve import Engine
-from sessions.serve.paged_cache import init_pool, paged_step
+from sessions.serve.paged_cache import init_pool, paged_step, slot_step
 
 COURSE = ModelConfig(embed=24, ff=40, heads=3, head_dim=8, layers=2, seq=16)
 LLAMA = ModelConfig(
@@ -79,7 +79,9 @@ def test_greedy_tokens_are_generate_s_alone_under_staggered_arrivals_and_preempt
     prompts = [rng.integers(0, cfg.vocab, n).tolist() for n in lengths]
     engine = Engine(params, cfg, **SHAPE)
     requests = [(f"r{i}", p, cfg.seq - len(p), {}) for i, p in enumerate(prompts)]
+    programs = slot_step._cache_size()
     out, slots = serve(engine, requests)
+    assert slot_step._cache_size() <= programs + 2  # a decode and a chunk: no step retraces
     stats = engine.stats()
     assert stats["preemptions"] > 0
     assert len(set().union(*slots.values())) == SHAPE["slots"]  # every slot served
