@@ -139,7 +139,7 @@ class Scheduler:
     def _preempt_newest(self):
         victim = max(self.running.values(), key=lambda r: r.arrival)
         self.release(victim)
-        self.waiting.insert(0, victim)  # the front: it was admitted before every waiter
+        self.waiting.insert(0, victim)  # the front: it arrived before every waiter
         self.preemptions += 1
         return victim
 
