@@ -8,8 +8,10 @@ orders as session 3's contiguous cache (sessions/inference/kv_cache.py: "k" [B, 
 contiguous block of K·D·N values, so gathering a row's P pages copies whole blocks, and
 the gathered keys come out [R, K, D, P·N] (q·k contracts D, read as [contracted, kept])
 and the values [R, K, P·N, D] (probs·v contracts T), the layouts XLA's CPU multiplies
-without transposing the cache again (kv_cache.py measured 3x for [T, K, D] keys). The
-transpose from page-major to head-major fuses into the gather's loop: one copy.
+without transposing again (kv_cache.py measured 3x for [T, K, D] keys). XLA's CPU
+backend gathers page-major, [R, P, K, D, N], then transposes: the row's pages are copied
+twice a step (its compiled program; a lax.gather asked for the head-major order directly
+compiles to the same two copies).
 
 A step takes R rows of C tokens: row r's count[r] tokens at positions start[r] ..
 start[r] + count[r] - 1. Each layer first writes the rows' new keys and values into the
