@@ -7,6 +7,7 @@ beside the decodes (Sarathi-Serve), and an engine with vLLM's LLMEngine face.
     paged_cache.py  the paged KV cache and the one step that decodes and prefills through it
     scheduler.py    which requests run a step: decodes, admission, prefill chunks, preemption
     engine.py       the engine: add_request, step, abort_request, stats
+    host_share.py   the host's share of a decode step, measured
 
     from sessions.serve import Engine
 """
