@@ -91,6 +91,14 @@ LOAD_HAND = f"{LOAD}::test_latencies_throughput_and_goodput_by_hand"
 WORKLOAD = "sessions/serve/workload.py"
 REPLAY = "sessions/serve/replay.py"
 LATENCY = "sessions/serve/latency.py"
+SERVE_PAGES = "tests/test_serve_pages.py"
+SERVE = "tests/test_serve_engine.py"
+SAME_TOKENS = (
+    f"{SERVE}::test_greedy_tokens_are_generate_s_alone_under_staggered_arrivals_and_preemption"
+)
+PAGED_STEP = (
+    f"{SERVE}::test_the_paged_step_equals_a_full_forward_pass_and_rows_not_live_write_nothing"
+)
 
 MUTANTS = [
     Mutant(
@@ -2830,6 +2838,80 @@ MUTANTS = [
         (
             f"{HTTP_TEST}::test_a_step_that_fails_fails_its_request_with_500_and_the_server_serves_on",
         ),
+    ),
+    Mutant(
+        "serve-shared-position",
+        "the paged step writes and masks every row at row 0's position",
+        "sessions/serve/paged_cache.py",
+        (
+            (
+                "positions = start[:, None] + jnp.arange(C)",
+                "positions = jnp.broadcast_to(start[:1, None], start[:, None].shape) + jnp.arange(C)",
+            ),
+        ),
+        (f"{SAME_TOKENS}[course]", f"{PAGED_STEP}[course]"),
+    ),
+    Mutant(
+        "serve-rope-shared-start",
+        "rotary positions turn every row by the largest row's start",
+        "sessions/model/rotary.py",
+        (("(jnp.asarray(start)[..., None]", "(jnp.asarray(start).max()[..., None]"),),
+        (f"{SAME_TOKENS}[gqa-rope-gated-untied]",),
+    ),
+    Mutant(
+        "serve-learned-shared-start",
+        "learned positions give every row row 0's positions",
+        "sessions/model/positions.py",
+        (("rows = jnp.asarray(start)[:, None]", "rows = jnp.asarray(start)[:1, None]"),),
+        (f"{SAME_TOKENS}[course]",),
+    ),
+    Mutant(
+        "serve-dead-rows-write",
+        "rows that are not live (and padded tokens) write the cache",
+        "sessions/serve/paged_cache.py",
+        (
+            (
+                "        page = jnp.where(real, page, pages_plus_padding)  # past the pool: dropped\n",
+                "",
+            ),
+        ),
+        (f"{PAGED_STEP}[course]", f"{PAGED_STEP}[gqa-rope-gated-untied]"),
+    ),
+    Mutant(
+        "serve-page-leak",
+        "a released request keeps one page off the free list",
+        "sessions/serve/scheduler.py",
+        (("self.pool.release(request.pages)", "self.pool.release(request.pages[1:])"),),
+        (f"{SERVE_PAGES}::test_every_page_and_slot_is_free_once_the_queue_drains", SAME_TOKENS),
+    ),
+    Mutant(
+        "serve-preempt-oldest",
+        "a dry pool preempts the oldest running request, not the newest",
+        "sessions/serve/scheduler.py",
+        (("victim = max(self.running.values()", "victim = min(self.running.values()"),),
+        (
+            f"{SERVE_PAGES}::test_a_dry_pool_preempts_the_newest_running_request_to_the_front_of"
+            "_the_queue",
+        ),
+    ),
+    Mutant(
+        "serve-budget-ignored",
+        "prefill chunks take prefill_chunk tokens whatever the step's token budget left",
+        "sessions/serve/scheduler.py",
+        (
+            (
+                "count = min(self.prefill_chunk, budget, request.prefill_to - request.cached)",
+                "count = min(self.prefill_chunk, request.prefill_to - request.cached)",
+            ),
+        ),
+        (f"{SERVE_PAGES}::test_decodes_go_first_and_prefill_chunks_fill_the_rest_of_the_budget",),
+    ),
+    Mutant(
+        "serve-static-mid-batch",
+        "static batching admits into a free slot before its whole batch has finished",
+        "sessions/serve/scheduler.py",
+        (("self.batch_open = False", "self.batch_open = True"),),
+        (f"{SERVE_PAGES}::test_static_admits_nothing_until_its_whole_batch_has_finished",),
     ),
 ]
 

@@ -19,7 +19,8 @@ def init_positions(key, seq, embed):
 
 def add_positions(x, pos_SE, start=0):
     """x: [B, S, E] token embeddings at positions start..start+S-1 -> [B, S, E];
-    position s gets pos_SE[s]. start may be traced (a decoder's position).
+    position s gets pos_SE[s]. start may be traced (a decoder's position), or an
+    int [B] of each row's own start (past the table: its last row, a padded token's).
 
     The positions are broadcast over the batch as an outer product with ones,
     "B,SE->BSE": the same numbers as `x + pos[None]`, but a different gradient
@@ -31,5 +32,8 @@ def add_positions(x, pos_SE, start=0):
     the einsum it is a matmul with the ones, "B,BSE->SE", which reads the
     gradient as it lies: the step compiled for h100:1 has no transpose left."""
     B, S, _ = x.shape
+    if jnp.ndim(start):  # int [B], each row at its own positions (a serving engine's slots)
+        rows = jnp.asarray(start)[:, None] + jnp.arange(S)  # [B, S]
+        return x + jnp.take(pos_SE, rows, axis=0, mode="clip").astype(x.dtype)
     pos = jax.lax.dynamic_slice_in_dim(pos_SE, start, S).astype(x.dtype)
     return x + jnp.einsum("B,SE->BSE", jnp.ones((B,), x.dtype), pos)

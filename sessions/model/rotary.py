@@ -41,11 +41,13 @@ def frequencies(head_dim, base):
 def rotate(x, start, base):
     """x: [B, S, N, D], N heads (H of queries or K of keys) at positions
     start..start+S-1 (start may be traced: a decoder's position) -> the same,
-    each pair (i, i + D/2) of every head turned by (start + s)·base^(-2i/D)."""
+    each pair (i, i + D/2) of every head turned by (start + s)·base^(-2i/D).
+    start is a scalar (every row at the same positions) or int [B], a row's own
+    (a serving engine's slots, sessions/serve/paged_cache.py)."""
     S, D = x.shape[1], x.shape[-1]
-    positions = (start + jnp.arange(S)).astype(jnp.float32)
-    theta = positions[:, None] * frequencies(D, base)[None, :]  # [S, D/2]
-    cos, sin = jnp.cos(theta)[:, None, :], jnp.sin(theta)[:, None, :]  # [S, 1, D/2]: every head
+    positions = (jnp.asarray(start)[..., None] + jnp.arange(S)).astype(jnp.float32)  # [(B,) S]
+    theta = positions[..., None] * frequencies(D, base)  # [(B,) S, D/2]
+    cos, sin = jnp.cos(theta)[..., None, :], jnp.sin(theta)[..., None, :]  # [(B,) S, 1, D/2]
     x32 = x.astype(jnp.float32)
     x1, x2 = x32[..., : D // 2], x32[..., D // 2 :]  # the pairs: dim i with dim i + D/2
     turned = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
