@@ -2,7 +2,8 @@
 client and curl against a real server process, streaming, bad requests, a full queue,
 clients that leave mid-stream, and SIGTERM.
 
-One server process serves the engine-agnostic tests (SERVER); a slow one-slot echo engine
+One server process, session 7's engine over the tiny model, serves the tests any engine
+must pass (SERVER); a slow one-slot echo engine
 (tests/serve_fakes.py), whose requests can be caught mid-stream and whose tokens are known,
 serves the rest (SLOW). SIGTERM during a stream gets a process of its own.
 """
@@ -28,10 +29,10 @@ from tests.helpers import REPO, subprocess_env
 from tests.serve_fakes import FAIL
 
 FAKE = [sys.executable, os.path.join(REPO, "tests", "serve_fakes.py")]
-# The shared server, and its context (S: prompt + max_tokens fit in it). To serve the real
-# engine here, this pair becomes:
-#   [sys.executable, "sessions/s7_engine.py", "--serve", "--random-params", "--preset", "tiny"], 64
-SERVER, CONTEXT = [*FAKE, "--step-ms", "2", "--context", "96"], 96
+# The shared server: session 7's own, the engine over the tiny preset's model (random
+# weights), and its context (S: prompt + max_tokens fit in it).
+SERVER = [sys.executable, "sessions/s7_engine.py", "--serve", "--random-params", "--preset", "tiny"]
+CONTEXT = 64
 # One slot, a step of 20 ms, one request may wait: a 2,000-token request runs for 40 s,
 # far longer than any test waits for what a disconnect or SIGTERM must end at once.
 SLOW = [*FAKE, "--step-ms", "20", "--slots", "1", "--max-queue", "1", "--grace-s", "1"]

@@ -14,7 +14,7 @@ from sessions.run.load_report import latency_throughput_chart, runs_table_lines
 from sessions.serve.latency import host_wait, latency_percentiles, run_summary
 from sessions.serve.replay import replay
 from sessions.serve.workload import (
-    Request,
+    Arrival,
     arrival_times,
     make_requests,
     parse_length_dist,
@@ -101,7 +101,7 @@ class FakeEngine:
 
 
 def request(i, arrival_s, max_tokens, prompt_len=3):
-    return Request(f"r{i}", arrival_s, tuple(range(prompt_len)), max_tokens)
+    return Arrival(f"r{i}", arrival_s, tuple(range(prompt_len)), max_tokens)
 
 
 def run_fake(requests, context=16, **engine):

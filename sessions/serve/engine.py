@@ -229,3 +229,14 @@ class Engine:
             "tokens_this_step": self.tokens_this_step,
             "near_ties": self.near_ties,
         }
+
+
+def warm_up(engine, context):
+    """Requests through the engine before the clock starts (or a server listens), so that
+    its two step shapes compile now, not in the first request's time to its first token:
+    a prompt of nearly the whole `context` (its prefill in more than one chunk, if the engine
+    chunks it) and a short one beside it (a prefill beside a decode)."""
+    engine.add_request("warm-up-long", [ord(" ")] * max(context - 2, 1), 2)
+    engine.add_request("warm-up-short", [ord(" ")], 2)
+    while engine.has_unfinished_requests():
+        engine.step()

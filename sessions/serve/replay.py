@@ -71,7 +71,7 @@ def _kv(stats, page_size, context):
 
 
 def replay(engine, requests, *, page_size=None, context=None, clock=None, sleep=None):
-    """Run `requests` ([workload.Request], any order) through `engine` in real time.
+    """Run `requests` ([workload.Arrival], any order) through `engine` in real time.
 
     page_size: tokens a page (N); context: the model's S (cfg.seq); both only for the KV
     figures. Returns a ReplayLog: the per-request and per-step dicts the module docstring

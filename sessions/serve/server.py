@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 
 from sessions.errors import UsageError
 from sessions.serve.completion_request import BadRequest, parse_completion
+from sessions.serve.engine import warm_up
 from sessions.serve.metrics import ServerMetrics
 from sessions.serve.orchestrator import Orchestrator, Refused
 
@@ -196,20 +197,6 @@ def make_app(engine, *, model_name, context, max_queue=64, grace_s=3.0):
     return app
 
 
-def warm_up(engine, context):
-    """Requests through the engine before the server listens, so that its step's shapes
-    compile now, not in the first client's time to first token: a prompt of nearly the
-    whole context (its prefill in more than one chunk, if the engine chunks it) and a short
-    one beside it (a prefill beside a decode)."""
-    try:  # a pool too small for a whole context would refuse clients later: say so now
-        engine.add_request("warm-up-long", [ord(" ")] * max(context - 2, 1), 2)
-    except ValueError as e:
-        raise UsageError(f"the engine cannot hold a request of the whole context: {e}") from None
-    engine.add_request("warm-up-short", [ord(" ")], 2)
-    while engine.has_unfinished_requests():
-        engine.step()
-
-
 def try_it(url, model_name):
     """What to type to talk to the server at `url`: curl, then the openai client."""
     body = json.dumps({"model": model_name, "prompt": "The import statement ", "max_tokens": 32})
@@ -246,7 +233,10 @@ def serve(engine, host, port, *, model_name, context, max_queue=64, grace_s=3.0,
     warmed up first; once it listens, print banner(url) (default: try_it's lines). uvicorn
     re-raises SIGTERM once it has shut down (since 0.29), so the process then ends with
     status 143; after SIGINT this returns."""
-    warm_up(engine, context)
+    try:  # a pool too small for a whole context would refuse clients later: say so now
+        warm_up(engine, context)
+    except UsageError as e:
+        raise UsageError(f"the engine cannot hold a request of the whole context: {e}") from None
     banner = banner or (lambda url: try_it(url, model_name))
     app = make_app(
         engine, model_name=model_name, context=context, max_queue=max_queue, grace_s=grace_s

@@ -40,7 +40,7 @@ ARRIVALS, PROMPT_LENS, OUTPUT_LENS, OFFSETS, SEEDS = range(5)
 
 
 @dataclasses.dataclass(frozen=True)
-class Request:
+class Arrival:
     """One request as engine.add_request takes it, and when it arrives (seconds from 0)."""
 
     request_id: str
@@ -168,7 +168,7 @@ def make_requests(
     temperature=0.0,
     text=None,
 ):
-    """The stream: [Request] of n requests (all of lengths_file's when n is None), in order of
+    """The stream: [Arrival] of n requests (all of lengths_file's when n is None), in order of
     arrival, for a model of `context` tokens (cfg.seq). lengths_file, when given, replaces both
     DISTs. text: the corpus the prompts are cut from (str or bytes; the docs by default)."""
     if lengths_file is not None:
@@ -198,7 +198,7 @@ def make_requests(
     seeds = np.random.default_rng([seed, SEEDS]).integers(0, 2**31, size=n)
     arrivals = arrival_times(n, rate, burstiness, seed)
     return [
-        Request(
+        Arrival(
             request_id=f"r{i}",
             arrival_s=float(arrivals[i]),
             prompt_token_ids=tuple(int(t) for t in corpus[offsets[i] : offsets[i] + prompts[i]]),
