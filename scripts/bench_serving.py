@@ -20,7 +20,6 @@ import sys
 import time
 
 import httpx
-import numpy as np
 
 from sessions.errors import UsageError, run_main
 from sessions.run.cli import (
@@ -30,89 +29,8 @@ from sessions.run.cli import (
     positive_float,
     positive_int,
 )
-
-try:  # the request stream and its statistics: the load's modules (session 7)
-    from sessions.serve.latency import run_summary
-    from sessions.serve.workload import make_requests
-except ImportError:  # TEMPORARY, until the load's workload and latency modules are merged:
-    # a stand-in with their signatures (uniform or fixed lengths, gamma arrivals, the
-    # latencies' percentiles). Delete this branch, and the try, when they are.
-    from types import SimpleNamespace
-
-    def make_requests(
-        n,
-        rate,
-        *,
-        context,
-        burstiness=1.0,
-        prompt_len="uniform:1,64",
-        output_len="uniform:1,64",
-        lengths_file=None,
-        seed=0,
-    ):
-        rng = np.random.default_rng(seed)
-
-        def draw(dist):
-            kind, _, numbers = dist.partition(":")
-            lo, hi = (int(x) for x in (numbers + "," + numbers).split(",")[:2])
-            return rng.integers(lo, hi + 1, size=n) if kind == "uniform" else np.full(n, lo)
-
-        outputs = np.minimum(draw(output_len), context - 1)  # each fits the context
-        prompts = np.minimum(draw(prompt_len), context - outputs)
-        gaps = rng.gamma(burstiness, 1 / (rate * burstiness), size=n - 1)
-        arrivals = np.concatenate([[0.0], np.cumsum(gaps)])
-        text = np.frombuffer(b"The import statement combines two operations. " * 64, np.uint8)
-        return [
-            SimpleNamespace(
-                arrival_s=float(a),
-                prompt_token_ids=tuple(int(t) for t in text[: min(p, context - o)]),
-                max_tokens=int(o),
-            )
-            for a, p, o in zip(arrivals, prompts, outputs)
-        ]
-
-    def run_summary(
-        records, steps=None, *, policy, rate, preemptions=None, slo_ttft=None, slo_tpot=None
-    ):
-        done = [r for r in records if r["ok"] and r["token_times_s"]]
-        ttft = [r["token_times_s"][0] - r["arrival_s"] for r in done]
-        e2e = [r["token_times_s"][-1] - r["arrival_s"] for r in done]
-        tpot = [
-            (e - t) / (r["output_len"] - 1)
-            for r, t, e in zip(done, ttft, e2e)
-            if r["output_len"] > 1
-        ]
-        itl = [b - a for r in done for a, b in zip(r["token_times_s"], r["token_times_s"][1:])]
-        end = max((r["token_times_s"][-1] for r in done), default=0.0)
-        duration = end - min(r["arrival_s"] for r in records)
-
-        def pct(xs):
-            return {f"p{q}": float(np.percentile(xs, q)) if xs else None for q in (50, 90, 99)}
-
-        good = [
-            r
-            for r, t, e in zip(done, ttft, e2e)
-            if (slo_ttft is None or t <= slo_ttft)
-            and (
-                slo_tpot is None
-                or r["output_len"] < 2
-                or (e - t) / (r["output_len"] - 1) <= slo_tpot
-            )
-        ]
-        return {
-            "policy": policy,
-            "rate": rate,
-            "requests": len(records),
-            "completed": len(done),
-            "output_tokens_per_s": sum(r["output_len"] for r in done) / duration,
-            "requests_per_s": len(done) / duration,
-            "ttft_s": pct(ttft),
-            "tpot_s": pct(tpot),
-            "itl_s": pct(itl),
-            "e2e_s": pct(e2e),
-            "preemptions": preemptions,
-            "goodput": len(good) / duration if slo_ttft or slo_tpot else None,
-        }
+from sessions.serve.latency import run_summary
+from sessions.serve.workload import make_requests
 
 
 async def one_request(client, model, start_s, arrival_s, prompt, max_tokens):

@@ -98,7 +98,7 @@ def main(argv=None):
     if args.target:  # the engine's two steps compiled for a chip this machine lacks; exit
         target, devices = programs.devices_for(args.target)
         serving = serving_config(args, platform=target.chip.platform)
-        planned = engine_on_target.plan_engine(serving, args, target, devices)
+        planned = engine_on_target.plan_engine(serving, args.engine, args.pages, target, devices)
         return programs.write_plan(planned, args.hlo_out, args.summary_out)
     check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
     serving = serving_config(args)
@@ -106,7 +106,7 @@ def main(argv=None):
     one_device = sharding.make_mesh(sharding.parse_mesh(None, 1), jax.devices()[:1])
     params, source = load_params(serving.checkpoint_dir, args.seed, cfg, meta, one_device)
     reserved_pages = args.slots * math.ceil(cfg.seq / args.page_size)
-    pages = pool_pages(args, cfg)  # by default 3/4 of reserved_pages: all slots run anyway
+    pages = pool_pages(args.pages, args.slots, args.page_size, cfg.seq)  # 3/4 reserved_pages
     if args.serve:
         from sessions.serve.server import serve  # FastAPI and uvicorn: only a server needs them
 

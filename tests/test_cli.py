@@ -248,12 +248,13 @@ def test_unreadable_data_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     assert code == 2 and f"cannot read {path}" in err and len(err.strip().splitlines()) == 1
 
 
-SCRIPTS = {"s1_train.py", "s2_train.py", "s3_infer.py", "s4_kernels.py"}
+SCRIPTS = {"s1_train.py", "s2_train.py", "s3_infer.py", "s4_kernels.py", "s5_serve.py"}
+SCRIPTS |= {"s6_memory.py", "s7_engine.py"}
 
 
 def library_sources():
     """(path, syntax tree) of every module below the session scripts: sessions/
-    but for the four scripts and cli.py, the one module that reads the flags."""
+    but for the session scripts and cli.py, the one module that reads the flags."""
     root = os.path.join(REPO, "sessions")
     for folder, _, files in os.walk(root):
         for name in sorted(files):

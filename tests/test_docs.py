@@ -50,7 +50,7 @@ AOT = "requirements-aot.txt"
 HOMEWORK = "scripts/homework.py"
 
 # Commands shown that are not ours to parse, by their first word (or `python -m X`).
-NOT_OURS = {"pip", "gcloud", "cd", "xprof", "ruff", "git", "tensorboard"}
+NOT_OURS = {"pip", "gcloud", "cd", "xprof", "ruff", "git", "tensorboard", "curl"}
 NOT_OURS_MODULES = {"pytest", "pip"}
 
 
@@ -133,6 +133,8 @@ def script_of(words):
     if words[0] in NOT_OURS:
         return None
     assert words[0] == "python", f"{shlex.join(words)}: not a python command (NOT_OURS?)"
+    if words[1] == "-c":  # a client's one line (session 7's server), not a program of ours
+        return None
     if words[1] == "-m":
         if words[2] in NOT_OURS_MODULES:
             return None

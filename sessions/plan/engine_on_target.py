@@ -60,26 +60,29 @@ def gathers_and_scatters(hlo_text):
     return len(re.findall(r"\bgather\(", hlo_text)), len(re.findall(r"\bscatter\(", hlo_text))
 
 
-def plan_engine(serving, args, target, devices, say=print):
+def plan_engine(serving, engine, pages, target, devices, say=print):
     """Compile the engine's decode step and prefill chunk for one device of `target`,
-    print what each holds and launches beside the napkin's bytes; EnginePlanned."""
+    print what each holds and launches beside the napkin's bytes; EnginePlanned. engine:
+    the Engine's options (slots, page_size, prefill_chunk, ...); pages: the pool, None for
+    its default (sessions/run/engine_flags.py pool_pages)."""
+    slots, page_size, chunk = engine["slots"], engine["page_size"], engine["prefill_chunk"]
     cfg, _ = inference_config(serving)
     mesh = sharding.make_mesh(sharding.parse_mesh(None, 1), devices=devices[:1])
     chip = target.chip
     peak, bandwidth = chip.peak(cfg.dtype), chip.hbm_bandwidth * target.chips / target.devices
-    pages = pool_pages(args, cfg)
-    napkin = batching.paged_step_cost(cfg, args.slots, peak_flops=peak, bandwidth=bandwidth)
+    pages = pool_pages(pages, slots, page_size, cfg.seq)
+    napkin = batching.paged_step_cost(cfg, slots, peak_flops=peak, bandwidth=bandwidth)
     say(f"target: {target.name}, 1 x {devices[0].device_kind} (compile-only: nothing runs)")
     say(f"model: {model_line(cfg, length='T')} | {cfg.dtype} | preset {serving.preset}")
-    say(f"engine: {args.slots} slots | {pages} pages of {args.page_size} | chunks of "
-        f"{args.prefill_chunk}")  # fmt: skip
+    say(f"engine: {slots} slots | {pages} pages of {page_size} | chunks of "
+        f"{chunk}")  # fmt: skip
     say(
         f"  {'program':<16}{'rows x tokens':>14}{'memory MB':>11}{'kernels':>9}"
         f"{'gathers':>9}{'scatters':>10}{'compile s':>11}"
     )
     rows, decode = [], None
-    for name, R, C in (("decode step", args.slots, 1), ("prefill chunk", 1, args.prefill_chunk)):
-        inputs, static = abstract_engine_inputs(cfg, args.slots, pages, args.page_size, R, C, mesh)
+    for name, R, C in (("decode step", slots, 1), ("prefill chunk", 1, chunk)):
+        inputs, static = abstract_engine_inputs(cfg, slots, pages, page_size, R, C, mesh)
         compiled, oom, seconds = programs.compile_or_oom(slot_step, inputs, static, mesh, chip, say)
         if compiled is None:
             say(f"  {name} does not fit: {oom}")
@@ -115,9 +118,9 @@ def plan_engine(serving, args, target, devices, say=print):
     summary = {
         "target": target.name,
         "model": dataclasses.asdict(cfg),
-        "slots": args.slots,
+        "slots": slots,
         "pages": pages,
-        "page_size": args.page_size,
+        "page_size": page_size,
         "steps": rows,
         "predicted_contiguous_step_s": napkin.contiguous_s,
         "predicted_paged_step_s": napkin.paged_s,

@@ -87,14 +87,20 @@ def engine_flags(argv=None):
         "prefill_chunk": args.prefill_chunk,
         "token_budget": args.token_budget,
     }
-    stream = ("burstiness", "prompt_len", "output_len", "lengths_file", "seed", "temperature")
-    args.stream = {name: getattr(args, name) for name in stream}
+    args.stream = {
+        "burstiness": args.burstiness,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "lengths_file": args.lengths_file,
+        "seed": args.seed,
+        "temperature": args.temperature,
+    }
     return args
 
 
-def pool_pages(args, cfg):
-    """--pages, or by default three quarters of what reserving a whole context for every
-    slot would take (never less than one whole context): a reserving cache of this memory
-    serves 6 of 8 slots; paged, all 8 run, the pages shared by what each has written."""
-    whole = math.ceil(cfg.seq / args.page_size)
-    return args.pages or max(args.slots * whole * 3 // 4, whole)
+def pool_pages(pages, slots, page_size, seq):
+    """--pages (`pages`), or by default three quarters of what reserving a whole context of
+    `seq` for every slot would take (never less than one whole context): a reserving cache
+    of this memory serves 6 of 8 slots; paged, all 8 run, sharing what each has written."""
+    whole = math.ceil(seq / page_size)
+    return pages or max(slots * whole * 3 // 4, whole)
