@@ -83,6 +83,8 @@ WITHIN_25 = "test_the_estimate_is_within_25_percent_of_every_h100_step_and_the_f
 FAMILY = "tests/test_model_family.py"
 KERNEL_CHECK = "tests/test_s3_kernel_check.py"
 HTTP_TEST = "tests/test_serve_http.py"
+S7 = "tests/test_s7_engine.py"
+S7_BAD = f"{S7}::test_bad_input_is_one_line_and_exit_2"
 BAD_REQUEST = "test_a_bad_request_gets_400_in_openai_s_shape_and_costs_the_engine_nothing"
 ONCE_TEST = f"{KERNEL_CHECK}::test_interpreted_kernels_decode_once_beside_xla_s_and_their_tokens_are_the_sample"
 SAMPLE_TEST = f"{KERNEL_CHECK}::test_the_sample_comes_from_the_decode_asked_for_where_it_is_timed"
@@ -2912,6 +2914,32 @@ MUTANTS = [
         "sessions/serve/scheduler.py",
         (("self.batch_open = False", "self.batch_open = True"),),
         (f"{SERVE_PAGES}::test_static_admits_nothing_until_its_whole_batch_has_finished",),
+    ),
+    Mutant(
+        "s7-pool-check-skipped",
+        "s7 sends a stream whose longest request the pool can never hold: no one-line refusal naming --pages",
+        "sessions/s7_engine.py",
+        (
+            (
+                "    if need > pages:  # it would wait forever",
+                "    if False:  # it would wait forever",
+            ),
+        ),
+        (f"{S7_BAD}[argv8---pages 2]",),
+    ),
+    Mutant(
+        "s7-pool-half",
+        "the default pool is half of what reserving whole contexts takes, not three quarters",
+        "sessions/run/engine_flags.py",
+        (("max(slots * whole * 3 // 4, whole)", "max(slots * whole // 2, whole)"),),
+        (f"{S7}::test_the_story_runs_every_request_of_both_policies_at_each_rate",),
+    ),
+    Mutant(
+        "s7-rate-and-rates",
+        "--rate and --rates both given: one is silently dropped",
+        "sessions/run/engine_flags.py",
+        (("if args.rate is not None and args.rates is not None:", "if False:"),),
+        (f"{S7_BAD}[argv4---rate and --rates]",),
     ),
 ]
 
