@@ -163,6 +163,10 @@ def main(argv=None):
         "kv_utilisation_reserved": batching.kv_utilisation_reserved(held, cfg.seq),
         "decode_step_floor_s": floor.step_s,
         "paged_over_contiguous": paged_napkin.ratio,
+        # No rate above this: every step at the roofline's floor, prefill done elsewhere.
+        "knee_roofline_requests_per_s": batching.knee_rate(
+            args.slots, floor.step_s, np.mean(outputs) - 1
+        ),
     }
     print()
     for line in napkin_lines(predicted, args.slots, args.page_size, cfg.seq):

@@ -111,6 +111,15 @@ def server():
 
 
 @pytest.fixture(scope="module")
+def echo():
+    """The echo engine at the real one's context: it takes whatever the server hands it (a
+    negative temperature, a prompt past the context), so what it was handed shows whether
+    the server's own check stopped a bad request (the real engine would refuse it too)."""
+    with running([*FAKE, "--step-ms", "2", "--context", str(CONTEXT)]) as s:
+        yield s.url
+
+
+@pytest.fixture(scope="module")
 def slow():
     with running(SLOW) as s:
         yield s.url
@@ -227,15 +236,22 @@ BAD = {
 
 
 @pytest.mark.parametrize("body", BAD.values(), ids=BAD.keys())
-def test_a_bad_request_gets_400_in_openai_s_shape_and_costs_the_engine_nothing(server, body):
-    read = metric(server, "prompt_tokens_total")  # what the engine has been handed
+def test_a_bad_request_gets_400_in_openai_s_shape_and_costs_the_engine_nothing(echo, body):
+    read = metric(echo, "prompt_tokens_total")  # what the engine has been handed
     sent = {"content": body} if isinstance(body, bytes) else {"json": body}
-    response = HTTP.post(server + "/v1/completions", **sent)
+    response = HTTP.post(echo + "/v1/completions", **sent)
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["message"] and error["type"] == "invalid_request_error" and "code" in error
-    assert metric(server, "prompt_tokens_total") == read
+    assert metric(echo, "prompt_tokens_total") == read
     fits = {"prompt": "a" * (CONTEXT - 4), "max_tokens": 4}  # the context exactly: served
+    assert HTTP.post(echo + "/v1/completions", json=fits).status_code == 200
+
+
+def test_the_real_engine_answers_a_bad_request_with_400_and_serves_on(server):
+    bad = {"prompt": "a" * (CONTEXT - 4), "max_tokens": 5}  # one past the context
+    assert HTTP.post(server + "/v1/completions", json=bad).status_code == 400
+    fits = {"prompt": "a" * (CONTEXT - 4), "max_tokens": 4}
     assert HTTP.post(server + "/v1/completions", json=fits).status_code == 200
 
 

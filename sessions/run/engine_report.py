@@ -17,6 +17,8 @@ def napkin_lines(predicted, slots, page_size, context):
         f"  decode step at B = {slots}: at least {p['decode_step_floor_s'] * 1e3:.3f} ms "
         f"(session 3's roofline at this machine's roofs); through XLA's gather the pages' "
         f"bytes move 3 times: {p['paged_over_contiguous']:.2f}x the step's bytes",
+        f"  the knee: at most {p['knee_roofline_requests_per_s']:,.0f} requests/s (B / (G·step) "
+        "at the roofline's step, prefill free)",
     ]
 
 

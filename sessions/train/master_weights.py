@@ -53,9 +53,15 @@ def in_float32(inner, *, master):
             return inner.update(float32(grads), state, float32(params))
         updates, inner_state = inner.update(float32(grads), state.inner, state.master)
         new_master = optax.apply_updates(state.master, updates)
-        # What, added to the bf16 weights, gives the new master: exact in float32 (the two
-        # are within a bf16 rounding of each other), so the weights become it, rounded once.
-        to_master = jax.tree.map(lambda m, p: m - p.astype(m.dtype), new_master, params)
+        # What, added to the bf16 weights, gives the new master rounded to bf16 (t): t - p.
+        # Not m - p: where an update is large beside its weight, m - p is not exact in
+        # float32, and p + (m - p) may then round to t's neighbour (seen on a Zen 3 with JAX
+        # 0.12). t - p may round too, but t is a bf16 value and float32's error is far
+        # below half a bf16 place, so p + (t - p) rounds back to t: the weights are the
+        # master rounded, exactly.
+        to_master = jax.tree.map(
+            lambda m, p: m.astype(p.dtype).astype(m.dtype) - p.astype(m.dtype), new_master, params
+        )
         return to_master, MasterState(new_master, inner_state)
 
     return optax.GradientTransformation(init, update)
