@@ -16,7 +16,7 @@ def napkin_lines(predicted, slots, page_size, context):
         f"{p['kv_utilisation_reserved']:.0%} reserved",
         f"  decode step at B = {slots}: at least {p['decode_step_floor_s'] * 1e3:.3f} ms "
         f"(session 3's roofline at this machine's roofs); through XLA's gather the pages' "
-        f"bytes move 3 times: {p['paged_over_contiguous']:.2f}x the step's bytes",
+        f"bytes move 3 times: {p['paged_over_contiguous']:.2f}x the contiguous step's floor",
         f"  the knee: at most {p['knee_roofline_requests_per_s']:,.0f} requests/s (B / (G·step) "
         "at the roofline's step, prefill free)",
     ]
@@ -32,7 +32,7 @@ def step_lines(share, predicted, knee, slots):
         f"{share['host_fraction']:.0%} (its own thread: {share['host_cpu_s'] * 1e3:.2f} ms a step)",
         f"  session 3's contiguous step {contiguous * 1e3:.3f} ms: paged / contiguous "
         f"{paged / contiguous:.2f}x measured, {predicted['paged_over_contiguous']:.2f}x predicted "
-        f"(bytes); a prefill chunk {share['chunk_s'] * 1e3:.3f} ms",
+        f"(the floors); a prefill chunk {share['chunk_s'] * 1e3:.3f} ms",
         f"  the knee, from these: {knee:.1f} requests/s (B / (G·step + B·prefill): slots "
         "refilled at once, each prefill stalling every slot)",
     ]
