@@ -1,5 +1,5 @@
 """The serving napkin: what continuous batching, Little's law, the slots' knee and a
-paged KV cache predict, before anything is measured (session 7's s7_engine.py prints
+paged KV cache predict, before anything is measured (session 7's sessions/s7_engine.py prints
 each beside its measurement; python -m roofline serve plans published models with it).
 
 Letters: B slots (rows a decode step runs), P prompt tokens, G output tokens (steps a
