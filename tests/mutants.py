@@ -66,6 +66,7 @@ GRID_TEST = "tests/test_decode_grid.py"
 TRUTH = "tests/test_trace_truth.py"
 PLANS = "tests/test_step_plans.py"
 MEMORY_PLAN = "roofline/plan/training_memory.py"
+SAVED_ACTIVATIONS = "roofline/plan/saved_activations.py"
 MEMORY_TEST = "tests/test_training_memory.py"
 REMAT_TEST = "tests/test_memory_levers.py"
 MASTER_TEST = "tests/test_master_weights.py"
@@ -1662,7 +1663,7 @@ MUTANTS = [
     Mutant(
         "dots-saves-the-mlp-output",
         "the dots policy counted as saving w_out's output, which no backward reads",
-        MEMORY_PLAN,
+        SAVED_ACTIVATIONS,
         (
             (
                 'return saved | {"w_in\'s output": (F, True, None), **gate}',
@@ -1684,7 +1685,7 @@ MUTANTS = [
     Mutant(
         "block-remat-is-free",
         "block remat's recompute left out of the step's FLOPs: 6·B·P, not about 8",
-        MEMORY_PLAN,
+        SAVED_ACTIVATIONS,
         (
             (
                 "return 2 * batch * cfg.seq * layer_matrices(cfg) + attention_flops(cfg, batch)",
@@ -1696,7 +1697,7 @@ MUTANTS = [
     Mutant(
         "none-forgets-the-scores",
         "no remat counted as keeping only the probabilities, not the scores and exponentials",
-        MEMORY_PLAN,
+        SAVED_ACTIVATIONS,
         (("(2 * H * S, True, 4)", "(0, True, 4)"),),
         (
             f"{MEMORY_TEST}::test_activations_by_policy_and_accumulation[none]",
@@ -1737,7 +1738,7 @@ MUTANTS = [
     Mutant(
         "norm-in-compute-dtype",
         "a norm's x·rsqrt counted in the compute dtype, though rms_norm keeps it in float32",
-        MEMORY_PLAN,
+        SAVED_ACTIVATIONS,
         (('"x·rsqrt": (E, False, 4)', '"x·rsqrt": (E, False, None)'),),
         (f"{MEMORY_TEST}::test_in_bf16_the_napkin_s_float32_buffers_are_jax_s",),
     ),

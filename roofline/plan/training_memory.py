@@ -49,11 +49,17 @@ own (roofline/README.md, "Training memory, on a napkin").
 import dataclasses
 import math
 
-from roofline.flops import attention_flops, flash_kernel, mlp_matrices, param_count, train_flops
+from roofline.flops import param_count, train_flops
+from roofline.plan.saved_activations import (
+    POLICIES,
+    layer_matrices,
+    recompute_flops,
+    saved_bytes,
+    saved_per_layer_per_token,
+)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 SHARDS = ("none", "optimizer", "gradients", "params")  # ZeRO's stages 0 to 3
-POLICIES = ("none", "dots", "block")
 STATE = ("params", "master", "grads", "optimizer")
 # Which state each stage divides over the data-parallel replicas.
 SHARDED = {
@@ -105,78 +111,12 @@ CONVENTIONS = {
 }
 
 
-def layer_matrices(cfg):
-    """The L layers' weight matrices: attention's q, k, v, o and the MLP's."""
-    E, H, K, D = cfg.embed, cfg.heads, cfg.n_kv_heads, cfg.head_dim
-    attention = 2 * E * (H + K) * D if cfg.attention else 0
-    return cfg.layers * (attention + mlp_matrices(cfg))
-
-
 def split_params(cfg):
     """(matrices, the rest): parameters tensor parallelism splits (every matrix,
     the embedding and the untied unembedding too: sessions/shard/sharding.py) and
     those it copies onto each chip (norm scales, a learned position table)."""
     matrices = cfg.vocab * cfg.embed * (1 if cfg.tied else 2) + layer_matrices(cfg)
     return matrices, param_count(cfg) - matrices
-
-
-def saved_per_layer_per_token(cfg, remat):
-    """{tensor: (values a token, split by tp, bytes a value or None for the compute
-    dtype's)} one layer keeps for the backward. remat: 'none', 'dots', 'block', or an
-    int N (N tensors of E).
-
-    none is what JAX's autodiff keeps of our layer (print_saved_residuals lists it),
-    each buffer once: each norm's input, its statistics (2 a token), its input times
-    the statistic and its output (in bf16, the input's float32 copy too); q, k, v and
-    the heads' output; without a flash kernel, the causal mask (bool), the scores, their
-    exponentials and the probabilities, H·S each, and two sums a head; ReLU's mask
-    (bool) and output (gated: 6 tensors of F). Each float32 buffer counts 4 bytes in
-    any compute dtype."""
-    E, F, H, K, D, S = cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim, cfg.seq
-    if isinstance(remat, int):
-        return {f"{remat} x [tokens, E]": (remat * E, False, None)}
-    saved = {"the layer's input": (E, False, None)}
-    if remat == "block":
-        return saved
-    gate = {"w_gate's output": (F, True, None)} if cfg.gated else {}
-    if remat == "dots":
-        if cfg.attention:
-            saved |= {"q": (H * D, True, None), "k and v": (2 * K * D, True, None)}
-            saved["wo's output"] = (E, False, None)
-        return saved | {"w_in's output": (F, True, None), **gate}
-    # A norm runs in float32 (rms_norm): its statistics and x·rsqrt are float32 whatever
-    # the compute dtype, and below float32 its input's float32 copy is a buffer of its own.
-    norm = {"statistics": (2, False, 4), "x·rsqrt": (E, False, 4), "output": (E, False, None)}
-    if cfg.dtype != "float32":
-        norm["input in float32"] = (E, False, 4)
-    if cfg.attention:
-        saved |= {f"the attention norm's {name}": t for name, t in norm.items()}
-        saved |= {"q": (H * D, True, None), "k and v": (2 * K * D, True, None)}
-        if not flash_kernel(cfg):  # the softmax runs in float32 too, its output cast back
-            saved["the causal mask (bool)"] = (H * S, True, 1)
-            saved["scores and exp (float32)"] = (2 * H * S, True, 4)
-            saved["probabilities"] = (H * S, True, None)
-            saved["the softmax's sums (float32)"] = (2 * H, True, 4)
-        saved["the heads' output"] = (H * D, True, None)
-        saved["the stream into the MLP's norm"] = (E, False, None)
-    saved |= {f"the MLP norm's {name}": t for name, t in norm.items()}
-    if cfg.gated:
-        return saved | {"w_in, w_gate, SiLU's 3, their product": (6 * F, True, None)}
-    return saved | {"ReLU's mask (bool)": (F, True, 1), "ReLU's output": (F, True, None)}
-
-
-def saved_bytes(saved, act_bytes, tp=1):
-    """Bytes a token keeps on one chip: the split tensors divided by tp."""
-    return sum(n * (size or act_bytes) / (tp if split else 1) for n, split, size in saved.values())
-
-
-def recompute_flops(cfg, batch, remat):
-    """FLOPs the backward spends rebuilding what remat did not save (batch sequences)."""
-    if remat == "none":
-        return 0
-    if remat == "dots":  # the score and value products: batch dimensions, never saved
-        return attention_flops(cfg, batch)
-    return 2 * batch * cfg.seq * layer_matrices(cfg) + attention_flops(cfg, batch)
 
 
 @dataclasses.dataclass(frozen=True)
