@@ -18,6 +18,13 @@ from roofline.flops import attention_flops, flash_kernel, mlp_matrices
 POLICIES = ("none", "dots", "block")
 
 
+def remat_problem(remat):
+    """Why `remat` names no policy the napkin knows, in one line, or None."""
+    if remat in POLICIES or (isinstance(remat, int) and remat > 0):
+        return None
+    return f"--remat {remat}: one of {', '.join(POLICIES)}, or N tensors of [tokens, E] a layer"
+
+
 def layer_matrices(cfg):
     """The L layers' weight matrices: attention's q, k, v, o and the MLP's."""
     E, H, K, D = cfg.embed, cfg.heads, cfg.n_kv_heads, cfg.head_dim

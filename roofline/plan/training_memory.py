@@ -51,9 +51,9 @@ import math
 
 from roofline.flops import param_count, train_flops
 from roofline.plan.saved_activations import (
-    POLICIES,
     layer_matrices,
     recompute_flops,
+    remat_problem,
     saved_bytes,
     saved_per_layer_per_token,
 )
@@ -180,8 +180,8 @@ def _per_chip(cfg, chips, tp, tokens, remat, recipe, shard, accum, act_bytes, sc
 
 def problem(cfg, chips, tp, batch_tokens, remat, recipe, accum):
     """Why these levers make no plan, in one line, or None."""
-    if remat not in POLICIES and not (isinstance(remat, int) and remat > 0):
-        return f"--remat {remat}: one of {', '.join(POLICIES)}, or N tensors of [tokens, E] a layer"
+    if why := remat_problem(remat):
+        return why
     if chips % tp:
         return f"--tp {tp} must divide --chips {chips}"
     sequences, parts = batch_tokens // cfg.seq, accum * (chips // tp)
