@@ -64,18 +64,28 @@ def s6_flags(argv):
     return args
 
 
-def napkin(run, chip):
-    """Part 1: the step's bytes by component, on the napkin."""
+def napkin(run, chip, here):
+    """Part 1: the step's bytes by component, on the napkin, judged against `chip`'s
+    memory. Run here (a CPU: no HBM of its own, the host's RAM shared with everything
+    else), the bytes are the same on any chip, and the verdict is one H100's: say so."""
     cfg, tc = run.model, run.train
     plan = plan_memory(cfg, chip, batch_tokens=tc.batch * cfg.seq)
-    return memory_lines(plan, f"memory: preset {run.preset}, {tc.batch} sequences a step")
+    heading = f"memory: preset {run.preset}, {tc.batch} sequences a step (predicted)"
+    if here:
+        heading += (
+            f"; judged against one {chip.name}'s memory, not this {jax.default_backend()}'s: "
+            "the bytes are the same on any chip"
+        )
+    return memory_lines(plan, heading)
 
 
 def lever_table(rows, ran, title="lever"):
     """Part 2's tables: one line a lever, named by its levers or (title "recipe") by how
     it stores the weights."""
+    # FLOPs in the unit that keeps digits in the smallest row (the tiny preset's: MFLOP).
+    scale, unit = (1e9, "GFLOP") if min(row.flops for _, row in rows) >= 1e10 else (1e6, "MFLOP")
     lines = [
-        f"{title:<28} {'napkin MB':>10} {'XLA MB':>9} {'ratio':>6} {'GFLOP':>8} "
+        f"{title:<28} {'napkin MB':>10} {'XLA MB':>9} {'ratio':>6} {unit:>9} "
         f"{'compile s':>9}" + (f" {'step ms':>8} {'loss':>8}" if ran else "")
     ]
     for lever, row in rows:
@@ -83,12 +93,16 @@ def lever_table(rows, ran, title="lever"):
         xla = row.xla_bytes
         shown = f"{xla / MB:>9,.1f} {row.planned_bytes / xla:>6.2f}" if xla else f"{'refused':>16}"
         line = (
-            f"{name:<28} {row.planned_bytes / MB:>10,.1f} {shown} {row.flops / 1e9:>8,.1f} "
+            f"{name:<28} {row.planned_bytes / MB:>10,.1f} {shown} {row.flops / scale:>9,.1f} "
             f"{row.compile_seconds:>9.1f}"
         )
         if ran:
             line += f" {row.step_seconds * 1e3:>8,.1f} {row.loss:>8.4f}"
         lines.append(line)
+    lines.append(
+        f"  (MB = 1e6 bytes a device; napkin MB and {unit} predicted, XLA MB compiled (XLA's "
+        f"plan), compile s{', step ms and loss' if ran else ''} measured here)"
+    )
     return lines
 
 
@@ -181,7 +195,7 @@ def published_lines():
     lines.append(f"LLaMA-3-8B on one H100 ({H100.hbm_bytes // 2**30} GiB), block remat, seq 8,192:")
     for name, recipe in (
         ("float32 weights, AdamW (16 B)", Recipe()),
-        ("bf16 weights, float32 master (16 B)", Recipe("bfloat16", True, "bfloat16")),
+        ("bf16 weights, float32 master (18 B)", Recipe("bfloat16", True)),  # s2's recipe
         ("bf16 weights and grads, f32 AdamW (12 B)", Recipe("bfloat16", grads="bfloat16")),
         ("all bf16 (8 B)", Recipe("bfloat16", False, "bfloat16", "adamw", "bfloat16")),
         ("bf16, SGD with momentum (6 B)", Recipe("bfloat16", False, "bfloat16", "sgd", "bfloat16")),
@@ -207,7 +221,7 @@ def main(argv=None):
     print(f"session 6 | preset {run.preset} | {run.train.batch} x {run.model.seq} tokens | {where}")
 
     print("\n1. the napkin")
-    print("\n".join(napkin(run, target.chip if target else H100)))
+    print("\n".join(napkin(run, target.chip if target else H100, here=not target)))
 
     print("\n2. the levers, compiled" + ("" if target else f" and run {args.steps} steps each"))
     corpus = None if target else data.open_corpus(run.data, run.model.seq)
