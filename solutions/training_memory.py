@@ -22,9 +22,26 @@ And the fewest chips that hold a model's state: its bytes over one chip's HBM,
 rounded up. And why bf16 weights want a float32 master: a bfloat16 number keeps 8
 significant bits, so an update smaller than half the gap to a weight's neighbour
 rounds back to the weight (sessions/train/master_weights.py).
+
+What big runs add (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", Table 2): a layer's activations in bytes, s sequence, b batch, h
+hidden, a heads, t tensor-parallel chips, 16-bit values, with dropout:
+
+    no parallelism                        s·b·h·(34 + 5·a·s/h)
+    tensor parallel                       s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    tensor + sequence parallel            s·b·h·(34/t + 5·a·s/(h·t))
+    selective recompute (the a·s² terms)  drops the 5·a·s/h term from either
+    full recompute                        s·b·h·2, the layer's input alone
+
+And the loss over chunks of tokens: the logits [tokens, V] and their gradient are the
+step's largest temporaries at a large vocabulary; computed a chunk at a time, each
+chunk's logits rebuilt in the backward, only one chunk's are ever alive.
 """
 
 import math
+
+import jax
+import jax.numpy as jnp
 
 BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -65,3 +82,35 @@ def bf16_gap(weight):
     [2^e, 2^(e+1)) are 2^(e-7) apart. Hint: 1.0 is in [1, 2), e = 0: 2^-7 = 0.0078125;
     math.frexp or math.log2 finds e."""
     return 2.0 ** (math.floor(math.log2(weight)) - 7)
+
+
+def korthikanti_bytes(s, b, h, a, t, sequence_parallel, recompute):
+    """One layer's activation bytes by Korthikanti et al.'s Table 2 (above): t tensor
+    chips (1: none), sequence_parallel (True: the 10 bytes outside attention and the MLP
+    divide by t too), recompute "none", "selective" or "full". Hint: with t = 1 the
+    tensor-parallel line is the no-parallelism line, 10 + 24 = 34."""
+    if recompute == "full":
+        return 2 * s * b * h
+    outside = 10 / t if sequence_parallel else 10
+    scores = 0 if recompute == "selective" else 5 * a * s / (h * t)
+    return s * b * h * (outside + 24 / t + scores)
+
+
+def chunked_cross_entropy(x, unembed, targets, chunks):
+    """Mean cross-entropy in nats of logits x @ unembed, x [N, E] (N tokens), unembed
+    [E, V], targets int [N], over `chunks` equal chunks of the tokens, so that the
+    compiled step never holds [N, V] logits or their gradient: under jax.lax.map, each
+    chunk under jax.checkpoint (its backward rebuilds its logits). Hint: reshape x to
+    [chunks, N/chunks, E]; a chunk's loss is the sum of logsumexp minus the target's
+    logit, in float32; divide the total by N once."""
+    n, e = x.shape
+
+    @jax.checkpoint
+    def chunk_loss(chunk):
+        xs, ts = chunk
+        logits = (xs @ unembed).astype(jnp.float32)  # [N/chunks, V]
+        picked = jnp.take_along_axis(logits, ts[:, None], axis=-1)[:, 0]
+        return jnp.sum(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+    pieces = (x.reshape(chunks, n // chunks, e), targets.reshape(chunks, n // chunks))
+    return jnp.sum(jax.lax.map(chunk_loss, pieces)) / n

@@ -2942,6 +2942,25 @@ MUTANTS = [
         (("if args.rate is not None and args.rates is not None:", "if False:"),),
         (f"{S7_BAD}[argv4---rate and --rates]",),
     ),
+    Mutant(
+        "hw6-sp-outside-kept",
+        "sequence parallelism leaves the 10 bytes outside attention and the MLP whole on each chip",
+        "solutions/training_memory.py",
+        (("outside = 10 / t if sequence_parallel else 10", "outside = 10"),),
+        (
+            "tests/test_exercises/test_session_6.py::"
+            "test_a_layer_s_activations_by_korthikanti_s_table[8-True-none-358612992]",
+        ),
+    ),
+    Mutant(
+        "hw6-chunk-not-rebuilt",
+        "the chunked loss without jax.checkpoint: the backward keeps every chunk's logits",
+        "solutions/training_memory.py",
+        (("    @jax.checkpoint\n    def chunk_loss", "    def chunk_loss"),),
+        (
+            "tests/test_exercises/test_session_6.py::test_the_chunked_loss_never_holds_the_whole_logits",
+        ),
+    ),
 ]
 
 

@@ -26,6 +26,8 @@ bytes_per_parameter = exercise("training_memory.bytes_per_parameter")
 saved_values = exercise("training_memory.saved_values")
 fewest_chips = exercise("training_memory.fewest_chips")
 bf16_gap = exercise("training_memory.bf16_gap")
+korthikanti_bytes = exercise("training_memory.korthikanti_bytes")
+chunked_cross_entropy = exercise("training_memory.chunked_cross_entropy")
 accumulate = exercise("step.accumulate")
 remat_layer = exercise("bug_remat.remat_layer")
 residuals_counted = exercise("bug_remat.saved_values")
@@ -96,6 +98,63 @@ def test_the_gap_above_a_bf16_weight_is_bf16_s_own(weight):
     above = jnp.nextafter(w, jnp.asarray(jnp.inf, jnp.bfloat16))
     want = float(above.astype(jnp.float32) - w.astype(jnp.float32))
     expect(bf16_gap(float(w)), want, "", f"the gap above {float(w)} in bf16")
+
+
+# GPT-3 175B as Korthikanti et al. train it: s 2,048, b 1, h 12,288, a 96, t 8. By hand,
+# s·b·h = 25,165,824 and 5·a·s/h = 5 x 96 x 2,048 / 12,288 = 80:
+#   no parallelism, t = 1        34 + 80                 = 114   -> 2,868,903,936 bytes
+#   tensor parallel              10 + 24/8 + 80/8        = 23    ->   578,813,952
+#   tensor + sequence parallel   34/8 + 80/8             = 14.25 ->   358,612,992
+#   tensor parallel, selective   10 + 24/8               = 13    ->   327,155,712
+#   tensor + sequence, selective 34/8                    = 4.25  ->   106,954,752
+#   full recompute               2                               ->    50,331,648
+@pytest.mark.exercise("training_memory.korthikanti_bytes")
+@pytest.mark.parametrize(
+    "t, sequence_parallel, recompute, want",
+    [
+        (1, False, "none", 2_868_903_936),
+        (8, False, "none", 578_813_952),
+        (8, True, "none", 358_612_992),
+        (8, False, "selective", 327_155_712),
+        (8, True, "selective", 106_954_752),
+        (8, True, "full", 50_331_648),
+    ],
+)
+def test_a_layer_s_activations_by_korthikanti_s_table(t, sequence_parallel, recompute, want):
+    got = korthikanti_bytes(2048, 1, 12288, 96, t, sequence_parallel, recompute)
+    what = f"GPT-3 175B a layer, t={t}, sequence parallel {sequence_parallel}, {recompute}"
+    expect(got, pytest.approx(want), "bytes", what)
+
+
+def naive_cross_entropy(x, unembed, targets):
+    logits = x @ unembed
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - logits[jnp.arange(len(targets)), targets])
+
+
+@pytest.mark.exercise("training_memory.chunked_cross_entropy")
+@pytest.mark.parametrize("chunks", [1, 4, 8])
+def test_the_chunked_loss_is_the_loss_and_its_gradient(chunks):
+    kx, kw, kt = jax.random.split(jax.random.key(0), 3)
+    x, unembed = jax.random.normal(kx, (64, 16)), jax.random.normal(kw, (16, 300)) / 4
+    targets = jax.random.randint(kt, (64,), 0, 300)
+    want, want_grads = jax.value_and_grad(naive_cross_entropy, (0, 1))(x, unembed, targets)
+    got, grads = jax.value_and_grad(chunked_cross_entropy, (0, 1))(x, unembed, targets, chunks)
+    expect(float(got), pytest.approx(float(want), rel=1e-5), "nats", f"{chunks} chunk(s)")
+    for name, g, w in zip(("x", "unembed"), grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6, err_msg=f"d loss / d {name}")
+
+
+@pytest.mark.exercise("training_memory.chunked_cross_entropy")
+def test_the_chunked_loss_never_holds_the_whole_logits():
+    """XLA's plan of the loss's gradient: 512 tokens of a 16,384 vocabulary are 33.6 MB
+    of float32 logits (512 x 16,384 x 4), as much again for their gradient. In 16 chunks,
+    one chunk's are 2.1 MB: the plan's temporaries stay below one whole [N, V] array."""
+    x, unembed = jnp.zeros((512, 32)), jnp.zeros((32, 16_384))
+    targets = jnp.zeros((512,), jnp.int32)
+    grad = jax.jit(jax.grad(lambda x, w: chunked_cross_entropy(x, w, targets, 16), (0, 1)))
+    temp = grad.lower(x, unembed).compile().memory_analysis().temp_size_in_bytes
+    logits = 512 * 16_384 * 4
+    expect(temp, below=logits, unit="bytes", what="the plan's temporaries, 16 chunks")
 
 
 def squared_error(params, rows):
