@@ -21,18 +21,23 @@ def _replanned(plan, chips=None, batch_tokens=None, **change):
         return None
 
 
-def _loss_chunks(plan):
-    """The fewest chunks (2, 4, ... 1024) under which the plan fits, as a change."""
+def _fitting(plan, flag, change):
+    """(the flags, the plan) if the change makes `plan` fit, else None. loss_chunks=None
+    in a change asks for the fewest chunks (2, 4, ... 1,024) that do."""
+    if change.get("loss_chunks", 1) is not None:
+        there = _replanned(plan, **change)
+        return (flag, there) if there and there.fits else None
     for n in (2**k for k in range(1, 11)):
-        there = _replanned(plan, loss_chunks=n)
+        there = _replanned(plan, **{**change, "loss_chunks": n})
         if there and there.fits:
-            return {"loss_chunks": n}
-    return {"loss_chunks": 1024}
+            return flag.replace("--loss-chunks", f"--loss-chunks {n}"), there
+    return None
 
 
 def fitting_levers(plan):
-    """[(the flag, the plan under it)] for each lever that alone makes `plan` fit, in the
-    order practitioners reach for them; more chips and a smaller batch last."""
+    """[(the flags, the plan under them)] for each lever that alone makes `plan` fit, in
+    the order practitioners reach for them, or if none does, the first pairs that do;
+    more chips and a smaller batch last."""
     lv, tried = plan.levers, []
     if lv.shard != "params":
         tried.append(("--shard params", {"shard": "params"}))
@@ -42,15 +47,16 @@ def fitting_levers(plan):
     if lv.tp > 1 and not lv.sequence_parallel:
         tried.append(("--sequence-parallel", {"sequence_parallel": True}))
     if lv.loss_chunks == 1:
-        change = _loss_chunks(plan)
-        tried.append((f"--loss-chunks {change['loss_chunks']}", change))
+        tried.append(("--loss-chunks", {"loss_chunks": None}))
     if plan.chip.platform != "cpu" and not lv.offload:
         tried += [(f"--offload {what}", {"offload": what}) for what in ("optimizer", "activations")]
-    found = []
-    for flag, change in tried:
-        there = _replanned(plan, **change)
-        if there and there.fits:
-            found.append((flag, there))
+    found = [f for flag, change in tried if (f := _fitting(plan, flag, change))]
+    if not found:  # no lever alone: two together, the first three pairs that fit
+        for i, (flag, change) in enumerate(tried):
+            for other, more in tried[i + 1 :]:
+                both = len(found) < 3 and not ("offload" in change and "offload" in more)
+                if both and (pair := _fitting(plan, f"{flag} {other}", {**change, **more})):
+                    found.append(pair)
     if plan.min_chips and plan.min_chips != plan.chips:
         found.append((f"--chips {plan.min_chips:,}", _replanned(plan, chips=plan.min_chips)))
     if plan.max_batch_tokens:
@@ -65,9 +71,9 @@ def advice_line(plan):
     found = fitting_levers(plan)
     if not found:
         return (
-            "predicted to fit with: no lever alone (tried --shard params, --remat, "
-            "--sequence-parallel, --loss-chunks, --offload, more chips, a smaller batch); "
-            "combine them, or a chip with more HBM"
+            "predicted to fit with: no lever alone or in pairs (--shard params, --remat, "
+            "--sequence-parallel, --loss-chunks, --offload), and no chip count or smaller "
+            "batch: a chip with more HBM, or three levers together"
         )
     each = "; ".join(f"{flag} ({gb(there.per_chip['total'])} a chip)" for flag, there in found)
-    return f"predicted to fit with, each alone: {each}"
+    return f"predicted to fit with, each re-planned: {each}"

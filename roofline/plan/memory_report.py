@@ -5,8 +5,8 @@ import dataclasses
 import os
 
 from roofline.flops import param_count
-from roofline.host_link import host_link
 from roofline.memory import MEM_FRACTION
+from roofline.plan.host_link import host_link
 from roofline.plan.memory_advice import advice_line
 from roofline.plan.training_memory import STATE, Recipe, compute_dtype, plan_memory
 from roofline.units import capacity, flop, gb, ms

@@ -32,7 +32,7 @@ The levers practitioners add:
         E] (an activation), the gradient flowing into it (no larger than a layer's
         backward, the other transient) and the unembedding's gradient (in grads).
     --offload optimizer|activations  those bytes live in host memory (host_per_chip),
-        and cross the host link (roofline/host_link.py) there and back each step.
+        and cross the host link (roofline/plan/host_link.py) there and back each step.
     --pipeline-stages P --microbatches M  stage 0 under 1F1B holds min(P, M)
         microbatches' activations of its L / P layers (Narayanan et al. 2021, section
         2.2.1), each microbatch 1/M of its replica's batch, and 1/P of the state. The
@@ -47,8 +47,8 @@ import dataclasses
 import math
 
 from roofline.flops import train_flops
-from roofline.host_link import host_link
 from roofline.memory import usable_fraction
+from roofline.plan.host_link import host_link
 from roofline.plan.memory_layout import fewest_accepted, model_problem, pick_layout
 from roofline.plan.saved_activations import (
     layer_matrices,
