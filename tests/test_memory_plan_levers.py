@@ -153,6 +153,7 @@ def test_a_step_that_does_not_fit_names_the_levers_that_would(capsys):
     assert "does NOT fit in the 64.42 GB usable" in out and "XLA_PYTHON_CLIENT_MEM_FRACTION" in out
     advice = next(line for line in out.splitlines() if "predicted to fit with" in line)
     assert "--remat block" in advice and "--batch-tokens 27,648" in advice
+    assert "--shard params" not in advice  # one chip: ZeRO divides over nothing
     assert all("predicted" in line or line.startswith("  ") or ":" in line
                for line in out.splitlines())  # fmt: skip
     assert roofline_command([*GPT2, "--remat", "block"]) == 0
