@@ -7,9 +7,10 @@ time; a pipeline's 1F1B in-flight activations; bad input is one line and exit 2.
 
 import dataclasses
 import json
+import os
 
 import pytest
-from helpers import roofline_command
+from helpers import REPO, roofline_command
 
 from roofline.hardware import find_chip
 from roofline.plan.training_memory import Recipe, plan_memory
@@ -196,3 +197,36 @@ def test_the_smaller_slips_are_fixed(capsys):
     assert "compute in float32" in capsys.readouterr().out
     assert roofline_command(["memory", "--help"]) == 0
     assert "--batch " not in capsys.readouterr().out
+
+
+def test_fits_is_against_the_share_jax_takes_and_says_how_to_raise_it(capsys, monkeypatch):
+    """75% of an H100's 80 GiB by default, 64.42 GB; at XLA_PYTHON_CLIENT_MEM_FRACTION=.9,
+    77.31 GB; a TPU's HBM is all JAX's, and no variable is named."""
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    command = ["memory", "--batch-tokens", "8192"]
+    assert roofline_command(command) == 0
+    out = capsys.readouterr().out
+    assert "predicted: fits in the 64.42 GB usable of one h100-sxm's 80 GiB (85.90 GB)" in out
+    assert "(75%: XLA_PYTHON_CLIENT_MEM_FRACTION's default; raise it to use more)" in out
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")
+    assert roofline_command(command) == 0
+    assert "77.31 GB usable" in capsys.readouterr().out
+    assert roofline_command([*command, "--chip", "tpu-v5p"]) == 0
+    out = capsys.readouterr().out
+    assert "102.01 GB usable" in out and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in out
+
+
+def test_the_readme_s_memory_examples_are_what_it_prints(capsys):
+    """roofline/README.md's GPT-2 lines are the command's, and its first memory command
+    ends in the levers that would make it fit, not in a dead end."""
+    with open(os.path.join(REPO, "roofline", "README.md")) as f:
+        readme = f.read()
+    quoted = readme.split("(the lines under the table):\n\n```\n")[1].split("```")[0]
+    assert roofline_command(GPT2) == 0
+    out = capsys.readouterr().out
+    assert quoted.strip() and all(line in out for line in quoted.strip().splitlines())
+    first = readme.split("python -m roofline memory --preset llama3-8b")[1].split("#")[0]
+    argv = ["memory", "--preset", "llama3-8b", *first.replace("\\", " ").split()]
+    assert roofline_command(argv) == 0
+    advice = capsys.readouterr().out.split("predicted to fit with, each re-planned: ")[1]
+    assert "--chips 16" in advice

@@ -3,7 +3,6 @@ ones under which the planner says it fits (python -m roofline memory)."""
 
 import dataclasses
 
-from roofline.plan.saved_activations import remat_problem
 from roofline.plan.training_memory import plan_memory
 from roofline.units import gb
 
@@ -41,9 +40,8 @@ def fitting_levers(plan):
     lv, tried = plan.levers, []
     if lv.shard != "params":
         tried.append(("--shard params", {"shard": "params"}))
-    remat = "full" if not remat_problem("full") else "block"
-    if lv.remat not in ("full", "block"):
-        tried.append((f"--remat {remat}", {"remat": remat}))
+    if lv.remat not in ("full", "block"):  # block is MaxText's full: each layer's input alone
+        tried.append(("--remat block", {"remat": "block"}))
     if lv.tp > 1 and not lv.sequence_parallel:
         tried.append(("--sequence-parallel", {"sequence_parallel": True}))
     if lv.loss_chunks == 1:

@@ -8,6 +8,7 @@ from roofline.flops import param_count
 from roofline.memory import MEM_FRACTION
 from roofline.plan.host_link import host_link
 from roofline.plan.memory_advice import advice_line
+from roofline.plan.memory_layout import pick_layout
 from roofline.plan.training_memory import STATE, Recipe, compute_dtype, plan_memory
 from roofline.units import capacity, flop, gb, ms
 
@@ -55,8 +56,11 @@ def _fit_lines(plan):
         usable += f" ({share:.0%}: {MEM_FRACTION}{how}; raise it to use more)"
     lines = [f"predicted: {verdict} in {usable}"]
     if plan.min_chips:
-        there = plan.layout if plan.min_chips == plan.chips else None
-        least = f"{plan.min_chips:,}" + (f" ({there.words()})" if there else "")
+        n = plan.layout
+        there = pick_layout(plan.cfg, plan.batch_tokens, plan.min_chips, tp=n.tp, accum=n.accum,
+                            seq_shards=plan.levers.seq_shards, stages=n.stages,
+                            microbatches=n.microbatches)  # fmt: skip
+        least = f"{plan.min_chips:,} ({there.words()})"
     else:
         least = "none: what no chip count divides (the unsharded state, a layer) is too big"
     lines.append(f"predicted fewest chips that hold this step: {least}")
