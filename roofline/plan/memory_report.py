@@ -90,8 +90,10 @@ def memory_lines(plan, heading):
     ]
 
     def row(name, whole, part):
-        moved = f"{gb(host.get(part, 0)):>14}" if host else ""
-        return f"  {name:<12}{whole:>14}{gb(plan.per_chip[part]) if part else '':>14}{moved}"
+        held = sum(host.values()) if part == "total" else host.get(part)
+        moved = f"{gb(held) if held is not None else '':>14}" if host else ""
+        line = f"  {name:<12}{whole:>14}{gb(plan.per_chip[part]) if part else '':>14}{moved}"
+        return line.rstrip()
 
     for part in STATE:
         lines.append(row(part, gb(plan.whole[part]), part))
