@@ -30,7 +30,7 @@ import sys
 from roofline.calibrate import calibrate_lines
 from roofline.flags import parse_args
 from roofline.flops import ledger
-from roofline.hardware import chips_lines, find_chip, measured_chip
+from roofline.hardware import chips_lines, find_chip, local_memory_chip, measured_chip
 from roofline.measured.compare import compare
 from roofline.measured.record import HLO, comparison_summary, load_hlo, load_metadata, roofs_for
 from roofline.measured.table import report_lines
@@ -204,11 +204,15 @@ def memory_plan_lines(args):
     if args.batch:  # a flag of every model command, and not this one's measure of a step
         raise UsageError(f"--batch {args.batch}: memory counts tokens (--batch-tokens)")
     recipe = Recipe(args.weights, args.master, args.grads, args.optimizer, args.optimizer_dtype)
-    cfg, _ = model_from_args(args, True)
-    levers = {k: getattr(args, k) for k in ("chips", "tp", "batch_tokens", "accum")}
-    levers["remat"], levers["scan"] = args.policy, bool(args.scan_layers)
+    cfg, _ = model_from_args(args, True, **({"dtype": args.dtype} if args.dtype else {}))
+    names = ("tp", "accum", "seq_shards", "sequence_parallel", "loss_chunks", "offload")
+    levers = {k: getattr(args, k) for k in names}
+    levers |= {"stages": args.pipeline_stages, "microbatches": args.microbatches}
+    levers |= {"remat": args.policy, "scan": bool(args.scan_layers)}
+    chip = local_memory_chip() if args.chip == "local" else table_chip(args.chip)
     try:
-        plan = plan_memory(cfg, table_chip(args.chip), recipe=recipe, shard=args.shard, **levers)
+        plan = plan_memory(cfg, chip, chips=args.chips, batch_tokens=args.batch_tokens,
+                           recipe=recipe, shard=args.shard, **levers)  # fmt: skip
     except ValueError as e:
         raise UsageError(str(e)) from None
     heading = f"memory: {preset_source(args.preset)}"

@@ -6,7 +6,7 @@ import argparse
 
 from roofline.hardware import CHIPS
 from roofline.plan.serve_plan import BOOK_MFU, PAGE_SIZE, SLO_PRESETS
-from roofline.plan.training_memory import DTYPE_BYTES, SHARDS
+from roofline.plan.training_memory import DTYPE_BYTES, OFFLOADS, SHARDS
 from sessions.errors import course_preset
 from sessions.model.attention import IMPLEMENTATIONS
 from sessions.model.config import PRESETS, PUBLISHED
@@ -81,8 +81,10 @@ def parse_args(argv, description):
 
     mem = commands.add_parser("memory", help="a training step's bytes a chip, and its levers")
     add_model_flags(mem, published=True)
+    for action in mem._actions:  # --batch: refused with the line that says so, not offered
+        if action.dest == "batch":
+            action.help = argparse.SUPPRESS
     add_memory_flags(mem)
-    mem.set_defaults(dtype=None)  # the preset's compute dtype
     mem.add_argument("--summary-out", type=output_file, help="write the plan as JSON")
 
     comp = commands.add_parser(
@@ -138,13 +140,24 @@ def _remat(text):
 
 def add_memory_flags(parser):
     """python -m roofline memory's levers (the model's flags are the command line's)."""
-    parser.add_argument("--chip", default="h100", help="a chip of the table (default: h100)")
+    parser.add_argument(
+        "--chip", default="h100", help=f"{CHIP_HELP}, or local: this machine (default: h100)"
+    )
     parser.add_argument("--chips", type=positive_int, default=1, help="chips the step runs on (N)")
     parser.add_argument("--tp", type=positive_int, default=1, help="tensor parallel over T of them")
+    parser.add_argument(
+        "--seq-shards", type=positive_int, help="each sequence split over N chips (default: "
+        "1, or the fewest that make the batch divide)"
+    )  # fmt: skip
     parser.add_argument("--batch-tokens", type=positive_int, required=True, help="tokens a step")
     parser.add_argument(
-        "--remat", dest="policy", type=_remat, default="none", help="none, dots, block or N"
-    )
+        "--remat", dest="policy", type=_remat, default="none",
+        help="a policy (none, dots, block, MaxText's names, names:a,b) or N tensors of E",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dtype", choices=DTYPE_BYTES, help="the compute dtype (default: the preset's; "
+        "bfloat16 with --weights bfloat16)"
+    )  # fmt: skip
     parser.add_argument("--weights", choices=DTYPE_BYTES, default="float32")
     parser.add_argument("--master", action="store_true", help="a float32 copy of bf16 weights")
     parser.add_argument("--grads", choices=DTYPE_BYTES, default="float32")
@@ -153,6 +166,13 @@ def add_memory_flags(parser):
     parser.add_argument("--shard", choices=SHARDS, default="none", help="ZeRO's stages 0 to 3")
     parser.add_argument("--accum", type=positive_int, default=1, help="microbatches a step")
     parser.add_argument("--scan-layers", action="store_true", help="their weights stacked")
+    parser.add_argument(
+        "--sequence-parallel", action="store_true", help="with --tp: what tp copies, sharded"
+    )
+    parser.add_argument("--loss-chunks", type=positive_int, default=1, help="loss over N chunks")
+    parser.add_argument("--offload", choices=OFFLOADS, help="those bytes in host memory")
+    parser.add_argument("--pipeline-stages", type=positive_int, default=1, help="P (napkin)")
+    parser.add_argument("--microbatches", type=positive_int, help="M, a pipeline's (default P)")
 
 
 def add_serve_flags(parser):

@@ -12,6 +12,8 @@ frequency drops, shared cores), so its figures are always measured
 (roofline/calibrate.py); so are those of an accelerator the table lacks.
 """
 
+import os
+
 import jax
 
 from roofline import calibrate
@@ -28,6 +30,7 @@ __all__ = [
     "chips_lines",
     "datasheet_chip",
     "find_chip",
+    "local_memory_chip",
     "local_peak_flops",
     "local_roofs",
     "measured_chip",
@@ -92,6 +95,17 @@ def measured_chip(dtype="float32"):
         None,
         f"measured on this machine by roofline/calibrate.py ({dtype} matmul, copy)",
     )
+
+
+def local_memory_chip():
+    """This machine's first device, for the memory napkin: the table's entry for an
+    accelerator it knows, else a chip whose memory is this machine's RAM (where a CPU's
+    arrays live) and whose peak is not known."""
+    chip = datasheet_chip()
+    if chip is not None:
+        return chip
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Chip("local-cpu", {}, 0, ram, None, "this machine's RAM: os.sysconf's physical pages")
 
 
 def datasheet_chip(device=None):

@@ -1,5 +1,5 @@
 """Numbers as the plans print them: bytes in GB or MB, seconds in ms or us,
-FLOPs in GFLOP or MFLOP, whichever keeps a few digits; a chip's memory in the
+FLOPs from MFLOP to EFLOP, whichever keeps a few digits; a chip's memory in the
 unit its vendor sizes it in."""
 
 
@@ -21,4 +21,9 @@ def ms(s):
 
 
 def flop(x):
+    """FLOPs in the unit that keeps a few digits: MFLOP, GFLOP below a TFLOP, then the
+    largest of TFLOP, PFLOP, EFLOP that leaves 1 or more (2.68e18 is "2.68 EFLOP")."""
+    for unit, name in ((1e18, "EFLOP"), (1e15, "PFLOP"), (1e12, "TFLOP")):
+        if x >= unit:
+            return f"{x / unit:,.2f} {name}"
     return f"{x / 1e9:,.1f} GFLOP" if x >= 1e10 else f"{x / 1e6:,.1f} MFLOP"

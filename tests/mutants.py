@@ -67,6 +67,8 @@ TRUTH = "tests/test_trace_truth.py"
 PLANS = "tests/test_step_plans.py"
 MEMORY_PLAN = "roofline/plan/training_memory.py"
 SAVED_ACTIVATIONS = "roofline/plan/saved_activations.py"
+TRAINING_STATE = "roofline/plan/training_state.py"
+PLAN_LEVERS_TEST = "tests/test_memory_plan_levers.py"
 MEMORY_TEST = "tests/test_training_memory.py"
 REMAT_TEST = "tests/test_memory_levers.py"
 MASTER_TEST = "tests/test_master_weights.py"
@@ -1632,14 +1634,14 @@ MUTANTS = [
     Mutant(
         "master-costs-nothing",
         "the float32 master copy counted at 0 bytes: ZeRO's 16 and Megatron's 18 fall short",
-        MEMORY_PLAN,
+        TRAINING_STATE,
         (('"master": 4 if self.master else 0,', '"master": 0,'),),
         (f"{MEMORY_TEST}::test_the_three_conventions_count_10_16_and_18_bytes_a_parameter",),
     ),
     Mutant(
         "zero2-leaves-the-gradients-whole",
         "ZeRO's stage 2 divides the optimizer and master but keeps each gradient whole",
-        MEMORY_PLAN,
+        TRAINING_STATE,
         (
             (
                 '"gradients": ("optimizer", "master", "grads"),',
@@ -1654,8 +1656,8 @@ MUTANTS = [
         MEMORY_PLAN,
         (
             (
-                "per_chip[part] = size * (matrices / tp + rest) / divide",
-                "per_chip[part] = size * (matrices + rest) / tp / divide",
+                "per_chip[part] = size * (matrices / tp + rest) / divide / stages",
+                "per_chip[part] = size * (matrices + rest) / tp / divide / stages",
             ),
         ),
         (f"{MEMORY_TEST}::test_tensor_parallelism_splits_the_matrices_and_the_split_activations",),
@@ -1679,7 +1681,7 @@ MUTANTS = [
         "accum-keeps-every-microbatch",
         "gradient accumulation's activations counted for the whole batch, not one microbatch",
         MEMORY_PLAN,
-        (("micro = tokens / accum", "micro = tokens"),),
+        (("micro = tokens / lv.accum", "micro = tokens"),),
         (f"{MEMORY_TEST}::test_activations_by_policy_and_accumulation",),
     ),
     Mutant(
@@ -1710,12 +1712,12 @@ MUTANTS = [
         MEMORY_PLAN,
         (
             (
-                'whole["transients"] = max(logits, layer(1)) * micro',
+                'whole["transients"] = max(logits, saved_bytes(full, act_bytes)) * micro',
                 'whole["transients"] = logits * micro',
             ),
             (
-                'per_chip["transients"] = max(logits / tp, layer(tp)) * micro / replicas',
-                'per_chip["transients"] = logits / tp * micro / replicas',
+                'per_chip["transients"] = max(logits / tp, _a_token(full, act_bytes, tp, sp)) * here',
+                'per_chip["transients"] = logits / tp * here',
             ),
         ),
         (f"{MEMORY_TEST}::test_the_napkin_is_within_15_percent_above_xla_s_plan_of_our_step",),
@@ -1746,7 +1748,7 @@ MUTANTS = [
         "scan-stack-uncounted",
         "the scanned step's stacked weights and their gradient left out of the napkin",
         MEMORY_PLAN,
-        (("    if scan:  # the stacked copy", "    if False:  # the stacked copy"),),
+        (("    if lv.scan:  # the stacked copy", "    if False:  # the stacked copy"),),
         (f"{MEMORY_TEST}::test_scanned_layers_add_their_stacked_weights_and_its_gradient",),
     ),
     Mutant(
@@ -1934,8 +1936,12 @@ MUTANTS = [
         MEMORY_PLAN,
         (
             (
-                "min_chips = tp * math.ceil(divided / (hbm - kept))",
-                "min_chips = tp * math.floor(divided / (hbm - kept))",
+                "least = lv.tp * lv.stages * max(1, math.ceil(divided / (usable - kept)))",
+                "least = lv.tp * lv.stages * max(1, math.floor(divided / (usable - kept)) - 1)",
+            ),
+            (
+                "return good and total(there.copies, batch_tokens) <= usable",
+                "return good",
             ),
         ),
         (f"{MEMORY_TEST}::test_the_fewest_chips_and_the_largest_batch_are_the_edges_of_fitting",),
@@ -2960,6 +2966,128 @@ MUTANTS = [
         (
             "tests/test_exercises/test_session_6.py::test_the_chunked_loss_never_holds_the_whole_logits",
         ),
+    ),
+    # Issue 58, the planner (H1): answers the planner accepts, and the levers' napkin.
+    Mutant(
+        "fsdp-gathers-no-gradient",
+        "under --shard params the gathered layer counted without its gradient",
+        MEMORY_PLAN,
+        (
+            (
+                'per_chip["gathered"] = 2 * layer * act_bytes',
+                'per_chip["gathered"] = layer * act_bytes',
+            ),
+        ),
+        (
+            f"{PLAN_LEVERS_TEST}::test_fsdp_counts_one_layer_gathered_and_its_gradient",
+            f"{PLAN_LEVERS_TEST}::test_llama3_70b_on_256_v5p_no_longer_fits_with_its_gathered_layer",
+        ),
+    ),
+    Mutant(
+        "sp-divides-only-the-split",
+        "--sequence-parallel leaves the norms, the input and the stream whole on each tp chip",
+        MEMORY_PLAN,
+        (
+            (
+                "return saved_bytes(saved, act_bytes) / tp",
+                "return saved_bytes(saved, act_bytes, tp)",
+            ),
+        ),
+        (f"{PLAN_LEVERS_TEST}::test_sequence_parallel_divides_what_tp_copies",),
+    ),
+    Mutant(
+        "loss-chunks-hold-all-logits",
+        "--loss-chunks N still holds the whole [tokens, V] logits and their gradient",
+        MEMORY_PLAN,
+        (
+            (
+                "logits = 2 * cfg.vocab * act_bytes / lv.loss_chunks",
+                "logits = 2 * cfg.vocab * act_bytes",
+            ),
+        ),
+        (f"{PLAN_LEVERS_TEST}::test_loss_chunks_divide_the_logits_transient",),
+    ),
+    Mutant(
+        "offload-one-way",
+        "the offloaded optimizer crosses the host link once a step, not there and back",
+        MEMORY_PLAN,
+        (('over_link = 2 * host["optimizer"]', 'over_link = host["optimizer"]'),),
+        (f"{PLAN_LEVERS_TEST}::test_offload_moves_bytes_to_the_host_and_prices_the_link",),
+    ),
+    Mutant(
+        "pipeline-holds-every-microbatch",
+        "1F1B's stage 0 counted as holding all M microbatches' activations, not P",
+        MEMORY_PLAN,
+        (
+            (
+                "in_flight = min(stages, m) if stages > 1 else 1",
+                "in_flight = m if stages > 1 else 1",
+            ),
+        ),
+        (f"{PLAN_LEVERS_TEST}::test_a_pipeline_s_stage_0_holds_p_microbatches_under_1f1b",),
+    ),
+    Mutant(
+        "fits-against-the-whole-hbm",
+        "fits and the largest batch judged against a GPU's whole HBM, not the 75% JAX takes",
+        "roofline/memory.py",
+        (('return float(os.environ.get(MEM_FRACTION, "0.75"))', "return 1.0"),),
+        (f"{PLAN_LEVERS_TEST}::test_gpt2_s_example_is_judged_against_what_jax_may_use",),
+    ),
+    Mutant(
+        "fewest-chips-unaccepted",
+        "the fewest chips taken from the bytes alone: a count over which the batch does not divide",
+        MEMORY_PLAN,
+        (
+            (
+                "min_chips = fewest_accepted(\n            cfg, batch_tokens, least, lv.seq_shards, "
+                "fixed, accepted_and_fits\n        )",
+                "min_chips = least",
+            ),
+        ),
+        (f"{PLAN_LEVERS_TEST}::test_the_fewest_chips_is_a_count_the_command_accepts",),
+    ),
+    Mutant(
+        "seq-shards-ignored",
+        "the replicas counted as if each held whole sequences: the book's layout is refused",
+        "roofline/plan/memory_layout.py",
+        (
+            (
+                "return self.chips // (self.tp * self.seq_shards * self.stages)",
+                "return self.chips // (self.tp * self.stages)",
+            ),
+        ),
+        (f"{PLAN_LEVERS_TEST}::test_the_scaling_book_s_layout_plans",),
+    ),
+    Mutant(
+        "tp-over-kv-heads-planned",
+        "--tp that splits the KV heads unevenly planned, as the step would refuse",
+        "roofline/plan/memory_layout.py",
+        (('("kv_heads", cfg.n_kv_heads), ', ""),),
+        (f"{PLAN_LEVERS_TEST}::test_bad_levers_are_one_line_and_exit_2",),
+    ),
+    Mutant(
+        "flops-in-gflop",
+        "an exa-scale step printed in GFLOP: 2,683,564,835.8 GFLOP",
+        "roofline/units.py",
+        (
+            (
+                'for unit, name in ((1e18, "EFLOP"), (1e15, "PFLOP"), (1e12, "TFLOP")):',
+                "for unit, name in ():",
+            ),
+        ),
+        (f"{PLAN_LEVERS_TEST}::test_flops_print_in_the_unit_that_fits",),
+    ),
+    Mutant(
+        "advice-canned",
+        "a does-not-fit names every lever, not the ones that make it fit when re-planned",
+        "roofline/plan/memory_advice.py",
+        (
+            (
+                "return (flag, there) if there and there.fits else None",
+                "return (flag, there) if there else None",
+            ),
+        ),
+        (f"{PLAN_LEVERS_TEST}::test_a_step_that_does_not_fit_names_the_levers_that_would",),
     ),
 ]
 

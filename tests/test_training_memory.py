@@ -171,8 +171,9 @@ def test_remat_s_recompute_is_priced_in_flops():
 
 
 def test_the_fewest_chips_and_the_largest_batch_are_the_edges_of_fitting():
-    """5,040 sequences of 16 (any chip count up to 10 divides them) on chips of 80 MB."""
-    small = dataclasses.replace(H100, hbm_bytes=80e6)
+    """5,040 sequences of 16 (any chip count up to 10 divides them) on chips of 80 MB,
+    all of it usable (a TPU's: roofline/memory.py usable_fraction)."""
+    small = dataclasses.replace(H100, hbm_bytes=80e6, platform="tpu")
 
     def plan(chips, tokens=16 * 5040):
         return plan_memory(CFG, small, chips=chips, batch_tokens=tokens, shard="params")
@@ -190,15 +191,16 @@ def test_the_fewest_chips_and_the_largest_batch_are_the_edges_of_fitting():
 @pytest.mark.parametrize("preset", sorted({*PUBLISHED, *PRESETS}))
 def test_every_preset_of_predict_and_decode_is_planned(preset, tmp_path, capsys):
     summary = tmp_path / "memory.json"
-    argv = ["memory", "--preset", preset, "--chip", "h100", "--chips", "8", "--tp", "2"]
+    tp = "1" if preset == "gpt2" else "2"  # GPT-2's 50,257 tokens do not split (check_divisible)
+    argv = ["memory", "--preset", preset, "--chip", "h100", "--chips", "8", "--tp", tp]
     argv += ["--batch-tokens", str(8 * 1024 * 4), "--summary-out", str(summary)]
     argv += ["--seq", "1024"]
     assert roofline_command(argv) == 0, capsys.readouterr().err
     s = json.loads(summary.read_text())
     keys = ["params", "master", "grads", "optimizer", "activations", "transients"]
-    assert set(keys) <= set(s) and set(s["per_chip"]) == {*keys, "total"}
+    assert set(keys) <= set(s) and set(s["per_chip"]) == {*keys, "gathered", "total"}
     assert s["per_chip"]["total"] == pytest.approx(sum(s["per_chip"][k] for k in keys))
-    assert s["fits"] == (s["per_chip"]["total"] <= s["hbm_per_chip"])
+    assert s["fits"] == (s["per_chip"]["total"] <= 0.75 * s["hbm_per_chip"])
     assert "per chip" in capsys.readouterr().out
 
 
@@ -208,11 +210,14 @@ MEMORY = ["memory", "--preset", "gpt2", "--chip", "h100", "--batch-tokens", "327
 @pytest.mark.parametrize(
     "argv, says",
     [
-        ([*MEMORY, "--remat", "some"], "--remat some: one of none, dots, block"),
+        ([*MEMORY, "--remat", "some"], "--remat some: one of none"),
         ([*MEMORY, "--accum", "3"], "a multiple of --accum x replicas (3 x 1)"),
         ([*MEMORY, "--chips", "0"], "must be a positive integer, got 0"),
         ([*MEMORY, "--master"], "--master keeps a float32 copy of bfloat16 weights"),
-        ([*MEMORY, "--chips", "3", "--tp", "2"], "--tp 2 must divide --chips 3"),
+        (
+            [*MEMORY, "--chips", "3", "--tp", "2", "--preset", "llama3-8b"],
+            "--tp 2 must divide --chips 3",
+        ),
         ([*MEMORY[:-1], "1000"], "whole sequences of 1,024"),
         ([*MEMORY, "--shard", "zero3"], "invalid choice"),
         ([*MEMORY, "--batch", "32"], "--batch 32: memory counts tokens (--batch-tokens)"),
@@ -322,7 +327,7 @@ def test_the_napkin_is_within_15_percent_of_xla_s_plan_of_the_scanned_step(remat
 def test_max_batch_s_napkin_line_plans_the_mesh_it_is_given():
     """scripts/max_batch.py prints the napkin's batch beside the compiler's: fsdp divides
     the state as ZeRO-3 does, tp splits the matrices, the batch is whole sequences."""
-    small = dataclasses.replace(H100, hbm_bytes=80e6)
+    small = dataclasses.replace(H100, hbm_bytes=80e6 / 0.75)  # 80 MB usable: max_batch's figure
     fsdp = plan_memory(CFG, small, chips=4, batch_tokens=16 * 4, shard="params")
     line = napkin_batch_line(CFG, H100, 80e6, {"data": 1, "fsdp": 4, "tp": 1})
     assert f"{fsdp.max_batch_tokens // 16:,} sequences" in line

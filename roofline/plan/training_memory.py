@@ -1,55 +1,55 @@
 """A training step's memory on N chips, on a napkin: what fills each chip's HBM, and
 the levers that move it (python -m roofline memory).
 
-Three kinds of bytes, each counted for the whole model and batch, then per chip:
+Four kinds of bytes, each counted for the whole model and batch, then per chip:
 
-    state        P parameters x bytes a parameter, by recipe:
-                   params     the stored weights: float32 (4) or bfloat16 (2)
-                   master     a float32 copy the optimizer updates (--master, bf16 weights): 4
-                   grads      one gradient a parameter: 4 or 2; with --accum, a float32
-                              running sum beside it (4 more)
-                   optimizer  AdamW's m and v (2 x 4 or 2 x 2), SGD's momentum (1 x ...)
+    state        P parameters x bytes a parameter, by recipe and ZeRO stage
+                 (roofline/plan/training_state.py)
     activations  what the forward saves for the backward, per layer per token, by the
-                 remat policy (jax.checkpoint around each layer):
-                   none   what JAX's autodiff saves of our layer (saved_per_layer_per_token),
-                          with attention's [S, S] scores, exponentials and probabilities
-                          unless a flash kernel recomputes them
-                   dots   the matmul outputs without batch dimensions (q, k, v, wo's,
-                          w_in's and w_gate's; jax.checkpoint_policies.
-                          dots_with_no_batch_dims_saveable) and the layer's input
-                   block  the layer's input alone (nothing_saveable)
-                   N      N tensors of [tokens, E] a layer: the scaling book's convention
+                 remat policy (roofline/plan/saved_activations.py)
     transients   the largest temporary, held apart: the logits and their gradient
                  [tokens, V], or one layer's backward, which holds about one set of
                  what the layer saves under none: those values' gradients (none), or
                  the values rebuilt, each gradient freed as the next op takes it
                  (remat); with the layers scanned (--scan-layers), their weights
                  stacked in the compute dtype, and that stack's gradient, beside it
+    gathered     under --shard params (FSDP), the one layer whose weights are gathered
+                 whole (the chip's tp share, in the compute dtype) and their gradient
+                 before the reduce-scatter: 2 x (the layer's matrices / tp + its norms)
 
-Sharding: --tp T splits every weight matrix (the embedding's too) and the activations
-with an H, K, F or S axis over T chips; the other chips = N / T hold data-parallel
-replicas, over which --shard divides the state as ZeRO's stages do (Rajbhandari et al.
-2020, Table 1): optimizer (stage 1: optimizer and master), gradients (stage 2: and the
-gradients), params (stage 3, which is FSDP: and the weights). The batch's tokens split
-over the replicas, and --accum N microbatches run one at a time, so activations and
-transients are those of tokens / (N·replicas).
+The chips' layout (roofline/plan/memory_layout.py): tp splits the matrices and the
+activations with an H, K, F, S or V axis; the replicas x seq_shards chips that hold the
+same weights share the tokens, and --shard divides the state over them; --accum N
+microbatches run one at a time, so activations and transients are one microbatch's.
 
-FLOPs: 6 a parameter a token plus attention (roofline/flops.py train_flops); remat
-recomputes in the backward what it did not save: block, each layer's forward again
-(about 8·B·P in all); dots, attention's score and value products, which have batch
-dimensions and are not saved.
+The levers practitioners add:
+    --sequence-parallel  with tp, the activations tp copies onto every chip (the norms,
+        the layer's input, the residual stream: split=False in saved_per_layer_per_token)
+        are sharded along the sequence over tp too (Korthikanti et al. 2022, section
+        4.2.2): every saved byte, and the transients' [tokens, E] parts, divided by tp.
+    --loss-chunks N      the cross-entropy over N token chunks: the logits and their
+        gradient are [tokens / N, V]. What stays whole: the final norm's output [tokens,
+        E] (an activation), the gradient flowing into it (no larger than a layer's
+        backward, the other transient) and the unembedding's gradient (in grads).
+    --offload optimizer|activations  those bytes live in host memory (host_per_chip),
+        and cross the host link (roofline/plan/host_link.py) there and back each step.
+    --pipeline-stages P --microbatches M  stage 0 under 1F1B holds min(P, M)
+        microbatches' activations of its L / P layers (Narayanan et al. 2021, section
+        2.2.1), each microbatch 1/M of its replica's batch, and 1/P of the state. The
+        course's step does not pipeline: a napkin term only.
 
 What the napkin leaves out, and the compiler's plan holds: the runtime's workspace,
 fusion buffers, alignment, a compute-dtype copy of the weights, and the compiler's own
-choices. A GPU's fusions keep less than JAX saves, recomputing cheap values such as a
-norm's x·rsqrt and ReLU's output, and near the memory limit XLA rematerializes on its
-own (roofline/README.md, "Training memory, on a napkin").
+choices (roofline/README.md, "Training memory, on a napkin").
 """
 
 import dataclasses
 import math
 
-from roofline.flops import param_count, train_flops
+from roofline.flops import train_flops
+from roofline.memory import usable_fraction
+from roofline.plan.host_link import host_link
+from roofline.plan.memory_layout import fewest_accepted, model_problem, pick_layout
 from roofline.plan.saved_activations import (
     layer_matrices,
     recompute_flops,
@@ -57,66 +57,35 @@ from roofline.plan.saved_activations import (
     saved_bytes,
     saved_per_layer_per_token,
 )
+from roofline.plan.training_state import (  # noqa: F401 (the planner's names, re-exported)
+    CONVENTIONS,
+    DTYPE_BYTES,
+    SHARDED,
+    SHARDS,
+    STATE,
+    Recipe,
+    split_params,
+)
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-SHARDS = ("none", "optimizer", "gradients", "params")  # ZeRO's stages 0 to 3
-STATE = ("params", "master", "grads", "optimizer")
-# Which state each stage divides over the data-parallel replicas.
-SHARDED = {
-    "none": (),
-    "optimizer": ("optimizer", "master"),
-    "gradients": ("optimizer", "master", "grads"),
-    "params": ("optimizer", "master", "grads", "params"),
-}
+OFFLOADS = ("optimizer", "activations")
 
 
 @dataclasses.dataclass(frozen=True)
-class Recipe:
-    """How each parameter is stored: weights, an optional float32 master copy, its
-    gradient, the optimizer's state."""
+class Levers:
+    """Everything of a plan but the model, the chip, the chip count and the batch."""
 
-    weights: str = "float32"
-    master: bool = False
-    grads: str = "float32"
-    optimizer: str = "adamw"  # or "sgd": SGD with momentum
-    optimizer_dtype: str = "float32"
-
-    def problem(self):
-        """Why this recipe makes no sense, or None."""
-        if self.master and self.weights == "float32":
-            return "--master keeps a float32 copy of bfloat16 weights: give --weights bfloat16"
-        return None
-
-    def bytes_per_param(self, accum=1):
-        """{params, master, grads, optimizer}: bytes each parameter costs."""
-        moments = 2 if self.optimizer == "adamw" else 1
-        return {
-            "params": DTYPE_BYTES[self.weights],
-            "master": 4 if self.master else 0,
-            "grads": DTYPE_BYTES[self.grads] + (4 if accum > 1 else 0),
-            "optimizer": moments * DTYPE_BYTES[self.optimizer_dtype],
-        }
-
-
-# Three published conventions, as recipes, and the parts of the state each counts.
-CONVENTIONS = {
-    # The JAX scaling book ("How to Scale Your Model", training chapter): bf16 weights
-    # and float32 Adam moments; no gradients, no master copy.
-    "the scaling book (10)": (Recipe("bfloat16"), ("params", "optimizer")),
-    # ZeRO (Rajbhandari et al. 2020, section 3.1): fp16 weights and gradients, float32
-    # master, m and v: 2 + 2 + 12 = 16.
-    "ZeRO (16)": (Recipe("bfloat16", True, "bfloat16"), STATE),
-    # Megatron-LM's distributed optimizer: bf16 weights, float32 gradients, master, m, v.
-    "Megatron-LM (18)": (Recipe("bfloat16", True, "float32"), STATE),
-}
-
-
-def split_params(cfg):
-    """(matrices, the rest): parameters tensor parallelism splits (every matrix,
-    the embedding and the untied unembedding too: sessions/shard/sharding.py) and
-    those it copies onto each chip (norm scales, a learned position table)."""
-    matrices = cfg.vocab * cfg.embed * (1 if cfg.tied else 2) + layer_matrices(cfg)
-    return matrices, param_count(cfg) - matrices
+    tp: int = 1
+    remat: object = "none"
+    recipe: Recipe = Recipe()  # noqa: RUF009 (frozen: one shared default is safe)
+    shard: str = "none"
+    accum: int = 1
+    scan: bool = False
+    seq_shards: int | None = None  # None: the planner picks
+    sequence_parallel: bool = False
+    loss_chunks: int = 1
+    offload: str | None = None
+    stages: int = 1
+    microbatches: int | None = None  # None: as many as stages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,96 +100,171 @@ class MemoryPlan:
     shard: str
     accum: int
     whole: dict  # bytes for the whole model and batch: STATE, activations, transients
-    per_chip: dict  # the same on one chip, and total
+    per_chip: dict  # HBM bytes on one chip, by part, gathered, and total
     flops_per_step: int
     saved: dict  # saved_per_layer_per_token
-    min_chips: int | None  # the fewest chips (a multiple of tp) that hold this batch; None: none
+    min_chips: int | None  # the fewest chips the command accepts that hold it; None: none
     max_batch_tokens: int  # the most tokens a step that fit on these chips (0: none)
+    layout: object = None  # roofline/plan/memory_layout.py Layout
+    levers: Levers = Levers()
+    host_per_chip: dict = dataclasses.field(default_factory=dict)  # offloaded bytes
+    usable_bytes: float = 0.0  # what the framework may use of one chip's HBM
+    pcie_seconds: float = 0.0  # the offloaded bytes there and back, a step
+    compute_seconds: float | None = None  # the step's FLOPs a chip at the chip's peak
 
     @property
     def fits(self):
-        return self.per_chip["total"] <= self.chip.hbm_bytes
+        return self.per_chip["total"] <= self.usable_bytes
 
 
-def _per_chip(cfg, chips, tp, tokens, remat, recipe, shard, accum, act_bytes, scan):
-    """(whole, per chip) bytes: see the module's docstring."""
-    replicas = chips // tp
+def compute_dtype(cfg, recipe):
+    return "bfloat16" if recipe.weights == "bfloat16" else cfg.dtype
+
+
+def _a_token(saved, act_bytes, tp, sequence_parallel):
+    """Bytes a token of `saved` on one chip: tp splits what it splits, and under
+    sequence parallelism the rest too."""
+    if sequence_parallel:
+        return saved_bytes(saved, act_bytes) / tp
+    return saved_bytes(saved, act_bytes, tp)
+
+
+def _per_chip(cfg, lv, copies, tokens):
+    """(whole, per chip, host per chip, bytes over the host link a step) when `copies`
+    chips share each weight shard and the batch's tokens: see the module's docstring."""
+    tp, stages, sp = lv.tp, lv.stages, lv.sequence_parallel
+    m = lv.microbatches or stages
+    act_bytes = DTYPE_BYTES[compute_dtype(cfg, lv.recipe)]
     matrices, rest = split_params(cfg)
     whole, per_chip = {}, {}
-    for part, size in recipe.bytes_per_param(accum).items():
+    for part, size in lv.recipe.bytes_per_param(lv.accum).items():
         whole[part] = size * (matrices + rest)
-        divide = replicas if part in SHARDED[shard] else 1
-        per_chip[part] = size * (matrices / tp + rest) / divide
-    saved = saved_per_layer_per_token(cfg, remat)
-    micro = tokens / accum  # one microbatch's tokens are alive at a time
-    # After the layers: the final norm's input and output, E each, on every tp chip.
-    outside = 2 * cfg.embed
-    layers = cfg.layers * micro
-    whole["activations"] = layers * saved_bytes(saved, act_bytes) + outside * micro * act_bytes
-    per_chip["activations"] = (
-        layers * saved_bytes(saved, act_bytes, tp) + outside * micro * act_bytes
-    ) / replicas
-    # The logits and their gradient; or one layer's backward, one set of its values alive
-    # at a time (XLA's CPU plan of the scanned step: 0.9-1.13 sets; roofline/README.md).
-    logits = 2 * cfg.vocab * act_bytes
+        divide = copies if part in SHARDED[lv.shard] else 1
+        per_chip[part] = size * (matrices / tp + rest) / divide / stages
+    saved = saved_per_layer_per_token(cfg, lv.remat)
+    micro = tokens / lv.accum  # the whole batch's tokens of one microbatch
+    here = micro / copies / (m if stages > 1 else 1)  # one microbatch's, on one chip
+    # After the layers: the final norm's input and output, E each (the last stage's).
+    outside = 2 * cfg.embed * act_bytes
+    whole["activations"] = (cfg.layers * saved_bytes(saved, act_bytes) + outside) * micro
+    once = cfg.layers / stages * _a_token(saved, act_bytes, tp, sp) * here
+    once += (outside / (tp if sp else 1)) * here if stages == 1 else 0
+    in_flight = min(stages, m) if stages > 1 else 1  # 1F1B: stage 0 holds P microbatches
+    per_chip["activations"] = in_flight * once
+    # The logits and their gradient (over --loss-chunks chunks); or one layer's backward,
+    # one set of its values alive at a time (XLA's CPU plan of the scanned step: 0.9-1.13
+    # sets; roofline/README.md).
+    logits = 2 * cfg.vocab * act_bytes / lv.loss_chunks
     full = saved_per_layer_per_token(cfg, "none")
-
-    def layer(tp):  # one layer's values a token, on one chip
-        return saved_bytes(full, act_bytes, tp)
-
-    whole["transients"] = max(logits, layer(1)) * micro
-    per_chip["transients"] = max(logits / tp, layer(tp)) * micro / replicas
-    if scan:  # the stacked copy and its gradient, the stage's share of them on each chip
+    whole["transients"] = max(logits, saved_bytes(full, act_bytes)) * micro
+    per_chip["transients"] = max(logits / tp, _a_token(full, act_bytes, tp, sp)) * here
+    if lv.scan:  # the stacked copy and its gradient, the stage's share of them on each chip
         stacked = 2 * (layer_matrices(cfg) + 2 * cfg.layers * cfg.embed) * act_bytes
         whole["transients"] += stacked
-        per_chip["transients"] += stacked / tp / (replicas if shard == "params" else 1)
+        divide = copies if lv.shard == "params" else 1
+        per_chip["transients"] += stacked / tp / stages / divide
+    layer = layer_matrices(cfg) / cfg.layers / tp + 2 * cfg.embed  # its matrices, norms
+    per_chip["gathered"] = 2 * layer * act_bytes if lv.shard == "params" else 0.0
+    host, over_link = {}, 0.0
+    if lv.offload == "optimizer":  # to the chip for the update, and back
+        host["optimizer"], per_chip["optimizer"] = per_chip["optimizer"], 0.0
+        over_link = 2 * host["optimizer"]
+    elif lv.offload == "activations":  # out after each layer's forward, in for its backward
+        host["activations"], per_chip["activations"] = per_chip["activations"], 0.0
+        over_link = 2 * once * lv.accum * (m if stages > 1 else 1)
     per_chip["total"] = sum(per_chip.values())
-    return whole, per_chip
+    return whole, per_chip, host, over_link
 
 
-def problem(cfg, chips, tp, batch_tokens, remat, recipe, accum):
-    """Why these levers make no plan, in one line, or None."""
-    if why := remat_problem(remat):
-        return why
-    if chips % tp:
-        return f"--tp {tp} must divide --chips {chips}"
-    sequences, parts = batch_tokens // cfg.seq, accum * (chips // tp)
-    if batch_tokens % cfg.seq or sequences % parts:
-        return (
-            f"--batch-tokens {batch_tokens:,}: whole sequences of {cfg.seq:,}, as many as a "
-            f"multiple of --accum x replicas ({accum} x {chips // tp})"
-        )
-    return recipe.problem()
+def lever_problem(cfg, chip, lv):
+    """Why these levers make no plan whatever the chip count, in one line, or None."""
+    m = lv.microbatches
+    checks = [
+        (remat_problem(lv.remat), None),
+        (lv.recipe.problem(), None),
+        (model_problem(cfg, lv.tp, lv.stages), None),
+        (lv.sequence_parallel and lv.tp == 1, "--sequence-parallel shards what tp copies: "
+         "it needs --tp 2 or more"),
+        (m and lv.stages == 1, f"--microbatches {m}: a pipeline's; give --pipeline-stages"),
+        (lv.stages > 1 and lv.accum > 1, "--accum with --pipeline-stages: the pipeline's "
+         "--microbatches are its accumulation"),
+        (lv.offload and chip.platform == "cpu", f"--offload {lv.offload}: a CPU's memory is "
+         "the host's, there is no separate device memory to offload from"),
+    ]  # fmt: skip
+    return next((why if isinstance(why, str) else say for why, say in checks if why), None)
 
 
-def plan_memory(cfg, chip, *, chips=1, tp=1, batch_tokens, remat="none", recipe=Recipe(),
-                shard="none", accum=1, scan=False):  # fmt: skip
+def plan_memory(cfg, chip, *, chips=1, batch_tokens, usable=None, **levers):
     """The MemoryPlan of one training step of batch_tokens tokens (sequences of
-    cfg.seq) on `chips` chips of `chip`. Activations in the compute dtype: bfloat16
-    with bfloat16 weights, else cfg.dtype."""
-    if why := problem(cfg, chips, tp, batch_tokens, remat, recipe, accum):
+    cfg.seq) on `chips` chips of `chip`; levers are Levers' fields. "Fits" is against
+    `usable` bytes a chip: by default what JAX may use of it (roofline/memory.py
+    usable_fraction). Activations in the compute dtype: bfloat16 with bfloat16
+    weights, else cfg.dtype. ValueError, one line, for a plan the levers cannot make."""
+    lv = Levers(**levers)
+    if why := lever_problem(cfg, chip, lv):
         raise ValueError(why)
-    act_bytes = DTYPE_BYTES["bfloat16" if recipe.weights == "bfloat16" else cfg.dtype]
+    if chips % (lv.tp * lv.stages):
+        pipeline = f" x --pipeline-stages {lv.stages}" if lv.stages > 1 else ""
+        raise ValueError(f"--tp {lv.tp}{pipeline} must divide --chips {chips}")
+    m = lv.microbatches or lv.stages
+    fixed = {"tp": lv.tp, "stages": lv.stages, "microbatches": m, "accum": lv.accum}
+    layout = pick_layout(cfg, batch_tokens, chips, seq_shards=lv.seq_shards, **fixed)
+    if why := chunks_problem(cfg, layout, batch_tokens, lv.loss_chunks):
+        raise ValueError(why)
+    usable = chip.hbm_bytes * usable_fraction(chip.platform) if usable is None else usable
 
-    def layout(n, tokens):
-        return _per_chip(cfg, n, tp, tokens, remat, recipe, shard, accum, act_bytes, scan)
+    def total(copies, tokens):
+        return _per_chip(cfg, lv, copies, tokens)[1]["total"]
 
-    whole, per_chip = layout(chips, batch_tokens)
-    hbm = chip.hbm_bytes
-    # Per chip, at a fixed batch, bytes = A + R / replicas: R the state the stage divides
-    # and the activations (the tokens split over replicas), A the rest.
-    once, twice = (layout(tp * r, batch_tokens)[1]["total"] for r in (1, 2))
+    whole, per_chip, host, over_link = _per_chip(cfg, lv, layout.copies, batch_tokens)
+    # Per chip, at a fixed batch, bytes = A + R / copies: R the state the stage divides
+    # and the tokens' bytes, A the rest (the gathered layer, what no stage divides).
+    once, twice = total(1, batch_tokens), total(2, batch_tokens)
     divided = 2 * (once - twice)
     kept = once - divided
-    min_chips = tp * math.ceil(divided / (hbm - kept)) if hbm > kept else None
-    # The largest batch on these chips: whole sequences, a multiple of accum x replicas.
-    unit = cfg.seq * accum * (chips // tp)
-    fixed = layout(chips, 0)[1]["total"]
-    per_unit = layout(chips, unit)[1]["total"] - fixed
-    units = math.floor((hbm - fixed) / per_unit) if hbm > fixed else 0
+
+    def accepted_and_fits(n):
+        try:
+            there = pick_layout(cfg, batch_tokens, n, seq_shards=lv.seq_shards, **fixed)
+        except ValueError:
+            return False
+        good = not chunks_problem(cfg, there, batch_tokens, lv.loss_chunks)
+        return good and total(there.copies, batch_tokens) <= usable
+
+    min_chips = None
+    if usable > kept:
+        least = lv.tp * lv.stages * max(1, math.ceil(divided / (usable - kept)))
+        min_chips = fewest_accepted(
+            cfg, batch_tokens, least, lv.seq_shards, fixed, accepted_and_fits
+        )
+    max_batch = largest_batch_tokens(cfg, layout, lv.loss_chunks, usable, total)
     batch = batch_tokens // cfg.seq
-    flops = train_flops(cfg, batch) + recompute_flops(cfg, batch, remat)
+    flops = train_flops(cfg, batch) + recompute_flops(cfg, batch, lv.remat)
+    link = host_link(chip)
+    peak = chip.peak(compute_dtype(cfg, lv.recipe)) if chip.flops else None
     return MemoryPlan(
-        cfg, chip, chips, tp, batch_tokens, remat, recipe, shard, accum, whole, per_chip,
-        flops, saved_per_layer_per_token(cfg, remat), min_chips, units * unit,
+        cfg, chip, chips, lv.tp, batch_tokens, lv.remat, lv.recipe, lv.shard, lv.accum,
+        whole, per_chip, flops, saved_per_layer_per_token(cfg, lv.remat), min_chips,
+        max_batch, layout, lv, host, usable, over_link / link[0] if link else 0.0,
+        flops / chips / peak if peak else None,
     )  # fmt: skip
+
+
+def chunks_problem(cfg, layout, batch_tokens, chunks):
+    """--loss-chunks must divide each chip's tokens of a microbatch, or one line."""
+    tokens = batch_tokens // (layout.copies * layout.accum * layout.microbatches)
+    if tokens % chunks:
+        return f"--loss-chunks {chunks}: must divide each chip's {tokens:,} tokens a microbatch"
+    return None
+
+
+def largest_batch_tokens(cfg, layout, chunks, usable, total):
+    """The most tokens a step that fit on this layout: whole sequences, a multiple of
+    accum x microbatches x replicas, each chip's share divisible by --loss-chunks."""
+    unit = cfg.seq * layout.accum * layout.microbatches * layout.replicas
+    fixed = total(layout.copies, 0)
+    per_unit = total(layout.copies, unit) - fixed
+    units = math.floor((usable - fixed) / per_unit) if usable > fixed else 0
+    while units and (units * cfg.seq // layout.seq_shards) % chunks:
+        units -= 1
+    return units * unit
