@@ -20,14 +20,13 @@
 
 import dataclasses
 import json
-import math
 import sys
 
 import jax
 
 from roofline.flops import param_count
 from roofline.hardware import find_chip
-from roofline.memory import usable_line
+from roofline.memory import usable_fraction
 from roofline.plan.memory_report import memory_lines
 from roofline.plan.training_memory import Recipe, plan_memory
 from sessions.errors import UsageError, run_main
@@ -85,25 +84,33 @@ def depth_lines(run):
 
 def published_lines():
     """Part 4: two published models, planned on the napkin alone, each with its chip's
-    flash attention (no [S, S] probabilities kept)."""
-    lines = []
-    llama70 = dataclasses.replace(PUBLISHED["llama3-70b"].model, attention_impl="splash")
+    flash attention (no [S, S] probabilities kept), judged against what JAX may use."""
+    llama70 = dataclasses.replace(PUBLISHED["llama3-70b"].model, attention_impl="splash", seq=4096)
     v5p = find_chip("tpu-v5p")
     # The scaling book's recipe (bf16 weights, float32 Adam) with a bf16 gradient, its
-    # 4 saved [tokens, E] tensors a layer, all the state sharded (ZeRO-3, FSDP).
+    # 4 saved [tokens, E] tensors a layer, all the state sharded (ZeRO-3, FSDP); and its
+    # layout: 4M tokens of 4,096 on 1,024 data x 2 sequence x 4 tensor chips.
     levers = {"remat": 4, "recipe": Recipe("bfloat16", grads="bfloat16"), "shard": "params"}
     chips = plan_memory(llama70, v5p, batch_tokens=0, **levers).min_chips
-    slice_chips = 2 ** math.ceil(math.log2(chips))  # v5p slices come in powers of two
-    fits = plan_memory(llama70, v5p, chips=slice_chips, batch_tokens=0, **levers)
-    step = plan_memory(llama70, v5p, batch_tokens=512 * llama70.seq, **levers)
-    lines += [
+    book = {"chips": 8192, "tp": 4, "seq_shards": 2, "batch_tokens": 1024 * 4096, **levers}
+    step = plan_memory(llama70, v5p, **book)
+    sp = plan_memory(llama70, v5p, sequence_parallel=True, **book)
+    verdict = "fits" if step.fits else "does not fit"
+    lines = [
         f"LLaMA-3-70B on TPU v5p ({v5p.hbm_bytes / 1e9:.0f} GB a chip), 12 bytes a parameter:",
-        f"  its state alone fills {chips} chips; {slice_chips} hold it and "
-        f"{fits.max_batch_tokens:,} tokens a step",
-        f"  4M tokens a step (512 x 8,192), 4 saved tensors a layer: {step.min_chips:,} chips",
+        f"  its state alone fills {chips} chips",
+        f"  the scaling book's layout, 4M tokens (1,024 x 4,096) on 1,024 data x 2 sequence x "
+        f"4 tensor: {step.per_chip['total'] / 1e9:.2f} GB a chip, {verdict}; with sequence "
+        f"parallelism {sp.per_chip['total'] / 1e9:.2f} GB",
+        f"  ({step.per_chip['total'] / 1e9:.1f} of {v5p.hbm_bytes / 1e9:.0f} GB: memory does not "
+        "set the book's chip count; the step's time does)",
     ]
     llama8 = dataclasses.replace(PUBLISHED["llama3-8b"].model, attention_impl="cudnn")
-    lines.append(f"LLaMA-3-8B on one H100 ({H100.hbm_bytes // 2**30} GiB), block remat, seq 8,192:")
+    usable = H100.hbm_bytes * usable_fraction("gpu")
+    lines.append(
+        f"LLaMA-3-8B on one H100 ({H100.hbm_bytes // 2**30} GiB; {usable / 1e9:.2f} GB usable by "
+        "JAX, its default 75%), block remat, seq 8,192:"
+    )
     for name, recipe in (
         ("float32 weights, AdamW (16 B)", Recipe()),
         ("bf16 weights, float32 master (18 B)", Recipe("bfloat16", True)),  # s2's recipe
@@ -115,7 +122,7 @@ def published_lines():
         state = sum(plan.per_chip[k] for k in ("params", "master", "grads", "optimizer"))
         fits = f"{plan.max_batch_tokens:,} tokens a step fit" if plan.max_batch_tokens else "no"
         lines.append(f"  {name:<42} state {state / 1e9:6.1f} GB: {fits}")
-    return [*lines, f"  {usable_line(H100)}"]  # what JAX may use of it, beside "fit"
+    return lines
 
 
 def main(argv=None):
