@@ -12,6 +12,7 @@ import math
 import jax
 import jax.extend.core
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import roofline_command
 
@@ -81,6 +82,22 @@ def test_naming_changes_neither_the_program_nor_the_loss(monkeypatch):
     assert "name[name=" not in jaxpr()
     assert lowered().as_text() == named
     assert step.loss_fn(params, batch, cfg) == loss
+
+
+def test_a_policy_by_name_gives_the_loss_and_gradients_of_none():
+    """The tiny preset's step under MaxText's and Korthikanti's policies and a names:
+    policy: what the backward rebuilds is what the forward computed."""
+    cfg = PRESETS["tiny"].model
+    params = init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, cfg.seq + 1), 0, cfg.vocab)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    grad = jax.jit(jax.value_and_grad(step.loss_fn), static_argnums=2)
+    loss, grads = grad(params, batch, cfg)
+    for policy in ("save_dot_except_mlp", "selective", NAMED[0]):
+        other_loss, other_grads = grad(params, batch, dataclasses.replace(cfg, remat=policy))
+        assert float(other_loss) == pytest.approx(float(loss), rel=1e-6), policy
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(other_grads), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=policy)
 
 
 def kept_bytes(fn, w, x):
