@@ -1668,8 +1668,9 @@ MUTANTS = [
         SAVED_ACTIVATIONS,
         (
             (
-                'return saved | {"w_in\'s output": (F, True, None), **gate}',
-                'return saved | {"w_in\'s output": (F, True, None), "w_out": (E, False, None), **gate}',
+                "    wanted = [name for outputs, inputs, _, reads in ops if reads for name in inputs]\n",
+                "    wanted = [name for outputs, inputs, _, reads in ops if reads for name in inputs]\n"
+                '    wanted.append("mlpwo")\n',
             ),
         ),
         (
@@ -1690,8 +1691,9 @@ MUTANTS = [
         SAVED_ACTIVATIONS,
         (
             (
-                "return 2 * batch * cfg.seq * layer_matrices(cfg) + attention_flops(cfg, batch)",
-                "return attention_flops(cfg, batch)",
+                "    _, rebuilt = kept_and_rebuilt(cfg, chosen(remat))\n",
+                "    _, rebuilt = kept_and_rebuilt(cfg, chosen(remat))\n"
+                '    rebuilt = rebuilt if remat != "block" else rebuilt[-2:]\n',
             ),
         ),
         (f"{MEMORY_TEST}::test_remat_s_recompute_is_priced_in_flops",),
@@ -3088,6 +3090,157 @@ MUTANTS = [
             ),
         ),
         (f"{PLAN_LEVERS_TEST}::test_a_step_that_does_not_fit_names_the_levers_that_would",),
+    ),
+    Mutant(
+        "save-qkv-forgets-v",
+        "the step's save_qkv_proj saves q and k but not v: one tensor too few",
+        "sessions/model/remat.py",
+        (('    "save_qkv_proj": QKV,', '    "save_qkv_proj": QKV[:2],'),),
+        ("tests/test_remat.py::test_the_layer_names_its_tensors_as_the_napkin_does",),
+    ),
+    Mutant(
+        "napkin-save-qkv-forgets-v",
+        "the napkin's save_qkv_proj keeps q and k but not v: what JAX keeps, one tensor short",
+        "roofline/plan/saved_activations.py",
+        (('    "save_qkv_proj": QKV,', '    "save_qkv_proj": QKV[:2],'),),
+        ("tests/test_remat.py::test_the_napkin_keeps_what_jax_saves_under_every_policy",),
+    ),
+    Mutant(
+        "context-misspelled",
+        "the heads' output named 'contxt': a policy saving context saves nothing there",
+        "sessions/model/transformer.py",
+        (
+            (
+                '    out = checkpoint_name(out, "context")',
+                '    out = checkpoint_name(out, "contxt")',
+            ),
+        ),
+        (
+            "tests/test_remat.py::test_the_layer_names_its_tensors_as_the_napkin_does",
+            "tests/test_remat.py::test_the_napkin_keeps_what_jax_saves_under_every_policy",
+        ),
+    ),
+    Mutant(
+        "a-name-that-computes",
+        "a name that is an optimization barrier too: naming changes the compiled program",
+        "sessions/model/transformer.py",
+        (
+            (
+                "from jax.ad_checkpoint import checkpoint_name\n",
+                "from jax.ad_checkpoint import checkpoint_name as named\n\n\n"
+                "def checkpoint_name(x, name):\n"
+                "    return jax.lax.optimization_barrier(named(x, name))\n\n\n",
+            ),
+        ),
+        ("tests/test_remat.py::test_naming_changes_neither_the_program_nor_the_loss",),
+    ),
+    Mutant(
+        "remat-n-is-full",
+        "--remat N priced as full recomputation for every N (the issue's slip)",
+        "roofline/plan/saved_activations.py",
+        (
+            (
+                "        return book_recompute(cfg, batch, remat)",
+                '        return recompute_flops(cfg, batch, "block")',
+            ),
+        ),
+        ("tests/test_remat.py::test_remat_n_recomputes_less_as_it_keeps_more",),
+    ),
+    Mutant(
+        "w-out-rebuilt",
+        "the napkin rebuilds w_out's matmul, whose output no backward reads (XLA does not)",
+        "roofline/plan/saved_activations.py",
+        (
+            (
+                "    if flash_kernel(cfg) and cfg.attention:\n",
+                '    wanted.append("mlpwo")\n    if flash_kernel(cfg) and cfg.attention:\n',
+            ),
+        ),
+        (
+            "tests/test_remat.py::test_the_recompute_is_the_matmuls_xla_runs_again",
+            "tests/test_remat.py::test_recompute_by_hand",
+        ),
+    ),
+    Mutant(
+        "flash-rebuilds-the-scores-alone",
+        "a flash kernel under remat counted as rebuilding q·k alone, not its whole forward",
+        "roofline/plan/saved_activations.py",
+        (
+            (
+                'ops += [(("context", "log-sum-exp"), QKV, 4 * S',
+                'ops += [(("context", "log-sum-exp"), QKV, 2 * S',
+            ),
+        ),
+        ("tests/test_remat.py::test_recompute_by_hand",),
+    ),
+    Mutant(
+        "bf16-norm-input-kept",
+        "in bf16 the napkin keeps each norm's input beside its float32 copy: JAX keeps the copy alone",
+        "roofline/plan/saved_activations.py",
+        (
+            (
+                '    if cfg.dtype == "float32":\n        norm["input"]',
+                '    if True:\n        norm["input"]',
+            ),
+        ),
+        ("tests/test_remat.py::test_the_napkin_keeps_what_jax_saves_under_every_policy",),
+    ),
+    Mutant(
+        "flash-forgets-its-lse",
+        "a flash kernel's log-sum-exp left out of what it keeps",
+        "roofline/plan/saved_activations.py",
+        (
+            (
+                'saved["the kernel\'s log-sum-exp (float32)"] = (H, True, 4)',
+                'saved["the kernel\'s log-sum-exp (float32)"] = (0, True, 4)',
+            ),
+        ),
+        (
+            "tests/test_remat.py::test_with_a_flash_kernel_too",
+            "tests/test_remat.py::test_korthikanti_s_selective_recompute_keeps_34_sbh",
+        ),
+    ),
+    Mutant(
+        "selective-keeps-no-activation",
+        "the napkin's selective leaves out the MLP's activation, which Korthikanti et al. keep",
+        "roofline/plan/saved_activations.py",
+        (
+            (
+                '    "selective": (*KORTHIKANTI, *MLP_IN, "mlp_activation"),',
+                '    "selective": (*KORTHIKANTI, *MLP_IN),',
+            ),
+        ),
+        (
+            "tests/test_remat.py::test_korthikanti_s_selective_recompute_keeps_34_sbh",
+            "tests/test_remat.py::test_the_layer_names_its_tensors_as_the_napkin_does",
+        ),
+    ),
+    Mutant(
+        "unknown-name-accepted",
+        "--remat names:a,b takes a name the layer does not give: a policy that saves nothing there",
+        "sessions/model/remat.py",
+        (("        if not unknown:\n            return None\n", "        return None\n"),),
+        ("tests/test_remat.py::test_a_policy_by_name_plans_and_a_bad_name_is_one_line",),
+    ),
+    Mutant(
+        "napkin-unknown-name-accepted",
+        "roofline memory --remat names:a,b plans a name no layer gives",
+        "roofline/plan/saved_activations.py",
+        (("        if not unknown:\n            return None\n", "        return None\n"),),
+        ("tests/test_remat.py::test_a_policy_by_name_plans_and_a_bad_name_is_one_line",),
+    ),
+    Mutant(
+        "remat-cuts-the-weights",
+        "the rebuilt layer takes its weights through stop_gradient: no gradient reaches them",
+        "sessions/model/transformer.py",
+        (
+            (
+                "    return jax.checkpoint(layer_fn, policy=REMAT.get(policy) or by_name(*chosen_names(policy)))",
+                "    cut = lambda w, x: layer_fn(jax.lax.stop_gradient(w), x)  # noqa: E731\n"
+                "    return jax.checkpoint(cut, policy=REMAT.get(policy) or by_name(*chosen_names(policy)))",
+            ),
+        ),
+        ("tests/test_remat.py::test_a_policy_by_name_gives_the_loss_and_gradients_of_none",),
     ),
 ]
 

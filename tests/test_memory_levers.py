@@ -70,7 +70,7 @@ def test_the_model_s_own_lever_keeps_what_the_napkin_counts(policy):
     napkin = plan_memory(CFG, find_chip("h100"), batch_tokens=32, remat=policy).saved
     kept = residual_values(lambda w, x: layer_fn(w, x).sum(), layer, x)
     assert kept == sum(n for n, *_ in napkin.values())
-    assert set(REMAT) == {"dots", "block"}
+    assert {"dots", "block"} <= set(REMAT)
 
 
 @pytest.mark.parametrize("policy", ["none", "block"])
@@ -92,7 +92,7 @@ def test_scanned_layers_give_the_unrolled_loss_and_gradients(policy):
 
 
 def test_a_bad_policy_is_one_line():
-    with pytest.raises(UsageError, match="--remat all: none, dots or block"):
+    with pytest.raises(UsageError, match="--remat all: none, dots, block, minimal, "):
         ModelConfig(remat="all")
 
 

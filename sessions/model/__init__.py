@@ -4,6 +4,7 @@ adds grouped-query attention, RoPE, the gated MLP, untied embeddings and int8 we
 
     config.py            the model's shapes, the run's knobs, the presets
     transformer.py       params, blocks, forward, the loss
+    remat.py             the layer's tensor names, the remat policies by what they save
     attention.py         attention, five implementations of it
     attention_choice.py  which attention runs where
     positions.py         learned positions

@@ -13,9 +13,9 @@ The dimension alphabet used everywhere in this repo (einsum letters):
 import dataclasses
 
 from sessions.errors import UsageError
+from sessions.model.remat import REMAT_POLICIES as REMAT_POLICIES  # the flags' list
+from sessions.model.remat import remat_error
 
-# What a layer may keep for the backward (sessions/model/transformer.py REMAT).
-REMAT_POLICIES = ("none", "dots", "block")
 # Session 6's fields of ModelConfig: how the step holds and compiles the layers, never
 # the weights' values, so a checkpoint continues under any of them.
 LEVERS = ("remat", "scan_layers")
@@ -48,8 +48,9 @@ class ModelConfig:
     gated: bool = False  # SwiGLU feed-forward: silu(x·W_gate) * (x·W_in), then W_out
     tied: bool = True  # the output projection is the embedding's transpose (False: its own)
     # Session 6's lever, which changes no arithmetic: what each layer keeps for the backward
-    # (sessions/model/transformer.py REMAT): everything (none), its matmuls' outputs
-    # (dots), or its input alone (block), recomputing the rest in the backward.
+    # (sessions/model/remat.py): everything (none), its matmuls' outputs (dots), its input
+    # alone (block), MaxText's policies, or the tensors names:a,b names; the backward
+    # recomputes the rest.
     remat: str = "none"
     # ... and the layers as one compiled body under lax.scan, their weights stacked on a
     # leading L axis: remat's rebuilding then runs in the backward on every compiler.
@@ -62,8 +63,8 @@ class ModelConfig:
                 f"--kv-heads {self.kv_heads} must divide the {self.heads} query heads "
                 f"(try {divisors})"
             )
-        if self.remat not in REMAT_POLICIES:
-            raise UsageError(f"--remat {self.remat}: none, dots or block")
+        if why := remat_error(self):
+            raise UsageError(why)
         if self.rope and self.head_dim % 2:  # RoPE turns the head's dims in pairs
             raise UsageError(f"--rope needs an even --head-dim, not {self.head_dim}")
 

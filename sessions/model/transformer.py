@@ -27,11 +27,13 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from sessions.model.attention import attention
 from sessions.model.config import ModelConfig
 from sessions.model.positions import add_positions, init_positions
 from sessions.model.quantize import lookup, tied_logits
+from sessions.model.remat import SAVED_NAMES, chosen_names
 from sessions.model.rotary import rotate
 from sessions.shard.sharding import constrain
 
@@ -121,7 +123,9 @@ def qkv(layer, x, cfg, start=0, dense=dense):
     k, v = (constrain(dense(x, layer[w]), "BSKD") for w in ("wk", "wv"))
     if rotary_positions(cfg):
         q, k = rotate(q, start, cfg.rope_base), rotate(k, start, cfg.rope_base)
-    return q, k, v
+    # Named for remat (sessions/model/remat.py), as MaxText names them: q and k after RoPE.
+    q, k = checkpoint_name(q, "query_proj"), checkpoint_name(k, "key_proj")
+    return q, k, checkpoint_name(v, "value_proj")
 
 
 def attention_block(layer, x, cfg, attend, dense=dense, start=0):
@@ -131,7 +135,9 @@ def attention_block(layer, x, cfg, attend, dense=dense, start=0):
     training, causal self-attention over the S positions (extra None); in
     decoding, attention over a KV cache, which it returns updated as extra."""
     out, extra = attend(*qkv(layer, x, cfg, start, dense))
-    return constrain(dense(out, layer["wo"], n_in=2), "BSE"), extra  # "BSHD,HDE->BSE"
+    out = checkpoint_name(out, "context")
+    out = constrain(dense(out, layer["wo"], n_in=2), "BSE")  # "BSHD,HDE->BSE"
+    return checkpoint_name(out, "out_proj"), extra
 
 
 def mlp_block(layer, x, cfg, dense=dense):
@@ -140,12 +146,14 @@ def mlp_block(layer, x, cfg, dense=dense):
     if cfg.gated:
         # SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"; LLaMA's): a
         # second projection, through SiLU, gates the first, position by position.
-        h = jax.nn.silu(constrain(dense(x, layer["w_gate"]), "BSF")) * h
+        gate = checkpoint_name(constrain(dense(x, layer["w_gate"]), "BSF"), "mlpwi_0")
+        h = jax.nn.silu(gate) * checkpoint_name(h, "mlpwi_1")
     else:
         # ReLU, as in the course. GELU (GPT-2's) learns about as well here and
         # costs 3-5% more per step on a CPU, where its tanh is not free.
-        h = jax.nn.relu(h)
-    return constrain(dense(h, layer["w_out"]), "BSE")  # "BSF,FE->BSE"
+        h = jax.nn.relu(checkpoint_name(h, "mlpwi"))
+    h = checkpoint_name(h, "mlp_activation")
+    return checkpoint_name(constrain(dense(h, layer["w_out"]), "BSE"), "mlpwo")  # "BSF,FE->BSE"
 
 
 def block(layer, x, cfg, attend, dense=dense, start=0):
@@ -156,11 +164,13 @@ def block(layer, x, cfg, attend, dense=dense, start=0):
     it stores transposed (sessions/inference/layout.py), and its position as start
     (rotary positions turn q and k by it)."""
     extra = None
+    x = checkpoint_name(x, "decoder_layer_input")
     if cfg.attention:
-        normed = rms_norm(x, layer["attn_norm"])
+        normed = checkpoint_name(rms_norm(x, layer["attn_norm"]), "attention_norm")
         a, extra = attention_block(layer, normed, cfg, attend, dense, start)
-        x = x + a
-    return x + mlp_block(layer, rms_norm(x, layer["mlp_norm"]), cfg, dense), extra
+        x = checkpoint_name(x + a, "attention_residual")
+    normed = checkpoint_name(rms_norm(x, layer["mlp_norm"]), "mlp_norm")
+    return x + mlp_block(layer, normed, cfg, dense), extra
 
 
 def cast(params, cfg: ModelConfig):
@@ -249,17 +259,22 @@ def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
     return unembed(p, x)
 
 
-# What a layer keeps for the backward under each remat lever; the rest is recomputed
-# there. roofline/plan/training_memory.py counts each one's bytes and FLOPs.
+# What a layer keeps for the backward under each remat lever (sessions/model/remat.py); the
+# rest is recomputed there. roofline/plan/saved_activations.py counts its bytes and FLOPs.
 REMAT = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # q, k, v, wo, w_in
     "block": jax.checkpoint_policies.nothing_saveable,  # the layer's input alone
-}
+} | {policy: jax.checkpoint_policies.save_only_these_names(*names)
+     for policy, names in SAVED_NAMES.items()}  # fmt: skip
 
 
 def remat(layer_fn, policy):
-    """layer_fn(layer, x) -> x under jax.checkpoint with REMAT[policy] (none: as it is)."""
-    return layer_fn if policy == "none" else jax.checkpoint(layer_fn, policy=REMAT[policy])
+    """layer_fn(layer, x) -> x under jax.checkpoint with REMAT[policy], or saving the names
+    `names:a,b` lists (none: as it is)."""
+    if policy == "none":
+        return layer_fn
+    by_name = jax.checkpoint_policies.save_only_these_names
+    return jax.checkpoint(layer_fn, policy=REMAT.get(policy) or by_name(*chosen_names(policy)))
 
 
 def cross_entropy(logits, targets):

@@ -165,7 +165,7 @@ def train_flags(argv=None):
         help="FSDP's collectives: inserted by the partitioner (auto), or written by hand "
         "under jax.shard_map (manual: meshes over data and fsdp, tp=1)",
     )
-    parser.add_argument("--remat", choices=REMAT_POLICIES, help="what a layer keeps")
+    parser.add_argument("--remat", help=f"a layer keeps: {', '.join(REMAT_POLICIES)}, names:a,b")
     parser.add_argument("--scan-layers", action="store_true", default=None, help="lax.scan")
     parser.add_argument("--accum", type=positive_int, help="microbatches a step, one update")
     parser.add_argument("--weights", choices=["float32", "bfloat16"], help="(bf16: computed so)")
