@@ -180,7 +180,7 @@ def lever_problem(cfg, chip, lv):
     """Why these levers make no plan whatever the chip count, in one line, or None."""
     m = lv.microbatches
     checks = [
-        (remat_problem(lv.remat), None),
+        (remat_problem(lv.remat, cfg), None),
         (lv.recipe.problem(), None),
         (model_problem(cfg, lv.tp, lv.stages), None),
         (lv.sequence_parallel and lv.tp == 1, "--sequence-parallel shards what tp copies: "
