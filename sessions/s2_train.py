@@ -130,7 +130,8 @@ def main(argv=None):
     else:
         step_fn = make_train_step(
             cfg, optimizer, jit=jit, state_shardings=shardings, batch_sharding=batch_sharding,
-            accum=tc.accum, offload=tc.offload,
+            accum=tc.accum,
+            offload=tc.offload,
         )  # fmt: skip
     if jit:
         with jax.set_mesh(mesh):
