@@ -2982,10 +2982,19 @@ MUTANTS = [
         "the optimizer's shardings forget memory_kind: the state stays in HBM",
         "sessions/train/offload.py",
         (("sharding = leaf.sharding.with_memory_kind(HOST)", "sharding = leaf.sharding"),),
+        ("tests/test_offload.py::test_the_optimizers_bytes_move_from_the_chips_plan_to_the_hosts",),
+    ),
+    Mutant(
+        "offload-not-fetched",
+        "the step updates the optimizer's state where it lies, never fetching it to the chip",
+        "sessions/train/step.py",
         (
-            "tests/test_offload.py::test_the_optimizers_bytes_move_from_the_chips_plan_to_the_hosts",
-            "tests/test_offload.py::test_the_h100_plan_falls_by_the_optimizers_bytes",
+            (
+                'opt = to_device(state["opt"]) if offload == "optimizer" else state["opt"]',
+                'opt = state["opt"]',
+            ),
         ),
+        ("tests/test_offload.py::test_the_h100_plan_falls_by_the_optimizers_bytes",),
     ),
     Mutant(
         "offload-on-cpu",
