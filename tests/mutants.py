@@ -2986,7 +2986,7 @@ MUTANTS = [
     ),
     Mutant(
         "offload-not-fetched",
-        "the step updates the optimizer's state where it lies, never fetching it to the chip",
+        "the step updates the optimizer's state where it lies, never fetching it (JAX refuses)",
         "sessions/train/step.py",
         (
             (
