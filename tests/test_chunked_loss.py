@@ -91,19 +91,20 @@ def plans():
     base = PRESETS["cpu"]
     tc = dataclasses.replace(base.train, batch=TOKENS // WIDE_VOCAB["seq"])
     found = {}
-    for chunks in (1, 4, 16):
+    for chunks in (1, 16):
         cfg = dataclasses.replace(base.model, **WIDE_VOCAB, loss_chunks=chunks)
         compiled, _ = compile_here(cfg, tc, programs.one_device_mesh())
         found[chunks] = compiled.memory_analysis()
     return found
 
 
-@pytest.mark.parametrize("chunks", [4, 16])
-def test_the_plan_sheds_the_logits_and_their_gradient(plans, chunks):
+def test_the_plan_sheds_the_logits_and_their_gradient(plans):
     """The napkin: the float32 logits [tokens, V] and their gradient, tokens x V x 4 B
     each, live whole at N = 1 and one chunk of each at N: the temporaries fall by at
-    least 2 x tokens x V x 4 B x (1 - 1/N). The state (arguments) does not change."""
-    logits = TOKENS * WIDE_VOCAB["vocab"] * 4
+    least 2 x tokens x V x 4 B x (1 - 1/N): 193 MB at N = 16 (XLA's CPU plan sheds 238).
+    (At N = 4 it sheds 154.54 MB against the napkin's 154.53: too close to hold a test
+    to.) The state (arguments) does not change."""
+    chunks, logits = 16, TOKENS * WIDE_VOCAB["vocab"] * 4
     fell = plans[1].temp_size_in_bytes - plans[chunks].temp_size_in_bytes
     assert fell >= 2 * logits * (1 - 1 / chunks)
     assert plans[chunks].argument_size_in_bytes == plans[1].argument_size_in_bytes
