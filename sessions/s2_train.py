@@ -41,6 +41,7 @@ from sessions.shard import sharding
 from sessions.train import data
 from sessions.train.manual_fsdp import check_collectives, collectives_line, make_manual_step
 from sessions.train.meter import Meter
+from sessions.train.offload import check_offload
 from sessions.train.prefetch import Prefetcher, Synchronous
 from sessions.train.step import (
     abstract_batch,
@@ -67,6 +68,7 @@ def main(argv=None):
     say = print if is_main else (lambda *a, **k: None)
     run = resolve(args)  # preset + flags + this machine -> configs
     cfg, tc = run.model, run.train
+    check_offload(tc.offload, jax.default_backend(), args.collectives)
     make_folder(args.run_dir, "--run-dir")  # for the loss curve: now, not after the last step
     B, S = tc.batch, cfg.seq
 
@@ -129,6 +131,7 @@ def main(argv=None):
         step_fn = make_train_step(
             cfg, optimizer, jit=jit, state_shardings=shardings, batch_sharding=batch_sharding,
             accum=tc.accum,
+            offload=tc.offload,
         )  # fmt: skip
     if jit:
         with jax.set_mesh(mesh):

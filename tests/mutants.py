@@ -3242,6 +3242,74 @@ MUTANTS = [
         ),
         ("tests/test_remat.py::test_a_policy_by_name_gives_the_loss_and_gradients_of_none",),
     ),
+    Mutant(
+        "loss-chunk-dropped",
+        "the chunked loss scans all chunks but the last, and still divides by N",
+        "sessions/train/chunked_loss.py",
+        (("(split(x), split(targets))", "(split(x)[:-1], split(targets)[:-1])"),),
+        (
+            "tests/test_chunked_loss.py::test_chunks_give_the_loss_and_gradients_of_the_whole_logits",
+        ),
+    ),
+    Mutant(
+        "loss-chunk-saved",
+        "each chunk's loss without jax.checkpoint: scan saves every chunk's logits for the backward",
+        "sessions/train/chunked_loss.py",
+        (("    @jax.checkpoint\n    def chunk_loss", "    def chunk_loss"),),
+        ("tests/test_chunked_loss.py::test_the_plan_sheds_the_logits_and_their_gradient",),
+    ),
+    Mutant(
+        "loss-chunk-across-rows",
+        "chunks are contiguous stretches of the batch's B·S tokens: each lives on a few devices",
+        "sessions/train/chunked_loss.py",
+        (
+            (
+                "return jnp.moveaxis(a.reshape(B, S // chunks, chunks, *a.shape[2:]), 2, 0)",
+                "return a.reshape(chunks, 1, B * S // chunks, *a.shape[2:])",
+            ),
+        ),
+        ("tests/test_chunked_loss.py::test_a_chunked_step_keeps_each_devices_own_rows",),
+    ),
+    Mutant(
+        "loss-chunks-unchecked",
+        "--loss-chunks that does not divide the sequence is not refused: a traceback",
+        "sessions/model/config.py",
+        (("if self.loss_chunks < 1 or self.seq % self.loss_chunks:", "if self.loss_chunks < 1:"),),
+        ("tests/test_chunked_loss.py::test_chunks_that_do_not_divide_the_sequence_are_one_line",),
+    ),
+    Mutant(
+        "offload-on-device",
+        "the optimizer's shardings forget memory_kind: the state stays in HBM",
+        "sessions/train/offload.py",
+        (("sharding = leaf.sharding.with_memory_kind(HOST)", "sharding = leaf.sharding"),),
+        ("tests/test_offload.py::test_the_optimizers_bytes_move_from_the_chips_plan_to_the_hosts",),
+    ),
+    Mutant(
+        "offload-not-fetched",
+        "the step updates the optimizer's state where it lies, never fetching it (JAX refuses)",
+        "sessions/train/step.py",
+        (
+            (
+                'opt = to_device(state["opt"]) if offload == "optimizer" else state["opt"]',
+                'opt = state["opt"]',
+            ),
+        ),
+        ("tests/test_offload.py::test_the_h100_plan_falls_by_the_optimizers_bytes",),
+    ),
+    Mutant(
+        "offload-on-cpu",
+        "--offload optimizer runs on this CPU, whose memory is the host's: nothing is offloaded",
+        "sessions/train/offload.py",
+        (('    if platform == "cpu":', "    if False:"),),
+        ("tests/test_offload.py::test_offload_on_this_cpu_is_refused_in_one_line_that_says_why",),
+    ),
+    Mutant(
+        "offload-unknown",
+        "an --offload the step does not do is taken as none",
+        "sessions/model/config.py",
+        (("if self.offload not in OFFLOADS:", "if False:"),),
+        ("tests/test_offload.py::test_an_offload_the_step_does_not_do_is_one_line",),
+    ),
 ]
 
 

@@ -18,10 +18,11 @@ from sessions.model.remat import remat_error
 
 # Session 6's fields of ModelConfig: how the step holds and compiles the layers, never
 # the weights' values, so a checkpoint continues under any of them.
-LEVERS = ("remat", "scan_layers")
+LEVERS = ("remat", "scan_layers", "loss_chunks")
 # ... and its fields of TrainConfig: how the batch runs and the weights are stored.
-TRAIN_LEVERS = ("accum", "weights", "master")
+TRAIN_LEVERS = ("accum", "weights", "master", "offload")
 WEIGHTS = ("float32", "bfloat16")  # how the weights are stored (TrainConfig.weights)
+OFFLOADS = ("none", "optimizer")  # what the step keeps in host memory (TrainConfig.offload)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,9 @@ class ModelConfig:
     # ... and the layers as one compiled body under lax.scan, their weights stacked on a
     # leading L axis: remat's rebuilding then runs in the backward on every compiler.
     scan_layers: bool = False
+    # ... and the loss over this many chunks of each sequence, one chunk's logits [B, S/N, V]
+    # alive at a time, rebuilt in the backward (sessions/train/chunked_loss.py).
+    loss_chunks: int = 1
 
     def __post_init__(self):
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
@@ -67,6 +71,12 @@ class ModelConfig:
             raise UsageError(why)
         if self.rope and self.head_dim % 2:  # RoPE turns the head's dims in pairs
             raise UsageError(f"--rope needs an even --head-dim, not {self.head_dim}")
+        if self.loss_chunks < 1 or self.seq % self.loss_chunks:
+            divisors = [n for n in range(1, min(self.seq, 64) + 1) if self.seq % n == 0]
+            raise UsageError(
+                f"--loss-chunks {self.loss_chunks} must divide the sequence's {self.seq} "
+                f"tokens, the same chunks in every row (try {', '.join(map(str, divisors))})"
+            )
 
     @property
     def n_kv_heads(self):
@@ -101,6 +111,9 @@ class TrainConfig:
     # (sessions/train/master_weights.py). bfloat16 weights compute in bfloat16.
     weights: str = "float32"
     master: bool = False
+    # ... and the optimizer's state kept in host memory between steps, fetched to the chip
+    # for the update and sent back (sessions/train/offload.py): "none" or "optimizer".
+    offload: str = "none"
 
     def __post_init__(self):
         if self.accum < 1 or self.batch % self.accum:
@@ -110,6 +123,11 @@ class TrainConfig:
         if self.master and self.weights == "float32":
             raise UsageError(
                 "--master keeps a float32 copy of bfloat16 weights: add --weights bfloat16"
+            )
+        if self.offload not in OFFLOADS:
+            raise UsageError(
+                f"--offload {self.offload}: none or optimizer (the step offloads the optimizer's "
+                "state; activations are the planner's: roofline memory --offload)"
             )
 
     @property

@@ -37,7 +37,7 @@ from sessions.model.remat import SAVED_NAMES, chosen_names
 from sessions.model.rotary import rotate
 from sessions.shard.sharding import constrain
 
-__all__ = ["ModelConfig", "forward", "init_params"]
+__all__ = ["ModelConfig", "forward", "hidden", "init_params"]
 
 
 def init_params(cfg: ModelConfig, key):
@@ -233,8 +233,9 @@ def unembed(p, x, dense=dense):
     return constrain(logits, "BSV")
 
 
-def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
-    """tokens: int [B, S] -> logits [B, S, V] in the compute dtype (cfg.dtype).
+def hidden(params, tokens, cfg: ModelConfig, segment_ids=None):
+    """tokens: int [B, S] -> x [B, S, E] in the compute dtype (cfg.dtype): the last
+    layer's output, before the final norm and the output projection (unembed).
 
     segment_ids (optional, int [B, S]): packed documents; tokens attend only
     within their own segment."""
@@ -256,7 +257,19 @@ def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
     else:
         for layer in p["layers"]:
             x = layer_fn(layer, x)
-    return unembed(p, x)
+    return x
+
+
+def head_weights(params, cfg: ModelConfig):
+    """The weights unembed reads, in the compute dtype: all a loss over chunks of the
+    tokens carries into each chunk (sessions/train/chunked_loss.py)."""
+    return cast({k: params[k] for k in ("final_norm", "embed", "unembed") if k in params}, cfg)
+
+
+def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
+    """tokens: int [B, S] -> logits [B, S, V] in the compute dtype (cfg.dtype):
+    hidden, then the output projection (unembed)."""
+    return unembed(head_weights(params, cfg), hidden(params, tokens, cfg, segment_ids))
 
 
 # What a layer keeps for the backward under each remat lever (sessions/model/remat.py); the

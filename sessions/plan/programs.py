@@ -110,8 +110,9 @@ def train_step_program(cfg, tc, mesh, collectives="auto"):
         step = make_manual_step(cfg, optimizer, tc.clip, shardings, rows, accum=tc.accum)
     else:
         step = make_train_step(
-            cfg, optimizer, state_shardings=shardings, batch_sharding=rows, accum=tc.accum
-        )
+            cfg, optimizer, state_shardings=shardings, batch_sharding=rows, accum=tc.accum,
+            offload=tc.offload,
+        )  # fmt: skip
     return step, (state, abstract_batch(tc.batch, cfg.seq, rows)), {}
 
 

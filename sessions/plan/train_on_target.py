@@ -15,11 +15,12 @@ from roofline.compiled.op_roofline import predict_ops
 from roofline.compiled.program import read_program
 from roofline.flops import flash_kernel, model_line, param_count
 from roofline.plan.training import plan_lines, plan_summary, training_plan
-from roofline.units import capacity
+from roofline.units import capacity, gb
 from sessions.errors import UsageError
 from sessions.plan import programs
 from sessions.shard import sharding
 from sessions.train.manual_fsdp import check_collectives, collectives_line
+from sessions.train.offload import check_offload, planned_host_bytes
 
 
 def too_big(error, target, tc, sizes):
@@ -54,6 +55,7 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
     sizes, mesh = programs.target_mesh(mesh_text, target, devices)
     sharding.check_divisible(cfg, tc.batch, sizes)
     check_collectives(collectives, sizes)
+    check_offload(tc.offload, target.chip.platform, collectives)
     chip = target.chip
     say(
         f"target: {target.name}, {target.devices} x {devices[0].device_kind} "
@@ -85,6 +87,9 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
         f"compiled for {target.name} in {seconds:.1f} s ({jax.__version__}, "
         f"{'libtpu' if chip.platform == 'tpu' else 'the CUDA plugin'})"
     )
+    host = planned_host_bytes(compiled.memory_analysis())
+    if tc.offload != "none":
+        say(offload_line(tc.offload, sharding.held_bytes(state["opt"]), host))
 
     facts = read_program(compiled, target.devices)
     kernel_attention = cfg.attention and flash_kernel(cfg)  # its FLOPs hidden in a kernel
@@ -121,6 +126,9 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
         attention_impl=cfg.attention_impl,
         collectives_mode=collectives,  # "collectives" holds what the compiler wrote
         compile_seconds=seconds,
+        loss_chunks=cfg.loss_chunks,
+        offload=tc.offload,
+        host_memory_per_device_bytes=host,  # XLA's plan of pinned_host; None: not given
     )
     if not p.fits:
         # Written out first (--summary-out), then refused: exit 2 with what to try.
@@ -133,3 +141,15 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
             )
         )
     return Planned(p, summary, compiled, held)
+
+
+def offload_line(offload, state_bytes, host_bytes):
+    """What --offload moved to host memory: the optimizer's state a device holds by the
+    sharding rules (predicted), beside XLA's plan of the step's host memory (compiled:
+    arguments + outputs + temporaries - donated), which the HBM plan no longer counts."""
+    compiled = "not given by this JAX" if host_bytes is None else gb(host_bytes)
+    return (
+        f"offload {offload}: its state in host memory (pinned_host), {gb(state_bytes)} a "
+        f"device (predicted, by the sharding rules) | host memory a device: {compiled} "
+        "(compiled, XLA's plan); the HBM plan below leaves it out"
+    )

@@ -159,17 +159,17 @@ def train_flags(argv=None):
         "pallas: our own flash kernel (sessions/kernels/flash.py; interpreted on a CPU, slow)",
     )
     parser.add_argument(
-        "--collectives",
-        choices=["auto", "manual"],
-        default="auto",
+        "--collectives", choices=["auto", "manual"], default="auto",
         help="FSDP's collectives: inserted by the partitioner (auto), or written by hand "
         "under jax.shard_map (manual: meshes over data and fsdp, tp=1)",
-    )
+    )  # fmt: skip
     parser.add_argument("--remat", help=f"a layer keeps: {', '.join(REMAT_POLICIES)}, names:a,b")
     parser.add_argument("--scan-layers", action="store_true", default=None, help="lax.scan")
     parser.add_argument("--accum", type=positive_int, help="microbatches a step, one update")
     parser.add_argument("--weights", choices=["float32", "bfloat16"], help="(bf16: computed so)")
     parser.add_argument("--master", action="store_true", default=None, help="a float32 copy")
+    parser.add_argument("--loss-chunks", type=positive_int, help="the loss in N parts of S")
+    parser.add_argument("--offload", help="optimizer: its state in host memory (GPU, TPU)")
     for flag in ("--no-attention", "--no-positions", "--no-jit", "--show-sharding"):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--no-overlap", action="store_true", help="load each batch in the loop")

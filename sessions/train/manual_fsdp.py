@@ -43,17 +43,11 @@ from jax.sharding import PartitionSpec as P
 from sessions.errors import UsageError
 from sessions.model.attention import attention
 from sessions.model.config import PRESETS
-from sessions.model.transformer import (
-    block,
-    cast,
-    cross_entropy,
-    embed,
-    float32_tables,
-    unembed,
-)
+from sessions.model.transformer import block, cast, embed, float32_tables
 from sessions.shard import sharding
 from sessions.shard.sharding import BATCH, PARAM_SPECS
 from sessions.train import data
+from sessions.train.chunked_loss import chunked_cross_entropy
 from sessions.train.step import init_state, jit_step, make_optimizer, make_train_step
 
 # What a layer keeps for its backward: its matmuls' outputs, never its gathered weights.
@@ -114,7 +108,7 @@ def device_loss(params, batch, cfg):
     x = embed(float32_tables(ends), batch["inputs"], cfg)
     for shards in p["layers"]:
         x = layer(shards, x)
-    return cross_entropy(unembed(cast(ends, cfg), x), batch["targets"])
+    return chunked_cross_entropy(cast(ends, cfg), x, batch["targets"], cfg.loss_chunks)
 
 
 def is_split(path):

@@ -16,14 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sessions.model.transformer import cross_entropy, forward, init_params
+from sessions.model.transformer import head_weights, hidden, init_params
 from sessions.shard import sharding
 from sessions.train import data
+from sessions.train.chunked_loss import chunked_cross_entropy
 from sessions.train.master_weights import in_float32
+from sessions.train.offload import optimizer_on_host, to_device, to_host
 
 
 def loss_fn(params, batch, cfg):
-    return cross_entropy(forward(params, batch["inputs"], cfg), batch["targets"])
+    """Mean cross-entropy of the batch, over cfg.loss_chunks chunks of each sequence
+    (sessions/train/chunked_loss.py; 1: the whole logits [B, S, V] at once)."""
+    x = hidden(params, batch["inputs"], cfg)
+    return chunked_cross_entropy(head_weights(params, cfg), x, batch["targets"], cfg.loss_chunks)
 
 
 def make_optimizer(tc, total_steps):
@@ -84,24 +89,30 @@ def accumulate(params, batch, cfg, accum):
     return jax.tree.map(lambda total: total / accum, (loss, grads))
 
 
-def train_step(state, batch, *, cfg, optimizer, accum=1):
+def train_step(state, batch, *, cfg, optimizer, accum=1, offload="none"):
     """One step. Returns (new state, {"loss", "grad_norm"}), both still on device.
-    accum > 1: the batch in that many microbatches, one update (accumulate)."""
+    accum > 1: the batch in that many microbatches, one update (accumulate).
+    offload "optimizer": the optimizer's state arrives in host memory, is fetched to
+    the chip for the update and sent back (sessions/train/offload.py)."""
     if accum == 1:
         loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, cfg)
     else:
         loss, grads = accumulate(state["params"], batch, cfg, accum)
-    updates, opt = optimizer.update(grads, state["opt"], state["params"])
+    opt = to_device(state["opt"]) if offload == "optimizer" else state["opt"]
+    updates, opt = optimizer.update(grads, opt, state["params"])
     params = optax.apply_updates(state["params"], updates)
+    opt = to_host(opt) if offload == "optimizer" else opt
     return {"params": params, "opt": opt}, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
 def make_train_step(
-    cfg, optimizer, *, jit=True, state_shardings=None, batch_sharding=None, accum=1
-):
+    cfg, optimizer, *, jit=True, state_shardings=None, batch_sharding=None, accum=1,
+    offload="none",
+):  # fmt: skip
     """The step function the loop calls: jitted with the state donated, or
-    (jit=False, session 1's way) run op by op; accum microbatches a step."""
-    step = functools.partial(train_step, cfg=cfg, optimizer=optimizer, accum=accum)
+    (jit=False, session 1's way) run op by op; accum microbatches a step; the
+    optimizer's state in host memory with offload "optimizer"."""
+    step = functools.partial(train_step, cfg=cfg, optimizer=optimizer, accum=accum, offload=offload)
     return jit_step(step, state_shardings, batch_sharding) if jit else step
 
 
@@ -152,12 +163,15 @@ def abstract_state(cfg, tc, mesh):
     state (sessions/train/step.py), and that state as jax.ShapeDtypeStructs carrying
     the sharding each weight's rule gives it over `mesh`. Nothing is built:
     `jax.jit(init, out_shardings=...)` then builds each shard on its device, a
-    checkpoint restores into it, or a compiler for another chip reads it."""
+    checkpoint restores into it, or a compiler for another chip reads it. With
+    tc.offload "optimizer", the optimizer's shardings are in host memory."""
     optimizer = make_optimizer(tc, tc.steps)
     init = functools.partial(init_state, cfg=cfg, optimizer=optimizer, weights=tc.weights)
     key = jax.eval_shape(lambda: jax.random.key(tc.seed))  # only its shape is used
     with jax.set_mesh(mesh):
         abstract = sharding.abstract_sharded(init, key, mesh)
+    if tc.offload == "optimizer":
+        abstract = optimizer_on_host(abstract)
     return optimizer, init, abstract
 
 
