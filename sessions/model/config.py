@@ -18,7 +18,7 @@ from sessions.errors import UsageError
 REMAT_POLICIES = ("none", "dots", "block")
 # Session 6's fields of ModelConfig: how the step holds and compiles the layers, never
 # the weights' values, so a checkpoint continues under any of them.
-LEVERS = ("remat", "scan_layers")
+LEVERS = ("remat", "scan_layers", "sequence_parallel")
 # ... and its fields of TrainConfig: how the batch runs and the weights are stored.
 TRAIN_LEVERS = ("accum", "weights", "master")
 WEIGHTS = ("float32", "bfloat16")  # how the weights are stored (TrainConfig.weights)
@@ -54,6 +54,9 @@ class ModelConfig:
     # ... and the layers as one compiled body under lax.scan, their weights stacked on a
     # leading L axis: remat's rebuilding then runs in the backward on every compiler.
     scan_layers: bool = False
+    # ... and between the blocks, the residual stream split along the sequence over the tp
+    # axis (Megatron's sequence parallelism: sessions/shard/sharding.py SEQUENCE_PARALLEL).
+    sequence_parallel: bool = False
 
     def __post_init__(self):
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):

@@ -113,6 +113,13 @@ def dense(x, w, n_in=1):
     return (x2 @ w2).reshape(B, S, *out_shape)
 
 
+def dense_apart(x, w, n_in=1):
+    """dense with B and S kept apart, one einsum: sequence parallelism's. There the partial
+    sums over tp of each block's [B, S, E] are reduce-scattered along S, which the rows of a
+    flattened [B·S, E] cannot be: a chip's S/tp positions of B sequences are B blocks of rows."""
+    return jnp.tensordot(x, w, axes=n_in)
+
+
 def qkv(layer, x, cfg, start=0, dense=dense):
     """x: [B, S, E] at positions start..start+S-1 -> q [B, S, H, D] ("BSE,EHD->BSHD"),
     k, v [B, S, K, D] ("BSE,EKD->BSKD"); with rotary positions, q and k turned by
@@ -131,7 +138,8 @@ def attention_block(layer, x, cfg, attend, dense=dense, start=0):
     training, causal self-attention over the S positions (extra None); in
     decoding, attention over a KV cache, which it returns updated as extra."""
     out, extra = attend(*qkv(layer, x, cfg, start, dense))
-    return constrain(dense(out, layer["wo"], n_in=2), "BSE"), extra  # "BSHD,HDE->BSE"
+    out = dense(constrain(out, "BSHD"), layer["wo"], n_in=2)  # "BSHD,HDE->BSE"
+    return constrain(out, "BSE", cfg.sequence_parallel), extra
 
 
 def mlp_block(layer, x, cfg, dense=dense):
@@ -145,7 +153,7 @@ def mlp_block(layer, x, cfg, dense=dense):
         # ReLU, as in the course. GELU (GPT-2's) learns about as well here and
         # costs 3-5% more per step on a CPU, where its tanh is not free.
         h = jax.nn.relu(h)
-    return constrain(dense(h, layer["w_out"]), "BSE")  # "BSF,FE->BSE"
+    return constrain(dense(h, layer["w_out"]), "BSE", cfg.sequence_parallel)  # "BSF,FE->BSE"
 
 
 def block(layer, x, cfg, attend, dense=dense, start=0):
@@ -206,7 +214,7 @@ def embed(p, tokens, cfg: ModelConfig, start=0):
     x = lookup(p["embed"], tokens).astype(cfg.dtype)  # an int8 table too (decode)
     if cfg.learned_positions:
         x = add_positions(x, p["pos"], start)
-    return constrain(x, "BSE")
+    return constrain(x, "BSE", cfg.sequence_parallel)
 
 
 def unembed(p, x, dense=dense):
@@ -237,7 +245,8 @@ def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
         return attention(q, k, v, segment_ids, impl=cfg.attention_impl), None
 
     x = embed(float32_tables(params), tokens, cfg)
-    layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], cfg.remat)
+    matmul = dense_apart if cfg.sequence_parallel else dense
+    layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal, matmul)[0], cfg.remat)
     if cfg.scan_layers:
         # The weights are kept a list of layers (checkpoints, decode and the sharding
         # rules read them so) and stacked here: a copy of them, in the compute dtype.
