@@ -45,7 +45,7 @@ from helpers import need, s2_in_process
 
 from roofline.compiled.arrays import arrays
 from roofline.compiled.hlo import parse
-from roofline.compiled.program import collective_kind, group_size
+from roofline.compiled.program import collective_kind, collectives, group_size
 from roofline.memory import planned_bytes
 from sessions.model.config import ModelConfig, TrainConfig
 from sessions.plan import programs
@@ -163,7 +163,8 @@ def test_the_flag_reaches_the_model():
     ids=["no tp", "default mesh", "seq over tp"],
 )
 def test_a_mesh_it_cannot_split_the_sequence_over_is_refused_in_one_line(argv, capsys):
-    code, err = s2_in_process(["--preset", "tiny", "--sequence-parallel", *argv], capsys)
+    flags = ["--preset", "tiny", "--steps", "1", "--sample-bytes", "0", "--sequence-parallel"]
+    code, err = s2_in_process([*flags, *argv], capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "--sequence-parallel" in err
 
@@ -185,12 +186,15 @@ def compiled_for(target_text, sequence_parallel):
 def test_on_h100_the_all_reduces_become_reduce_scatters_and_all_gathers():
     need("gpu")
     off = by_kind(stream_collectives(compiled_for("h100:8", False).as_text(), 8))
-    on = stream_collectives(compiled_for("h100:8", True).as_text(), 8)
+    text = compiled_for("h100:8", True).as_text()
+    on = stream_collectives(text, 8)
     L = CFG.layers
     assert 4 * L <= off["all-reduce"] <= 4 * L + 1 and not off["reduce-scatter"]
     slices = (ROWS, CFG.seq // TP, CFG.embed)
     assert on[("reduce-scatter", (ROWS, CFG.seq, CFG.embed), slices)] == 4 * L + 1
     assert by_kind(on) == {"reduce-scatter": 4 * L + 1, "all-gather": 4 * L + 1}
+    # Inside attention the heads stay split: its gradient is not laid out by S again.
+    assert "all-to-all" not in collectives(text, 8)
 
 
 def test_on_h100_the_plan_holds_the_saved_stream_in_slices():
