@@ -1,6 +1,6 @@
 """Sequence parallelism (s2_train.py --sequence-parallel; Korthikanti et al. 2022, "Reducing
 Activation Recomputation in Large Transformer Models", section 4.2.2) on the 8 simulated CPU
-devices, and deviceless on h100:8 and tpu-v5e:2x4.
+devices, and deviceless on h100:8 (tests/helpers.py need: skipped without the chip compilers).
 
 Between the blocks the residual stream [B, S, E] is split along S over tp
 (sessions/shard/sharding.py SEQUENCE_PARALLEL_SPECS); inside attention and the MLP the heads
@@ -19,14 +19,16 @@ before one all-reduce). What the compilers wrote (JAX 0.10.2), in this file's sh
 
     h100:8   just that: no all-reduce of [B, S, E] over tp left, 4L + 1 reduce-scatters
              along S and 4L + 1 all-gathers (one of them, the embedding gradient's, laid
-             out [S, B, E]); XLA's GPU pipeline fuses an all-reduce and the slice after it
-             into a reduce-scatter (its ReduceScatterCreator pass).
+             out [S, B, E]), the same bytes over the links; XLA's GPU pipeline fuses an
+             all-reduce and the slice after it into a reduce-scatter (ReduceScatterCreator).
     CPU      the all-gathers, 4L + 1 of them, [B, S/tp, E] -> [B, S, E]; but each
              reduce-scatter stays an all-reduce of the whole [B, S, E], then a dynamic-slice
              of the device's S/tp positions fused into the residual add: XLA's CPU pipeline
-             has no pass that makes the two one.
-    v5e:2x4  its reduce-scatters are fusions named all-reduce-scatter (an all-reduce and
-             the slice, which the TPU runs as one); checked here for its memory plan only.
+             leaves the two apart.
+    v5e:2x4  its reduce-scatters are fusions named all-reduce-scatter (an all-reduce and the
+             slice, run as one), which roofline/compiled/program.py counts as all-reduces.
+             Not compiled here: its plans of small steps keep their temporaries off HBM
+             (temp 0), and a step where the plan means something takes minutes to compile.
 
 The memory plan: the saved tensors that live in the residual stream (each layer's input and
 its sum after attention, the output layer's input) are held S/tp a device, so XLA's plan
