@@ -55,7 +55,7 @@ class ModelConfig:
     # leading L axis: remat's rebuilding then runs in the backward on every compiler.
     scan_layers: bool = False
     # ... and between the blocks, the residual stream split along the sequence over the tp
-    # axis (Megatron's sequence parallelism: sessions/shard/sharding.py SEQUENCE_PARALLEL).
+    # axis (Megatron's sequence parallelism: sessions/shard/sharding.py SEQUENCE_PARALLEL_SPECS).
     sequence_parallel: bool = False
 
     def __post_init__(self):

@@ -138,6 +138,8 @@ def attention_block(layer, x, cfg, attend, dense=dense, start=0):
     training, causal self-attention over the S positions (extra None); in
     decoding, attention over a KV cache, which it returns updated as extra."""
     out, extra = attend(*qkv(layer, x, cfg, start, dense))
+    # Pinned by heads: its gradient comes from the stream, split by S under sequence
+    # parallelism, and would otherwise be laid out by S inside attention (all-to-alls).
     out = dense(constrain(out, "BSHD"), layer["wo"], n_in=2)  # "BSHD,HDE->BSE"
     return constrain(out, "BSE", cfg.sequence_parallel), extra
 
