@@ -10,7 +10,7 @@ published conventions, each a recipe:
     Megatron-LM            bf16 weights, float32 gradients, master, m, v          18
 
 Per layer per token, what the forward saves for the backward, by remat policy
-(jax.checkpoint around each layer; sessions/model/transformer.py REMAT):
+(jax.checkpoint around each layer; sessions/model/remat.py REMAT):
 
     block  nothing_saveable: the layer's input alone, E values
     dots   dots_with_no_batch_dims_saveable: the input and the outputs of the matmuls

@@ -80,6 +80,7 @@ PLANNER = "tests/test_planner.py"
 NAPKIN = "tests/test_serving_napkin.py"
 BATCHING = "roofline/plan/batching.py"
 SERVE_PLAN = "roofline/plan/serve_plan.py"
+SEQPAR = "tests/test_sequence_parallel.py"
 ESTIMATE = "roofline/plan/decode_estimate.py"
 ESTIMATE_TEST = "tests/test_decode_estimate.py"
 WITHIN_25 = "test_the_estimate_is_within_25_percent_of_every_h100_step_and_the_floor_under"
@@ -1766,8 +1767,8 @@ MUTANTS = [
         "sessions/model/transformer.py",
         (
             (
-                "layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], cfg.remat)",
-                'layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], "none")',
+                "layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal, matmul)[0], cfg.remat)",
+                'layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal, matmul)[0], "none")',
             ),
         ),
         (f"{REMAT_TEST}::test_remat_saves_memory_where_the_schedule_rebuilds_in_the_backward",),
@@ -1775,7 +1776,7 @@ MUTANTS = [
     Mutant(
         "remat-dots-saves-everything",
         "the dots lever saves every value, not the matmuls' outputs alone",
-        "sessions/model/transformer.py",
+        "sessions/model/remat.py",
         (
             (
                 "jax.checkpoint_policies.dots_with_no_batch_dims_saveable,",
@@ -3111,8 +3112,8 @@ MUTANTS = [
         "sessions/model/transformer.py",
         (
             (
-                '    out = checkpoint_name(out, "context")',
-                '    out = checkpoint_name(out, "contxt")',
+                'out = checkpoint_name(constrain(out, "BSHD"), "context")',
+                'out = checkpoint_name(constrain(out, "BSHD"), "contxt")',
             ),
         ),
         (
@@ -3232,7 +3233,7 @@ MUTANTS = [
     Mutant(
         "remat-cuts-the-weights",
         "the rebuilt layer takes its weights through stop_gradient: no gradient reaches them",
-        "sessions/model/transformer.py",
+        "sessions/model/remat.py",
         (
             (
                 "    return jax.checkpoint(layer_fn, policy=REMAT.get(policy) or by_name(*chosen_names(policy)))",
@@ -3309,6 +3310,107 @@ MUTANTS = [
         "sessions/model/config.py",
         (("if self.offload not in OFFLOADS:", "if False:"),),
         ("tests/test_offload.py::test_an_offload_the_step_does_not_do_is_one_line",),
+    ),
+    Mutant(
+        "seqpar-dropped",
+        "--sequence-parallel leaves the residual stream whole on every tp device",
+        "sessions/shard/sharding.py",
+        (
+            (
+                'SEQUENCE_PARALLEL_SPECS = {"BSE": P(BATCH, "tp", None)}',
+                'SEQUENCE_PARALLEL_SPECS = {"BSE": P(BATCH, None, None)}',
+            ),
+        ),
+        (
+            f"{SEQPAR}::test_on_a_cpu_the_stream_is_gathered_along_s_before_each_matmul",
+            f"{SEQPAR}::test_on_a_cpu_the_plan_holds_the_saved_stream_in_slices",
+        ),
+    ),
+    Mutant(
+        "seqpar-dropped-h100",
+        "--sequence-parallel leaves the stream whole: h100:8 keeps its all-reduces and its plan",
+        "sessions/shard/sharding.py",
+        (
+            (
+                'SEQUENCE_PARALLEL_SPECS = {"BSE": P(BATCH, "tp", None)}',
+                'SEQUENCE_PARALLEL_SPECS = {"BSE": P(BATCH, None, None)}',
+            ),
+        ),
+        (
+            f"{SEQPAR}::test_on_h100_the_all_reduces_become_reduce_scatters_and_all_gathers",
+            f"{SEQPAR}::test_on_h100_the_plan_holds_the_saved_stream_in_slices",
+        ),
+    ),
+    Mutant(
+        "seqpar-wrong-axis",
+        "--sequence-parallel splits the stream along E over tp, not along S",
+        "sessions/shard/sharding.py",
+        (
+            (
+                'SEQUENCE_PARALLEL_SPECS = {"BSE": P(BATCH, "tp", None)}',
+                'SEQUENCE_PARALLEL_SPECS = {"BSE": P(BATCH, None, "tp")}',
+            ),
+        ),
+        (f"{SEQPAR}::test_on_a_cpu_the_stream_is_gathered_along_s_before_each_matmul",),
+    ),
+    Mutant(
+        "seqpar-flattened",
+        "under sequence parallelism the matmuls flatten B and S: h100 all-reduces, then slices",
+        "sessions/model/transformer.py",
+        (("matmul = dense_apart if cfg.sequence_parallel else dense", "matmul = dense"),),
+        (f"{SEQPAR}::test_on_h100_the_all_reduces_become_reduce_scatters_and_all_gathers",),
+    ),
+    Mutant(
+        "seqpar-attention-unpinned",
+        "attention's output not pinned by heads: its gradient comes back laid out by S",
+        "sessions/model/transformer.py",
+        (
+            (
+                'out = checkpoint_name(constrain(out, "BSHD"), "context")',
+                'out = checkpoint_name(out, "context")',
+            ),
+        ),
+        (f"{SEQPAR}::test_on_h100_the_all_reduces_become_reduce_scatters_and_all_gathers",),
+    ),
+    Mutant(
+        "seqpar-bf16-matmuls",
+        "sequence parallelism's matmuls round their inputs to bfloat16 in a float32 step",
+        "sessions/model/transformer.py",
+        (
+            (
+                "    return jnp.tensordot(x, w, axes=n_in)",
+                "    return jnp.tensordot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), axes=n_in).astype(x.dtype)",
+            ),
+        ),
+        (f"{SEQPAR}::test_the_loss_is_the_loss_without_it",),
+    ),
+    Mutant(
+        "seqpar-no-tp",
+        "--sequence-parallel without tp trains on, the flag doing nothing",
+        "sessions/shard/sharding.py",
+        (("if model_cfg.sequence_parallel and tp == 1:", "if False:"),),
+        (f"{SEQPAR}::test_a_mesh_it_cannot_split_the_sequence_over_is_refused_in_one_line[no tp]",),
+    ),
+    Mutant(
+        "seqpar-seq-unchecked",
+        "a sequence tp does not divide reaches the partitioner",
+        "sessions/shard/sharding.py",
+        (("if model_cfg.sequence_parallel and model_cfg.seq % tp:", "if False:"),),
+        (
+            f"{SEQPAR}::test_a_mesh_it_cannot_split_the_sequence_over_is_refused_in_one_line[seq over tp]",
+        ),
+    ),
+    Mutant(
+        "seqpar-flag-unread",
+        "--sequence-parallel is parsed but never reaches ModelConfig",
+        "sessions/model/config.py",
+        (
+            (
+                'LEVERS = ("remat", "scan_layers", "loss_chunks", "sequence_parallel")',
+                'LEVERS = ("remat", "scan_layers", "loss_chunks")',
+            ),
+        ),
+        (f"{SEQPAR}::test_the_flag_reaches_the_model",),
     ),
 ]
 

@@ -28,7 +28,8 @@ from sessions.errors import UsageError
 from sessions.model import init_params
 from sessions.model.attention import attention
 from sessions.model.config import PRESETS, ModelConfig
-from sessions.model.transformer import REMAT, block, remat
+from sessions.model.remat import REMAT, remat
+from sessions.model.transformer import block
 from sessions.plan import programs
 from sessions.plan.memory_levers import Lever, measure_lever, recompute_runs_in_forward
 from sessions.run.checkpoint import identity

@@ -32,8 +32,8 @@ from sessions.errors import UsageError
 from sessions.model import init_params
 from sessions.model.attention import attention
 from sessions.model.config import PRESETS, PUBLISHED, ModelConfig
-from sessions.model.remat import SAVED_NAMES, checkpoint_names
-from sessions.model.transformer import block, remat
+from sessions.model.remat import SAVED_NAMES, checkpoint_names, remat
+from sessions.model.transformer import block
 from sessions.train import step
 
 # D = 64, as the flash kernels take; E, F, H·D, K·D all differ from B = 2 and B·S = 32.

@@ -18,7 +18,7 @@ from sessions.model.remat import remat_error
 
 # Session 6's fields of ModelConfig: how the step holds and compiles the layers, never
 # the weights' values, so a checkpoint continues under any of them.
-LEVERS = ("remat", "scan_layers", "loss_chunks")
+LEVERS = ("remat", "scan_layers", "loss_chunks", "sequence_parallel")
 # ... and its fields of TrainConfig: how the batch runs and the weights are stored.
 TRAIN_LEVERS = ("accum", "weights", "master", "offload")
 WEIGHTS = ("float32", "bfloat16")  # how the weights are stored (TrainConfig.weights)
@@ -59,6 +59,9 @@ class ModelConfig:
     # ... and the loss over this many chunks of each sequence, one chunk's logits [B, S/N, V]
     # alive at a time, rebuilt in the backward (sessions/train/chunked_loss.py).
     loss_chunks: int = 1
+    # ... and between the blocks, the residual stream split along the sequence over the tp
+    # axis (Megatron's sequence parallelism: sessions/shard/sharding.py SEQUENCE_PARALLEL_SPECS).
+    sequence_parallel: bool = False
 
     def __post_init__(self):
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):

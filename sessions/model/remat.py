@@ -1,5 +1,5 @@
 """What a layer keeps for the backward (session 6): the names the layer gives its tensors,
-and the remat policies by what they save (transformer.py's remat() applies them).
+and the remat policies by what they save (remat() applies them).
 
 Without remat, JAX keeps every value of the layer's forward that its backward reads. Under
 jax.checkpoint with a policy it keeps the layer's input and what the policy saves, and
@@ -30,6 +30,8 @@ ours are tensors MaxText leaves unnamed: the norms' outputs, the stream between 
 attention and the MLP, and the MLP's activation, the values Korthikanti et al. 2022 keep.
 Attention's [S, S] scores and probabilities have no name: no policy by name saves them.
 """
+
+import jax
 
 # The policies of the course, each a jax.checkpoint policy around the layer:
 #   none   no jax.checkpoint: everything the backward reads (MaxText has no such policy;
@@ -110,3 +112,21 @@ def remat_error(cfg):
             return None
         return f"--remat {cfg.remat}: no tensor is named {', '.join(unknown)} (names: {names})"
     return f"--remat {cfg.remat}: {', '.join(REMAT_POLICIES)}, or names:a,b of {names}"
+
+
+# What a layer keeps for the backward under each remat lever; the rest is recomputed
+# there. roofline/plan/saved_activations.py counts its bytes and FLOPs.
+REMAT = {
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # q, k, v, wo, w_in
+    "block": jax.checkpoint_policies.nothing_saveable,  # the layer's input alone
+} | {policy: jax.checkpoint_policies.save_only_these_names(*names)
+     for policy, names in SAVED_NAMES.items()}  # fmt: skip
+
+
+def remat(layer_fn, policy):
+    """layer_fn(layer, x) -> x under jax.checkpoint with REMAT[policy], or saving the names
+    `names:a,b` lists (none: as it is)."""
+    if policy == "none":
+        return layer_fn
+    by_name = jax.checkpoint_policies.save_only_these_names
+    return jax.checkpoint(layer_fn, policy=REMAT.get(policy) or by_name(*chosen_names(policy)))

@@ -33,7 +33,7 @@ from sessions.model.attention import attention
 from sessions.model.config import ModelConfig
 from sessions.model.positions import add_positions, init_positions
 from sessions.model.quantize import lookup, tied_logits
-from sessions.model.remat import SAVED_NAMES, chosen_names
+from sessions.model.remat import remat
 from sessions.model.rotary import rotate
 from sessions.shard.sharding import constrain
 
@@ -115,6 +115,12 @@ def dense(x, w, n_in=1):
     return (x2 @ w2).reshape(B, S, *out_shape)
 
 
+def dense_apart(x, w, n_in=1):
+    """dense with B and S kept apart (sequence parallelism's): each block's partial sums
+    over tp are then reduce-scattered along S, which a flattened [B·S, E] cannot be."""
+    return jnp.tensordot(x, w, axes=n_in)
+
+
 def qkv(layer, x, cfg, start=0, dense=dense):
     """x: [B, S, E] at positions start..start+S-1 -> q [B, S, H, D] ("BSE,EHD->BSHD"),
     k, v [B, S, K, D] ("BSE,EKD->BSKD"); with rotary positions, q and k turned by
@@ -135,9 +141,11 @@ def attention_block(layer, x, cfg, attend, dense=dense, start=0):
     training, causal self-attention over the S positions (extra None); in
     decoding, attention over a KV cache, which it returns updated as extra."""
     out, extra = attend(*qkv(layer, x, cfg, start, dense))
-    out = checkpoint_name(out, "context")
-    out = constrain(dense(out, layer["wo"], n_in=2), "BSE")  # "BSHD,HDE->BSE"
-    return checkpoint_name(out, "out_proj"), extra
+    # Pinned by heads: its gradient comes from the stream, split by S under sequence
+    # parallelism, and would otherwise be laid out by S inside attention (all-to-alls).
+    out = checkpoint_name(constrain(out, "BSHD"), "context")
+    out = constrain(dense(out, layer["wo"], n_in=2), "BSE", cfg.sequence_parallel)
+    return checkpoint_name(out, "out_proj"), extra  # "BSHD,HDE->BSE"
 
 
 def mlp_block(layer, x, cfg, dense=dense):
@@ -153,7 +161,8 @@ def mlp_block(layer, x, cfg, dense=dense):
         # costs 3-5% more per step on a CPU, where its tanh is not free.
         h = jax.nn.relu(checkpoint_name(h, "mlpwi"))
     h = checkpoint_name(h, "mlp_activation")
-    return checkpoint_name(constrain(dense(h, layer["w_out"]), "BSE"), "mlpwo")  # "BSF,FE->BSE"
+    out = constrain(dense(h, layer["w_out"]), "BSE", cfg.sequence_parallel)  # "BSF,FE->BSE"
+    return checkpoint_name(out, "mlpwo")
 
 
 def block(layer, x, cfg, attend, dense=dense, start=0):
@@ -216,7 +225,7 @@ def embed(p, tokens, cfg: ModelConfig, start=0):
     x = lookup(p["embed"], tokens).astype(cfg.dtype)  # an int8 table too (decode)
     if cfg.learned_positions:
         x = add_positions(x, p["pos"], start)
-    return constrain(x, "BSE")
+    return constrain(x, "BSE", cfg.sequence_parallel)
 
 
 def unembed(p, x, dense=dense):
@@ -248,7 +257,8 @@ def hidden(params, tokens, cfg: ModelConfig, segment_ids=None):
         return attention(q, k, v, segment_ids, impl=cfg.attention_impl), None
 
     x = embed(float32_tables(params), tokens, cfg)
-    layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal)[0], cfg.remat)
+    matmul = dense_apart if cfg.sequence_parallel else dense
+    layer_fn = remat(lambda layer, x: block(layer, x, cfg, causal, matmul)[0], cfg.remat)
     if cfg.scan_layers:
         # The weights are kept a list of layers (checkpoints, decode and the sharding
         # rules read them so) and stacked here: a copy of them, in the compute dtype.
@@ -270,24 +280,6 @@ def forward(params, tokens, cfg: ModelConfig, segment_ids=None):
     """tokens: int [B, S] -> logits [B, S, V] in the compute dtype (cfg.dtype):
     hidden, then the output projection (unembed)."""
     return unembed(head_weights(params, cfg), hidden(params, tokens, cfg, segment_ids))
-
-
-# What a layer keeps for the backward under each remat lever (sessions/model/remat.py); the
-# rest is recomputed there. roofline/plan/saved_activations.py counts its bytes and FLOPs.
-REMAT = {
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # q, k, v, wo, w_in
-    "block": jax.checkpoint_policies.nothing_saveable,  # the layer's input alone
-} | {policy: jax.checkpoint_policies.save_only_these_names(*names)
-     for policy, names in SAVED_NAMES.items()}  # fmt: skip
-
-
-def remat(layer_fn, policy):
-    """layer_fn(layer, x) -> x under jax.checkpoint with REMAT[policy], or saving the names
-    `names:a,b` lists (none: as it is)."""
-    if policy == "none":
-        return layer_fn
-    by_name = jax.checkpoint_policies.save_only_these_names
-    return jax.checkpoint(layer_fn, policy=REMAT.get(policy) or by_name(*chosen_names(policy)))
 
 
 def cross_entropy(logits, targets):

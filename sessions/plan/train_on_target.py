@@ -61,9 +61,10 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
         f"target: {target.name}, {target.devices} x {devices[0].device_kind} "
         f"(compile-only: nothing runs) | preset {run.preset}"
     )
+    sequence_parallel = " | sequence parallel (S/tp between blocks)" * cfg.sequence_parallel
     say(
         f"model: {model_line(cfg)} | {param_count(cfg) / 1e6:.2f}M params | {cfg.dtype} "
-        f"matmuls | attention: {cfg.attention_impl}"
+        f"matmuls | attention: {cfg.attention_impl}{sequence_parallel}"
     )
     if run.attention_note:
         say(f"attention: {run.attention_note}")
@@ -124,6 +125,7 @@ def plan_target(mesh_text, run, target, devices, say=print, collectives="auto"):
         seq=cfg.seq,
         dtype=cfg.dtype,
         attention_impl=cfg.attention_impl,
+        sequence_parallel=cfg.sequence_parallel,
         collectives_mode=collectives,  # "collectives" holds what the compiler wrote
         compile_seconds=seconds,
         loss_chunks=cfg.loss_chunks,

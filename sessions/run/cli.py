@@ -5,8 +5,7 @@ configs once (library code never sees the flags), and bad input on one line.
     run = resolve(args)                # Resolved(preset, model, train, attention_note, data)
     serving = serving_config(args)     # s3's and s5's: Serving(model, shapes, checkpoint_dir, ...)
 
-What a flag leaves open (the preset, dtype, corpus and attention of each platform)
-is decided in sessions/run/defaults.py; resolve reads the flags and hands it their values.
+What a flag leaves open (each platform's preset, dtype, corpus, attention): run/defaults.py.
 """
 
 import argparse
@@ -165,6 +164,7 @@ def train_flags(argv=None):
     )  # fmt: skip
     parser.add_argument("--remat", help=f"a layer keeps: {', '.join(REMAT_POLICIES)}, names:a,b")
     parser.add_argument("--scan-layers", action="store_true", default=None, help="lax.scan")
+    parser.add_argument("--sequence-parallel", action="store_true", help="S over tp between blocks")
     parser.add_argument("--accum", type=positive_int, help="microbatches a step, one update")
     parser.add_argument("--weights", choices=["float32", "bfloat16"], help="(bf16: computed so)")
     parser.add_argument("--master", action="store_true", default=None, help="a float32 copy")

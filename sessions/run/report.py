@@ -21,6 +21,7 @@ def header_lines(run, flops, peak, corpus, unigram):
     on = {True: "on", False: "off"}
     levers = [f"remat {cfg.remat}"] * (cfg.remat != "none") + ["layers scanned"] * cfg.scan_layers
     levers += [tc.stored] * (tc.weights != "float32")
+    levers += ["sequence parallel"] * cfg.sequence_parallel  # the stream S/tp between blocks
     return [
         f"session 2 | preset {run.preset} | {len(devices)} x {devices[0].device_kind} "
         f"({processes} process{'es' if processes > 1 else ''})",

@@ -66,9 +66,22 @@ ACTIVATION_SPECS = {
     "BKT": P(BATCH, "tp", None),  # an int8 cache's scales, one per position (quantize.py)
 }
 
+# Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+# Large Transformer Models", section 4.2.2): between the blocks, where tp would hold the
+# residual stream whole on every chip, each chip holds S/tp of its positions instead.
+# The norms and the residual adds act on each position alone, so they run on the slice.
+# Inside attention and the MLP the heads and F stay split over tp (ACTIVATION_SPECS), so
+# the partitioner turns each block's all-reduce of [B, S, E] into a reduce-scatter onto
+# the slices and an all-gather before the next block's matmuls: the same bytes on the
+# wires, and the stream, the norms' inputs and whatever is saved of them held 1/tp each.
+# MaxText pins the same tensors, ("activation_batch", "activation_norm_length",
+# "activation_embed"), and its rules may put that length on a tensor axis.
+SEQUENCE_PARALLEL_SPECS = {"BSE": P(BATCH, "tp", None)}
 
-def constrain(x, letters):
-    """Pin activation x to the layout named by its letters, e.g. "BSE".
+
+def constrain(x, letters, sequence_parallel=False):
+    """Pin activation x to the layout named by its letters, e.g. "BSE"; the residual
+    stream "BSE" split along S over tp under sequence_parallel (SEQUENCE_PARALLEL_SPECS).
 
     A no-op outside a mesh context (`jax.set_mesh`), so the model runs
     unchanged on one device, and inside `jax.shard_map` (sessions/train/manual_fsdp.py),
@@ -76,7 +89,8 @@ def constrain(x, letters):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.are_all_axes_manual:
         return x
-    return jax.lax.with_sharding_constraint(x, ACTIVATION_SPECS[letters])
+    specs = SEQUENCE_PARALLEL_SPECS if sequence_parallel else {}
+    return jax.lax.with_sharding_constraint(x, specs.get(letters, ACTIVATION_SPECS[letters]))
 
 
 def parse_mesh(text, n_devices):
@@ -124,6 +138,11 @@ def check_divisible(model_cfg, batch, sizes, processes=1):
         ("vocab", model_cfg.vocab, sizes["tp"], "tp"),
         ("embed", model_cfg.embed, sizes["fsdp"], "fsdp"),
     ]
+    tp = sizes["tp"]
+    if model_cfg.sequence_parallel and tp == 1:
+        raise UsageError("--sequence-parallel shards the sequence over tp: give a mesh with tp > 1")
+    if model_cfg.sequence_parallel and model_cfg.seq % tp:
+        raise UsageError(f"--sequence-parallel: seq {model_cfg.seq} does not divide over tp = {tp}")
     for field, value, parts, axes in checks:
         if value % parts:
             raise UsageError(f"{field} {value} does not divide over {axes} = {parts}")
