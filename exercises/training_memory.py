@@ -62,6 +62,15 @@ def saved_values(E, F, H, K, D, policy):
     raise NotImplementedError
 
 
+def saved_by_name(E, F, H, K, D, policy):
+    """Values one layer of the course's model saves a token under MaxText's
+    "save_qkv_proj" (the tensors named query_proj, key_proj, value_proj) or
+    "save_dot_except_mlp" (those and out_proj, wo's output), beside the layer's input,
+    which jax.checkpoint always keeps. Hint: q has H heads of D, k and v K heads each;
+    out_proj is a token's E."""
+    raise NotImplementedError
+
+
 def fewest_chips(params, bytes_per_param, hbm_bytes):
     """The fewest chips whose HBM, together, holds params x bytes_per_param bytes.
     Hint: math.ceil; 8.3 chips' worth needs 9."""

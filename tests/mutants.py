@@ -3412,6 +3412,16 @@ MUTANTS = [
         ),
         (f"{SEQPAR}::test_the_flag_reaches_the_model",),
     ),
+    Mutant(
+        "hw6-out-proj-forgotten",
+        "save_dot_except_mlp counted as save_qkv_proj: wo's output, which it saves, left out",
+        "solutions/training_memory.py",
+        (('(E if policy == "save_dot_except_mlp" else 0)', "0"),),
+        (
+            "tests/test_exercises/test_session_6.py::"
+            "test_a_policy_by_name_saves_what_jax_saves[save_dot_except_mlp-gqa]",
+        ),
+    ),
 ]
 
 

@@ -27,8 +27,8 @@ SESSIONS = {
     ),
     "6": (
         "test_session_6.py",
-        "training memory: bytes a parameter, remat's saved values, accumulation, chips, "
-        "Korthikanti's table, a chunked loss",
+        "training memory: bytes a parameter, remat's saved values by policy and by name, "
+        "accumulation, chips, Korthikanti's table, a chunked loss",
     ),
     "7": (
         "test_session_7.py",

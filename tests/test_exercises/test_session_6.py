@@ -18,6 +18,7 @@ from helpers import residual_values
 from sessions.model import init_params
 from sessions.model.attention import attention
 from sessions.model.config import ModelConfig
+from sessions.model.remat import SAVED_NAMES
 from sessions.model.transformer import block
 
 from .expect import expect
@@ -26,6 +27,7 @@ bytes_per_parameter = exercise("training_memory.bytes_per_parameter")
 saved_values = exercise("training_memory.saved_values")
 fewest_chips = exercise("training_memory.fewest_chips")
 bf16_gap = exercise("training_memory.bf16_gap")
+saved_by_name = exercise("training_memory.saved_by_name")
 korthikanti_bytes = exercise("training_memory.korthikanti_bytes")
 chunked_cross_entropy = exercise("training_memory.chunked_cross_entropy")
 accumulate = exercise("step.accumulate")
@@ -77,6 +79,19 @@ def test_one_layer_s_saved_values_are_what_jax_saves(cfg, policy, jax_policy):
     dims = (cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim)
     want = layer_residuals(cfg, jax_policy)
     expect(saved_values(*dims, policy), want, "values a token", f"{policy}, E, F, H, K, D = {dims}")
+
+
+@pytest.mark.exercise("training_memory.saved_by_name")
+@pytest.mark.parametrize("cfg", [GQA, MHA], ids=["gqa", "mha"])
+@pytest.mark.parametrize("policy", ["save_qkv_proj", "save_dot_except_mlp"])
+def test_a_policy_by_name_saves_what_jax_saves(cfg, policy):
+    """Against JAX: the layer under save_only_these_names of the policy's names, as the
+    step applies it (sessions/model/remat.py SAVED_NAMES)."""
+    dims = (cfg.embed, cfg.ff, cfg.heads, cfg.n_kv_heads, cfg.head_dim)
+    want = layer_residuals(cfg, jax.checkpoint_policies.save_only_these_names(*SAVED_NAMES[policy]))
+    expect(
+        saved_by_name(*dims, policy), want, "values a token", f"{policy}, E, F, H, K, D = {dims}"
+    )
 
 
 @pytest.mark.exercise("training_memory.fewest_chips")
