@@ -131,7 +131,8 @@ def add_model_flags(parser, preset_default="cpu", published=False):
     parser.set_defaults(data=None, no_attention=False, no_positions=False)
     parser.set_defaults(kv_heads=None, rope=None, gated=None, tied=None)  # the preset's model
     # The model's own levers: memory's --remat is the napkin's, as is its --scan-layers.
-    parser.set_defaults(remat=None, scan_layers=None)
+    parser.set_defaults(remat=None, scan_layers=None, loss_chunks=None, sequence_parallel=None)
+    parser.set_defaults(offload=None)  # the step's own: none
 
 
 def _remat(text):
@@ -167,7 +168,10 @@ def add_memory_flags(parser):
     parser.add_argument("--accum", type=positive_int, default=1, help="microbatches a step")
     parser.add_argument("--scan-layers", action="store_true", help="their weights stacked")
     parser.add_argument(
-        "--sequence-parallel", action="store_true", help="with --tp: what tp copies, sharded"
+        "--sequence-parallel",
+        action="store_true",
+        default=False,
+        help="with --tp: what tp copies, sharded",
     )
     parser.add_argument("--loss-chunks", type=positive_int, default=1, help="loss over N chunks")
     parser.add_argument("--offload", choices=OFFLOADS, help="those bytes in host memory")

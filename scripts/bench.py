@@ -57,7 +57,8 @@ def parse_args(argv):
     parser.add_argument("--master", action="store_true", default=None, help="s2_train.py's")
     # What s2_train.py's resolve reads that this bench has no flag for: the preset's.
     shapes = ("embed", "ff", "heads", "head_dim", "layers", "vocab", *FAMILY)
-    training = ("steps", "lr", "seed", "log_every", "eval_every", "data", "accum", *LEVERS)
+    training = ("steps", "lr", "seed", "log_every", "eval_every", "data", "accum", "offload")
+    training += LEVERS
     parser.set_defaults(**dict.fromkeys(shapes + training), no_attention=False, no_positions=False)
     return parser.parse_args(argv)
 
