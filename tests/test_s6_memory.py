@@ -26,8 +26,8 @@ def test_the_levers_change_the_bytes_and_never_the_loss(tmp_path, capsys):
     )
     assert code == 0, err
     written = json.loads(summary.read_text())["levers"]
-    assert [set(row) for row in written] == [KEYS] * 10
-    levers, recipes = written[:7], written[7:]  # the levers' table, then the weights' recipes
+    assert [set(row) for row in written] == [KEYS] * 11
+    levers, recipes = written[:8], written[8:]  # the levers' table, then the weights' recipes
     rows = {(r["remat"], r["scan"], r["accum"]): r for r in levers}
     losses = [r["loss"] for r in levers]
     assert max(losses) - min(losses) < 1e-5, losses
@@ -39,6 +39,8 @@ def test_the_levers_change_the_bytes_and_never_the_loss(tmp_path, capsys):
     # ...scanned, block keeps each layer's input alone, and 4 microbatches a quarter.
     assert xla[("block", True, 1)] < 0.5 * xla[("none", True, 1)], xla
     assert xla[("block", True, 4)] < xla[("block", True, 1)], xla
+    # ...and selective keeps all but attention's [S, S] values: between the two.
+    assert xla[("block", True, 1)] < xla[("selective", True, 1)] < xla[("none", True, 1)], xla
     # block recomputes each layer's forward: its FLOPs, predicted, exceed none's.
     assert rows[("block", True, 1)]["flops"] > rows[("none", True, 1)]["flops"]
     assert all(r["step_seconds"] > 0 and r["compile_seconds"] > 0 for r in written)

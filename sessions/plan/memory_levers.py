@@ -28,7 +28,7 @@ from sessions.train import data, step
 
 
 class Lever(NamedTuple):
-    remat: str = "none"  # ModelConfig.remat: none, dots or block
+    remat: str = "none"  # ModelConfig.remat: a policy (sessions/model/remat.py)
     scan: bool = False  # ModelConfig.scan_layers
     accum: int = 1  # TrainConfig.accum: microbatches a step
     weights: str = "float32"  # TrainConfig.weights: bfloat16 weights compute in bfloat16
@@ -37,7 +37,7 @@ class Lever(NamedTuple):
 
     @property
     def name(self):
-        return f"remat {self.remat:<5}  {'scan' if self.scan else 'loop'}  accum {self.accum}"
+        return f"remat {self.remat:<9} {'scan' if self.scan else 'loop'}  accum {self.accum}"
 
     @property
     def recipe(self):
@@ -59,6 +59,8 @@ TABLE = (
     Lever("dots", scan=True),
     Lever("block", scan=True),
     Lever("block", scan=True, accum=4),
+    # Korthikanti et al.'s selective recompute: all but attention's [S, S] values.
+    Lever("selective", scan=True),
 )
 # The weights' recipes, each with bf16 matmuls: float32 weights cast inside the step (the
 # course's mixed precision), bf16 weights with a float32 master, bf16 weights alone.

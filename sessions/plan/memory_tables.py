@@ -13,7 +13,7 @@ def lever_table(rows, ran, title="lever"):
     # FLOPs in the unit that keeps digits in the smallest row (the tiny preset's: MFLOP).
     scale, unit = (1e9, "GFLOP") if min(row.flops for _, row in rows) >= 1e10 else (1e6, "MFLOP")
     lines = [
-        f"{title:<28} {'napkin MB':>10} {'XLA MB':>9} {'ratio':>6} {unit:>9} "
+        f"{title:<30} {'napkin MB':>10} {'XLA MB':>9} {'ratio':>6} {unit:>9} "
         f"{'compile s':>9}" + (f" {'step ms':>8} {'loss':>8}" if ran else "")
     ]
     for lever, row in rows:
@@ -21,7 +21,7 @@ def lever_table(rows, ran, title="lever"):
         xla = row.xla_bytes
         shown = f"{xla / MB:>9,.1f} {row.planned_bytes / xla:>6.2f}" if xla else f"{'refused':>16}"
         line = (
-            f"{name:<28} {row.planned_bytes / MB:>10,.1f} {shown} {row.flops / scale:>9,.1f} "
+            f"{name:<30} {row.planned_bytes / MB:>10,.1f} {shown} {row.flops / scale:>9,.1f} "
             f"{row.compile_seconds:>9.1f}"
         )
         if ran:
