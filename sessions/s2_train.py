@@ -164,16 +164,10 @@ def main(argv=None):
         if args.metrics_out and is_main:  # a resumed run continues the file
             metrics_file = stack.enter_context(open(args.metrics_out, "a" if args.resume else "w"))
         meter = Meter(
-            start=start,
-            steps=tc.steps,
-            log_every=tc.log_every,
-            tokens_per_step=B * S,
-            flops_per_step=flops,
-            peak_flops=peak[0],
-            n_devices=mesh.size,
-            log=say,
+            start=start, steps=tc.steps, log_every=tc.log_every, tokens_per_step=B * S,
+            flops_per_step=flops, peak_flops=peak[0], n_devices=mesh.size, log=say,
             metrics_file=metrics_file,
-        )
+        )  # fmt: skip
 
         for step in range(start, tc.steps):
             if args.no_overlap:
