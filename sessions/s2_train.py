@@ -116,7 +116,7 @@ def main(argv=None):
         say(sharding.rows_line(batch_sharding, B, S))
     held, total = sharding.bytes_per_device(state, shardings)
     say(f"params + optimizer state: {total / 2**20:.2f} MiB in all, ", end="")
-    say(f"{held / 2**20:.2f} MiB per device")
+    say(f"{held / 2**20:.2f} MiB per device" + ", AdamW's on the host" * (tc.offload != "none"))
     if start:
         say(f"resumed from the checkpoint at step {start}")
 
