@@ -13,11 +13,13 @@ HOST_LINKS = {
     # A100 datasheet: "PCIe Gen4: 64GB/s" (both directions).
     "a100-80gb": (32 * GB, "NVIDIA A100 datasheet: PCIe Gen4 x16, 64 GB/s both ways"),
     "a100-40gb": (32 * GB, "NVIDIA A100 datasheet: PCIe Gen4 x16, 64 GB/s both ways"),
-    # The JAX scaling book ("How to Scale Your Model", "How to Think About TPUs"): host
-    # to HBM over PCIe about 1.5e10-1.6e10 bytes/s a chip; its v6e problem uses 1.5e10.
-    "tpu-v5p": (1.6e10, "the scaling book, 'How to Think About TPUs': PCIe about 1.6e10 B/s"),
-    "tpu-v5e": (1.6e10, "the scaling book, 'How to Think About TPUs': PCIe about 1.6e10 B/s"),
-    "tpu-v6e": (1.5e10, "the scaling book, 'How to Think About TPUs': PCIe 1.5e10 B/s"),
+    # The JAX scaling book ("How to Scale Your Model", "How to Think About TPUs", at
+    # jax-ml/scaling-book 0819a7d): "PCIe bandwidth is typically around 1.5e10 bytes /
+    # second per chip", with the footnote "Trillium (TPU v6e) has 32GB/s, about 2x higher
+    # than v5"; and "PCIe bandwidth for TPU v4 is 16GB / second each way".
+    "tpu-v5p": (1.5e10, "the scaling book, 'How to Think About TPUs': about 1.5e10 B/s a chip"),
+    "tpu-v5e": (1.5e10, "the scaling book, 'How to Think About TPUs': about 1.5e10 B/s a chip"),
+    "tpu-v6e": (3.2e10, "the scaling book, 'How to Think About TPUs': Trillium's 32 GB/s"),
 }
 
 
