@@ -64,15 +64,14 @@ def model_problem(cfg, tp, stages):
 
 
 def batch_problem(cfg, layout, batch_tokens):
-    """Why the batch does not divide over this layout, in one line, or None."""
+    """Why the batch does not divide over this layout, in one line, or None (its
+    sequence shards divide the sequence: pick_layout checks them first)."""
     n = layout
     if n.chips % (n.tp * n.seq_shards * n.stages):
         return (
             f"--chips {n.chips:,}: not a multiple of tp x seq-shards x pipeline-stages "
             f"({n.tp} x {n.seq_shards} x {n.stages})"
         )
-    if cfg.seq % n.seq_shards:
-        return f"--seq-shards {n.seq_shards}: does not divide the sequence of {cfg.seq:,}"
     sequences, parts = batch_tokens // cfg.seq, n.accum * n.microbatches * n.replicas
     if batch_tokens % cfg.seq or sequences % parts:
         pipe = (" x microbatches", f" x {n.microbatches}") if n.stages > 1 else ("", "")
