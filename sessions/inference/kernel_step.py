@@ -30,6 +30,7 @@ XLA's (kv_cache.decode_step), "pallas" for these kernels compiled for a GPU, or
 """
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -158,18 +159,26 @@ def kernel_decode_step(w, cache, token, pos, cfg, live=True, held=None, loop=Non
     written, stats, slices = [], None, decode_grid.slices(cfg)
     for i, layer in enumerate(w["layers"]):
         if cfg.attention:  # its partials come with the softmax stats the MLP merges them by
-            x, pending, stats, new = decode_attention.attention_layer(
+            x, pending, stats, new = once(decode_attention.attention_layer)(
                 layer, cache[i], x, pending, where, cfg, rope=rope, interpret=interpret
             )
             written.append(new)
-        merge = {"stats": stats, "slices": slices}
-        x, pending = decode_mlp.mlp_layer(layer, x, pending, cfg, **merge, interpret=interpret)
+        merge = {"stats": stats, "slices": slices, "interpret": interpret}
+        x, pending = once(decode_mlp.mlp_layer)(layer, x, pending, cfg, **merge)
     cache = written if cfg.attention else cache
     if held is not None and decode_head.head_refusal(cfg) is None:  # the head: one kernel
         return decode_head.head(w, x, pending, held, where, cfg, interpret=interpret), cache
     x = _settle(x, pending)[:, None]  # [B, 1, E]: the last layer's partials, added here
     logits = unembed(w, x, dense=dense_out_in)[:, 0].astype(jnp.float32)
     return (logits if held is None else jnp.where(live, logits, held)), cache
+
+
+@functools.cache
+def once(kernel):
+    """kernel under jax.jit: the layers that call it with one shape trace it and lower it
+    to Mosaic GPU once, not once a layer (GPT-2: 12 alike), and share its compiled code."""
+    static = {"cfg", "slices", "interpret"} & set(inspect.signature(kernel).parameters)
+    return jax.jit(kernel, static_argnames=tuple(static))
 
 
 def rope_tables(pos, D, base):
