@@ -197,11 +197,13 @@ def test_compiled_for_an_h100_it_is_one_kernel_that_writes_the_cache_in_place(co
 def test_which_models_it_takes():
     # Each course preset but "tiny" (heads of 12), at 8 rows, and the 1.2B shape (16 heads
     # of 128, E 2048): its tokens are [8, E] in SMEM, not [64, E] (256 KB, more than a CTA
-    # has), with the smallest rings (decode_grid.RINGS) that fit.
+    # has), with the rings (decode_grid.RINGS) that fit: by hand, (2, 6, 4) takes 6 x 8 KB of
+    # weights, 4 x 64 KB of cache, 32 KB of xn, 2 KB more (215,040 B), and the attention's q, k,
+    # v, p, stages (81,920): 290 KB, past 220 KB; (2, 4, 2) takes 133,120 + 81,920 = 215,040.
     big = ModelConfig(embed=2048, ff=8192, heads=16, head_dim=128, seq=1024, layers=24)
     for cfg in [*(PRESETS[name].model for name in ("cpu", "course", "gpt2-bytes")), big]:
         assert attention_refusal(cfg, 8) is None, cfg
-    assert decode_grid.attention_rings(big, 8192 // 64) == (1, 4, 1)
+    assert decode_grid.attention_rings(big, 8192 // 64) == (2, 4, 2)
     cfg = PRESETS["gpt2-bytes"].model
     assert attention_refusal(cfg, 9) == "batches of at most 8 rows, not 9"
     assert "multiples of 64" in attention_refusal(PRESETS["tiny"].model, 1)

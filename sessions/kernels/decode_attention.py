@@ -63,31 +63,33 @@ def attention_refusal(cfg, batch):
     return None
 
 
-def _weight_tiles(wq, wk, wv, wo, kh, dims):
-    """The weight tiles a CTA multiplies, in order (q, k, v, then wo), each two 32-row boxes."""
+def _weight_runs(wq, wk, wv, wo, kh, dims):
+    """The weight tiles a CTA multiplies, in order (q, k, v, then wo), as runs (mosaic.Ring),
+    each tile two 32-row boxes."""
     _, E, H, K, D, _, _, rope = dims
     G, nE, nD = H // K, E // TILE, D // TILE
 
     def rows(w, base, off, turned=False):
-        """E/64 tiles of w's rows base + off .. + 64 (base a multiple of D); turned: each
-        head's halves swapped (dim i + D/2 in place of i), what rotate_half multiplies."""
+        """A run of E/64 tiles, w's rows base + off .. + 64 (base a multiple of D) by the
+        c-th 64 of E; turned: each head's halves swapped (dim i + D/2 in place of i), what
+        rotate_half multiplies."""
         tops = [(off + h * 32 + (D // 2 if turned else 0)) % D for h in (0, 1)]
-        return [[w.at[pl.ds(base + t, 32), pl.ds(c * TILE, TILE)] for t in tops] for c in range(nE)]
+        return nE, lambda c: [w.at[pl.ds(base + t, 32), pl.ds(c * TILE, TILE)] for t in tops]
 
     turn = rope and nD == 1  # at D = 64 rotate_half's rows: a second product
     heads = [(wq, (kh * G + g) * D, True) for g in range(G)] + [(wk, kh * D, True)]
-    tiles = []
+    runs = []
     for w, base, turns in [*heads, (wv, kh * D, False)]:
-        for j in range(nD):
-            tiles += rows(w, base, j * TILE)
+        runs += [rows(w, base, j * TILE) for j in range(nD)]
         if turn and turns:
-            tiles += rows(w, base, 0, True)
+            runs.append(rows(w, base, 0, True))
 
-    def wo_tile(g, e, d):  # wo's [64 of E, 64 of query head kh·G + g's dims]
+    def wo_tile(u):  # wo's [64 of E, 64 of query head kh·G + g's dims], u = (g·nE + e)·nD + d
+        g, e, d = u // (nE * nD), u // nD % nE, u % nD
         col = (kh * G + g) * D + d * TILE
         return [wo.at[pl.ds(e * TILE + h * 32, 32), pl.ds(col, TILE)] for h in (0, 1)]
 
-    return tiles + [wo_tile(g, e, d) for g in range(G) for e in range(nE) for d in range(nD)]
+    return [*runs, (G * nE * nD, wo_tile)]
 
 
 def _kernel(dims, interpret, scratch, refs, whole):
@@ -102,7 +104,7 @@ def _kernel(dims, interpret, scratch, refs, whole):
     kh, s = lax.axis_index("kv"), lax.axis_index("slice")
     pos, live = residual.pos_and_live(step, run)
     f32, bf16 = jnp.float32, jnp.bfloat16
-    ring = mosaic.Ring(_weight_tiles(wq, wk, wv, wo, kh, dims), wslots, wbars)
+    ring = mosaic.Ring(_weight_runs(wq, wk, wv, wo, kh, dims), wslots, wbars)
     ring.start()  # the first W weight tiles and C cache tiles: in flight during the residual
     Sc, first_tile = kslots.shape[0], s * per
     filled = jnp.clip((pos + TILE - 1) // TILE - first_tile, 0, per)  # the slice's tiles < pos
@@ -114,8 +116,9 @@ def _kernel(dims, interpret, scratch, refs, whole):
         plgpu.copy_gmem_to_smem(v_box, vslots.at[slot], cbars.at[slot])
 
     def cache_start(b):
-        for j in range(Sc):
-            pl.when(j < filled)(lambda j=j: cache_fetch(b, j))
+        @pl.loop(0, Sc)
+        def _(j):
+            pl.when(j < filled)(lambda: cache_fetch(b, j))
 
     cache_start(0)
     if rope:
@@ -124,26 +127,26 @@ def _kernel(dims, interpret, scratch, refs, whole):
     def attend(qs, kn, vn, ptile, ostage, fstage):
         t = 0  # the next weight tile
 
-        def product(n, b_of):  # [64, 8] float32: the next n weight tiles @ b_of(i)
-            nonlocal t
-
+        def product(first, n, b_of):  # [64, 8] float32: weight tiles first.. first+n-1 @ b_of(i)
             def run(acc):
-                for i in range(n):
-                    ring.step(t + i, acc, b_of(i))
+                ring.product(first, n, acc, b_of)
                 return acc[...]
 
-            y = pl.run_scoped(run, plgpu.ACC((TILE, ROWS), f32))
+            return pl.run_scoped(run, plgpu.ACC((TILE, ROWS), f32))
+
+        def next_product(n, b_of):  # the next n weight tiles
+            nonlocal t
             t += n
-            return y
+            return product(t - n, n, b_of)
 
         # 2. q, k, v as y^T [64 dims, 8 tokens] = w tile @ xn^T, rounded as XLA's dense,
         # turned by RoPE, then stored transposed: rows of tokens, as the attention reads them.
         def head(dst, col0, turns):
             of_xn = lambda c: xn.at[:, pl.ds(c * TILE, TILE)].T  # noqa: E731
-            ys = [product(nE, of_xn).astype(bf16).astype(f32) for _ in range(nD)]
+            ys = [next_product(nE, of_xn).astype(bf16).astype(f32) for _ in range(nD)]
             turned = ys[nD // 2 :] + ys[: nD // 2]  # dims i + D/2: another block, or ...
             if rope and turns and nD == 1:  # ... (D = 64) rows copied in swapped halves
-                turned = [product(nE, of_xn).astype(bf16).astype(f32)]
+                turned = [next_product(nE, of_xn).astype(bf16).astype(f32)]
             for j, y in enumerate(ys):
                 if rope and turns:
                     cos, sin = (on.load(ropev.at[i, pl.ds(j * TILE, TILE)], ROW) for i in (0, 1))
@@ -220,15 +223,18 @@ def _kernel(dims, interpret, scratch, refs, whole):
         # 4. Each head's partial of the output projection: out^T [64 of E, 8] = wo tile @ o^T.
         for g in range(G):
             p_out = (kh * G + g) * NS + s
-            for e in range(nE):
-                of_o = lambda d, g=g: qs.at[pl.ds(0, ROWS), pl.ds(g * D + d * TILE, TILE)].T  # noqa: E731
-                y = product(nD, of_o)
+
+            @pl.loop(0, nE)
+            def _(e, g=g, p_out=p_out):
+                of_o = lambda d: qs.at[pl.ds(0, ROWS), pl.ds(g * D + d * TILE, TILE)].T  # noqa: E731
+                y = product(t + (g * nE + e) * nD, nD, of_o)
                 slot = ostage.at[(g * nE + e) % 2]
                 plgpu.wait_smem_to_gmem(1)  # the copy out of this slot, 2 blocks ago, is done
                 slot.T[...] = on.cast(y, WT)
                 plgpu.commit_smem()
                 dst = pend_out.at[p_out, :, pl.ds(e * TILE, TILE)]
                 plgpu.copy_smem_to_gmem(slot.at[pl.ds(0, B)], dst)
+
         plgpu.wait_smem_to_gmem(0)
 
         # 5. The new k, v into slot pos, by the CTA whose slice holds it, after its reads.

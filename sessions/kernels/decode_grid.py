@@ -16,7 +16,7 @@ first; the first that fits is taken. Then the fewest slices of T that reach
 IN_FLIGHT_NEED (each slice adds H partials for the MLP kernel to read and merge).
 
 GPT-2 (K 12, E 768, D 64, T 1024): 4 slices, 48 CTAs, W 8, C 4: 48 x min(64 KB, 64 KB)
-= 3.1 MB. The 1.2B shape (K 16, E 2048, D 128): W 4, C 1, so 8 slices, 128 CTAs x 32 KB
+= 3.1 MB. The 1.2B shape (K 16, E 2048, D 128): W 4, C 2, so 8 slices, 128 CTAs x 32 KB
 = 4.2 MB. Predicted from these sizes; the batch does not change them.
 """
 

@@ -56,14 +56,14 @@ def _body(x_in, pending_in, scale_in, table, step, run, logits, x_out, *scratch)
     ring, ring_bars, n_s, o_s, *bufs = scratch
     E, B = x_in.shape[1], x_in.shape[0]
     v = jax.lax.axis_index("v")
-    tiles = [[table.at[pl.ds(v * TILE, TILE), pl.ds(k * TILE, TILE)]] for k in range(E // TILE)]
-    weights = mosaic.Ring(tiles, ring, ring_bars)
+    rows = pl.ds(v * TILE, TILE)
+    runs = [(E // TILE, lambda k: [table.at[rows, pl.ds(k * TILE, TILE)]])]
+    weights = mosaic.Ring(runs, ring, ring_bars)
     weights.start()  # in flight while the residual and the norm are computed
     residual.start(x_in, pending_in, None, scale_in, x_out, n_s, bufs, v == 0, 1)
 
     def product(acc):  # logits^T [64, 8] = table[v's rows] @ normed^T
-        for k in range(E // TILE):
-            weights.step(k, acc, n_s.at[:, pl.ds(k * TILE, TILE)].T)
+        weights.product(0, E // TILE, acc, lambda k: n_s.at[:, pl.ds(k * TILE, TILE)].T)
         return acc[...]
 
     out = pl.run_scoped(product, plgpu.ACC((TILE, ROWS), jnp.float32))

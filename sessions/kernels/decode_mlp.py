@@ -76,15 +76,17 @@ PENDING_SLOTS = 4  # pending partials in flight
 MAX_EMBED = 2048
 SMEM_BUDGET = 200 * 1024  # bytes of SMEM we plan on; an H100 gives a CTA up to 227 KB
 TILE_BYTES = TILE * TILE * 2  # a bf16 weight tile
+OUT_STAGES = 2 * ROWS * TILE * 4  # two [8, 64] float32 stages for the output's copies out
 
 
-def tile_sources(w_in, w_gate, w_out, f):
-    """The weight tiles CTA f reads, in order: for each 64 columns of E, w_in's
-    [64 rows of f's block, 64] (then w_gate's); then w_out's [64 rows, f's 64 columns]."""
+def tile_runs(w_in, w_gate, w_out, f):
+    """The weight tiles CTA f reads, in order, as runs of E/64 (mosaic.Ring): w_in's
+    [64 rows of f's block, 64 of E] for each 64 of E (then w_gate's), then w_out's
+    [64 of E, f's 64 columns]."""
     rows, n_e = pl.ds(f * TILE, TILE), w_in.shape[1] // TILE
     inputs = [w_in] if w_gate is None else [w_in, w_gate]
-    first = [w.at[rows, pl.ds(k * TILE, TILE)] for k in range(n_e) for w in inputs]
-    return first + [w_out.at[pl.ds(j * TILE, TILE), rows] for j in range(n_e)]
+    runs = [(n_e, lambda k, w=w: [w.at[rows, pl.ds(k * TILE, TILE)]]) for w in inputs]
+    return [*runs, (n_e, lambda j: [w_out.at[pl.ds(j * TILE, TILE), rows]])]
 
 
 def mlp_body(*refs, gated, weighted, slices):
@@ -93,38 +95,19 @@ def mlp_body(*refs, gated, weighted, slices):
     stats_in = refs.pop(0) if weighted else None
     scale_in, w_in, *refs = refs
     w_gate = refs.pop(0) if gated else None
-    w_out, x_out, pending_out, ring, ring_bars, n_s, *bufs, h_s = refs
-    E = x_in.shape[1]
+    w_out, x_out, pending_out, ring, ring_bars, n_s, *bufs, h_s, o_s = refs
+    B, n_e = x_in.shape[0], x_in.shape[1] // TILE
     f = jax.lax.axis_index("f")
-    tiles = tile_sources(w_in, w_gate, w_out, f)
-    S = ring.shape[0]  # weight tiles in flight
-
-    def fetch(t):  # tile t into its slot; its barrier says when it has landed
-        plgpu.copy_gmem_to_smem(tiles[t], ring.at[t % S], ring_bars.at[t % S])
-
-    for t in range(S):  # in flight while the residual and the norm are computed
-        fetch(t)
+    weights = mosaic.Ring(tile_runs(w_in, w_gate, w_out, f), ring, ring_bars)
+    weights.start()  # in flight while the residual and the norm are computed
     residual.start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, f == 0, slices)
-    p_s = bufs[1]
-
-    def step(t, acc, b_operand):  # wait for tile t, multiply it in, refill its slot
-        plgpu.barrier_wait(ring_bars.at[t % S])
-        plgpu.wgmma(acc, ring.at[t % S], b_operand)
-        plgpu.wgmma_wait(0)  # the slot is read: it may be refilled
-        if t + S < len(tiles):
-            fetch(t + S)
-
-    per_k = 2 if gated else 1
-    n_e = E // TILE
+    of_n = lambda k: n_s.at[:, pl.ds(k * TILE, TILE)].T  # noqa: E731  normed^T's k-th 64
 
     def first_product(h_acc, g_acc):  # h^T [64, 8] = w_in[f's block] @ normed^T
-        for k in range(n_e):
-            b = n_s.at[:, pl.ds(k * TILE, TILE)].T
-            step(per_k * k, h_acc, b)
-            if gated:
-                step(per_k * k + 1, g_acc, b)
+        weights.product(0, n_e, h_acc, of_n)
         h = h_acc[...].astype(x_in.dtype).astype(jnp.float32)  # rounded as XLA's dense
-        if gated:
+        if gated:  # then g^T = w_gate[f's block] @ normed^T
+            weights.product(n_e, n_e, g_acc, of_n)
             g = g_acc[...].astype(x_in.dtype).astype(jnp.float32)
             return (g * jax.nn.sigmoid(g) * h).astype(x_in.dtype)
         return jnp.maximum(h, 0.0).astype(x_in.dtype)
@@ -133,19 +116,23 @@ def mlp_body(*refs, gated, weighted, slices):
     h = pl.run_scoped(first_product, acc, acc if gated else None)
     h_s.T[...] = plgpu.layout_cast(h, WT)
     plgpu.commit_smem()
+    done = (2 if gated else 1) * n_e  # the tiles of the first product
 
-    for j in range(n_e):  # out^T [64, 8] for each 64 of E = w_out tile @ h^T
+    @pl.loop(0, n_e)
+    def _(j):  # out^T [64, 8] for each 64 of E = w_out tile @ h^T, out through 2 stages
 
-        def second_product(acc, j=j):
-            step(per_k * n_e + j, acc, h_s.T)
+        def second_product(acc):
+            weights.step(done + j, acc, h_s.T)
             return acc[...]
 
         out = pl.run_scoped(second_product, plgpu.ACC((TILE, ROWS), jnp.float32))
-        C = p_s.shape[-1]
-        block = p_s.at[0, j * TILE // C, :, pl.ds(j * TILE % C, TILE)]
-        block.T[...] = plgpu.layout_cast(out, WT)
-    plgpu.commit_smem()
-    residual.copy_rows_out(p_s.at[0], pending_out.at[f])
+        stage = o_s.at[j % 2]
+        plgpu.wait_smem_to_gmem(1)  # the copy out of this stage, 2 tiles ago, is done
+        stage.T[...] = plgpu.layout_cast(out, WT)
+        plgpu.commit_smem()
+        dst = pending_out.at[f, :, pl.ds(j * TILE, TILE)]
+        plgpu.copy_smem_to_gmem(stage.at[pl.ds(0, B)], dst)
+
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -168,9 +155,10 @@ def mlp_rings(cfg, P, weighted=False):
     the partials first, leaving room for 4 tiles; then as many tiles as fit, up to SLOTS.
     SMEM: start()'s (34·E + 32·E a partial's slot), 1 KB of h, 8 KB a weight tile."""
     E = cfg.embed
-    room = SMEM_BUDGET - residual.smem_bytes(E, P, 0, weighted) - 1024
-    depth = max(1, min(P, PENDING_SLOTS, (room - 4 * TILE_BYTES) // (32 * E)))
-    tiles = min(SLOTS, (room - depth * 32 * E) // TILE_BYTES)
+    room = SMEM_BUDGET - residual.smem_bytes(E, P, 0, weighted) - 1024 - OUT_STAGES
+    slot = 32 * residual.chunk(E)  # a pending chunk [8, C] float32
+    depth = max(1, min(P, PENDING_SLOTS, (room - 4 * TILE_BYTES) // slot))
+    tiles = min(SLOTS, (room - depth * slot) // TILE_BYTES)
     return depth, min(tiles, (3 if cfg.gated else 2) * (E // TILE))  # no more than its tiles
 
 
@@ -195,8 +183,9 @@ def mlp_layer(layer, x, pending, cfg, *, stats=None, slices=1, interpret):
         plgpu.SMEM((S, TILE, TILE), dt, transforms=swizzled(dt)),  # the weights' ring
         plgpu.Barrier(num_arrivals=1, num_barriers=S),
         plgpu.SMEM((ROWS, E), dt, transforms=swizzled(dt)),  # normed tokens: wgmma's B
-        *residual.scratch(E, P, depth, dt, weighted),  # x, pending (then ours), norm
+        *residual.scratch(E, P, depth, dt, weighted),  # x, pending, norm
         plgpu.SMEM((ROWS, TILE), dt, transforms=swizzled(dt)),  # h: the second B
+        plgpu.SMEM((2, ROWS, TILE), jnp.float32),  # the output's 64-column blocks, staged
     ]
     body = functools.partial(mlp_body, gated=gated, weighted=weighted, slices=slices)
     run = mosaic.kernel(

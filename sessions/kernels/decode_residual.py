@@ -7,9 +7,12 @@ tokens sit in wgmma's N, 8 wide (decode_mlp.py says why): x_now is [8, E] in
 SMEM, its transpose a product's B operand. Every CTA does this itself (B·E
 numbers, from L2) and CTA 0 writes x_now out.
 
-The partials stream through a ring of their own (`depth` slots, each [8, E]
-float32 in E/C copies of C columns): `depth` of them in flight, a slot refilled as
-soon as every thread has read it, not one copy waited for at a time.
+The partials stream through a ring of their own (`depth` slots, each a chunk
+[8, C] float32 of one partial): `depth` copies in flight, a slot refilled as soon as
+every thread has read it, not one copy waited for at a time. Each chunk of x is
+summed over all P partials before the next (x_now's chunk i = x's + each partial's
+chunk i, in order), so a loop over the chunks holds one chunk in registers, and the
+code is one loop body whatever E and P are, not E/C x P unrolled copies of it.
 
 Flash decoding's partials (decode_attention.py) are weighted. The attention
 kernel splits the cache's T into S slices, and the CTA of query head h and slice
@@ -24,6 +27,7 @@ An empty slice (no cache slot < pos in it) has m = -1e30 and l = 0: weight 0.
 Partials without stats (the MLP's) weigh 1. `settle` is the same sum in XLA.
 """
 
+import functools
 import inspect
 
 import jax
@@ -58,97 +62,117 @@ def load_t(ref, layout=WT):
 
 
 def chunk(E):
-    """How many of E one TMA copy moves: at most 256 along a dimension."""
-    return next(c for c in (256, 128, 64) if E % c == 0)
+    """Columns one TMA copy of a row block moves: 128, or 64 where E is no multiple of 128.
+    Not more at larger E: each loop's body works on one chunk, so a kernel's code is the
+    same size at any E (tests/test_kernel_sizes.py)."""
+    return 128 if E % 128 == 0 else 64
 
 
 def copy_rows_in(src, dst, barrier):
     """src [B, E] in GMEM -> the first B rows of dst [E/C, 8, C] in SMEM, one copy
     per C columns (each C x 8 block contiguous, as TMA needs); barrier counts E/C."""
-    for i in range(dst.shape[0]):
-        rows = (pl.ds(0, src.shape[0]),) if src.ndim == 2 else ()
-        C = dst.shape[-1]
+    C, rows = dst.shape[-1], (pl.ds(0, src.shape[0]),) if src.ndim == 2 else ()
+
+    @pl.loop(0, dst.shape[0])
+    def _(i):
         plgpu.copy_gmem_to_smem(src.at[..., pl.ds(i * C, C)], dst.at[(i, *rows)], barrier)
 
 
 def copy_rows_out(src, dst):
     """The first B rows of src [E/C, 8, C] in SMEM -> dst [B, E] in GMEM."""
-    n, C = src.shape[0], src.shape[-1]
-    for i in range(n):
+    C = src.shape[-1]
+
+    @pl.loop(0, src.shape[0])
+    def _(i):
         plgpu.copy_smem_to_gmem(src.at[i, pl.ds(0, dst.shape[0])], dst.at[:, pl.ds(i * C, C)])
 
 
 def scratch(E, P, depth, dtype, weighted):
-    """The SMEM start() takes besides the normed tokens: x (then x_now), the pending ring,
-    the norm's scale, the stats, and barriers. 18·E + 32·E·depth bytes, + 64·P."""
+    """The SMEM start() takes besides the normed tokens: x (then x_now), the pending ring
+    (a chunk [8, C] float32 a slot), the norm's scale, the stats (then the merge's
+    weights), and barriers. 18·E + 32·C·depth bytes, + 64·P."""
     C = chunk(E)
     return [
         plgpu.SMEM((E // C, ROWS, C), dtype),
-        plgpu.SMEM((depth, E // C, ROWS, C), jnp.float32),
+        plgpu.SMEM((depth, ROWS, C), jnp.float32),
         plgpu.SMEM((E // C, C), dtype),
         plgpu.SMEM((max(P, 1) if weighted else 1, 2, ROWS), jnp.float32),
         plgpu.Barrier(num_arrivals=E // C, num_barriers=2),
-        plgpu.Barrier(num_arrivals=E // C, num_barriers=depth),
+        plgpu.Barrier(num_arrivals=1, num_barriers=depth),
         plgpu.Barrier(num_arrivals=1),
     ]
 
 
 def smem_bytes(E, P, depth, weighted):
     """start()'s SMEM (scratch above, and the normed tokens [8, E]), in bytes."""
-    return 34 * E + 32 * E * depth + (64 * max(P, 1) if weighted else 64) + 64
+    return 34 * E + 32 * chunk(E) * depth + (64 * max(P, 1) if weighted else 64) + 64
 
 
 def start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, first, slices):
     """In a CTA: x_now = x + the weighted partials (rounded to x's dtype once; CTA `first`
-    writes it to x_out), and the normed tokens into n_s ([8, E], wgmma's B)."""
+    writes it to x_out), and the normed tokens into n_s ([8, E], wgmma's B). Loops, not
+    unrolled: over E's chunks, and inside each over the P partials' same chunk."""
     x_s, p_s, scale_s, stats_s, bars, p_bars, s_bar = bufs
-    E, P, depth = x_in.shape[1], pending_in.shape[0], p_s.shape[0]
+    (B, E), P, depth = x_in.shape, pending_in.shape[0], p_s.shape[0]
+    C = x_s.shape[-1]
+    n_c = E // C
     copy_rows_in(x_in, x_s, bars.at[0])
     copy_rows_in(scale_in, scale_s, bars.at[1])
     if stats_in is not None:
         plgpu.copy_gmem_to_smem(stats_in.at[:, :, :], stats_s, s_bar)
 
-    def fetch(p):
-        copy_rows_in(pending_in.at[p], p_s.at[p % depth], p_bars.at[p % depth])
+    # The partials stream as P·E/C chunks, n = i·P + p: chunk i of partial p, into slot n % depth.
+    def fetch(n):
+        i, p, slot = n // P, n % P, n % depth
+        src = pending_in.at[p, :, pl.ds(i * C, C)]
+        plgpu.copy_gmem_to_smem(src, p_s.at[slot, pl.ds(0, B)], p_bars.at[slot])
 
-    for p in range(min(depth, P)):
-        fetch(p)
-    C = x_s.shape[-1]
+    if P:
+        pl.loop(0, min(depth, P * n_c))(fetch)
 
-    def merge_weights_of(h):
-        """Head h's slices' weights, each [C, 8] (a column a token): computed as its first
-        partial comes, not all at once, to hold few registers."""
-        mine = range(h * slices, (h + 1) * slices)
-        m = [load_t(stats_s.at[p, 0], WT.reduce(0)) for p in mine]
-        biggest = m[0]
-        for other in m[1:]:
-            biggest = jnp.maximum(biggest, other)
-        scale = [jnp.exp(mp - biggest) for mp in m]
-        total = sum(s * load_t(stats_s.at[p, 1], WT.reduce(0)) for s, p in zip(scale, mine))
-        bcast = jax.lax.broadcast_in_dim
-        return [plgpu.layout_cast(bcast(s / total, (C, ROWS), (1,)), WT) for s in scale]
+    if stats_in is not None:  # the merge's weights, a head's slices at a time, over m in SMEM
 
-    if stats_in is not None:
-        plgpu.barrier_wait(s_bar)
+        @pl.loop(0, P // slices)
+        def _(h):
+            mine = [h * slices + s for s in range(slices)]
+            m = [load_t(stats_s.at[p, 0], WT.reduce(0)) for p in mine]
+            biggest = functools.reduce(jnp.maximum, m)
+            scale = [jnp.exp(mp - biggest) for mp in m]
+            total = sum(s * load_t(stats_s.at[p, 1], WT.reduce(0)) for s, p in zip(scale, mine))
+            for s, p in zip(scale, mine):
+                stats_s.at[p, 0][...] = s / total
+
+        plgpu.commit_smem()
+
+    def across(v, dim):  # v broadcast to [C, 8] along the other dim
+        return plgpu.layout_cast(jax.lax.broadcast_in_dim(v, (C, ROWS), (dim,)), WT)
+
     plgpu.barrier_wait(bars.at[0])
+
     # Rows B..7 hold whatever SMEM held: a product's column reads one token alone.
-    n_c = x_s.shape[0]
-    x_t = [load_t(x_s.at[i].T).astype(jnp.float32) for i in range(n_c)]  # [C, 8] each
-    for p in range(P):  # in order, in float32
-        if stats_in is not None and p % slices == 0:
-            weights = merge_weights_of(p // slices)
-        plgpu.barrier_wait(p_bars.at[p % depth])
-        part = [load_t(p_s.at[p % depth, i].T) for i in range(n_c)]
-        if stats_in is not None:
-            weight = weights[p % slices]
-            part = [weight * v for v in part]
-        x_t = [a + b for a, b in zip(x_t, part)]
-        if p + depth < P:  # refill the slot once every thread has read it
-            plgpu.commit_smem()  # a warpgroup barrier (and a fence) before the TMA
-            fetch(p + depth)
-    x_now = [x.astype(x_in.dtype) for x in x_t]
-    for i in range(n_c):
-        x_s.at[i].T[...] = x_now[i]
+    def sum_chunk(i, ms):  # chunk i of x_now: x + the partials, in float32 in order
+        def add(p, x):
+            n = i * P + p
+            plgpu.barrier_wait(p_bars.at[n % depth])
+            part = load_t(p_s.at[n % depth].T)
+            if stats_in is not None:
+                part = across(load_t(stats_s.at[p, 0], WT.reduce(0)), 1) * part
+
+            @pl.when(n + depth < P * n_c)
+            def _():  # refill the slot once every thread has read it
+                plgpu.commit_smem()  # a warpgroup barrier (and a fence) before the TMA
+                fetch(n + depth)
+
+            return x + part
+
+        x = load_t(x_s.at[i].T).astype(jnp.float32)
+        x = jax.lax.fori_loop(0, P, add, x) if P else x
+        x_now = x.astype(x_in.dtype)
+        x_s.at[i].T[...] = x_now
+        return ms + jnp.sum(jnp.square(x_now.astype(jnp.float32)), axis=0)  # [8]
+
+    zero = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), WT.reduce(0))
+    ms = jax.lax.fori_loop(0, n_c, sum_chunk, zero) / E
     plgpu.commit_smem()
 
     @pl.when(first)
@@ -156,18 +180,15 @@ def start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, first, slices)
         copy_rows_out(x_s, x_out)
 
     # rms_norm as transformer.rms_norm computes it: float32, x * rsqrt(mean(x²) + eps) * scale.
-    ms = sum(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=0) for x in x_now) / E  # [8]
-    del x_t, x_now  # read again from SMEM below, a chunk at a time: fewer registers
     plgpu.barrier_wait(bars.at[1])
-
-    def across(v, dim):  # v broadcast to [C, 8] along the other dim
-        return plgpu.layout_cast(jax.lax.broadcast_in_dim(v, (C, ROWS), (dim,)), WT)
-
     r = across(jax.lax.rsqrt(ms + EPS), 1)
-    for i in range(n_c):
+
+    @pl.loop(0, n_c)
+    def _(i):
         scale = across(load_t(scale_s.at[i], WT.reduce(1)).astype(jnp.float32), 0)
         x32 = load_t(x_s.at[i].T).astype(jnp.float32)
         n_s.at[:, pl.ds(i * C, C)].T[...] = (x32 * r * scale).astype(n_s.dtype)
+
     plgpu.commit_smem()
     plgpu.wait_smem_to_gmem(0)  # x_now is out before x_s is reused
 

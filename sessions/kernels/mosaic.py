@@ -69,29 +69,42 @@ class Ops:
 
 class Ring:
     """Weight tiles streamed HBM -> SMEM through S slots, S copies in flight: tile t + S
-    is copied into t's slot as soon as the tensor cores have read tile t. tiles[t]: the
-    GMEM boxes of tile t, stacked in its slot (each slot's barrier counts them)."""
+    is copied into t's slot as soon as the tensor cores have read tile t. The tiles come
+    in runs, [(count, box)]: box(u) the GMEM boxes of the run's tile u, stacked in its
+    slot (each slot's barrier counts them). t and u are a loop's index, traced: every loop
+    over tiles is a loop in the kernel, not unrolled here, so the kernel's code is the
+    same size however many tiles E makes (tests/test_kernel_sizes.py)."""
 
-    def __init__(self, tiles, slots, barriers):
-        self.tiles, self.slots, self.barriers = tiles, slots, barriers
-        self.S = slots.shape[0]
+    def __init__(self, runs, slots, barriers):
+        self.runs, self.slots, self.barriers = runs, slots, barriers
+        self.S, self.n = slots.shape[0], sum(count for count, _ in runs)
 
     def fetch(self, t):
-        slot, rows = self.slots.at[t % self.S], 0
-        for box in self.tiles[t]:
-            n = box.shape[0]
-            dst = slot.at[pl.ds(rows, n)]
-            plgpu.copy_gmem_to_smem(box, dst, self.barriers.at[t % self.S])
-            rows += n
+        slot, bar, first = self.slots.at[t % self.S], self.barriers.at[t % self.S], 0
+
+        def copy(boxes):
+            rows = 0
+            for src in boxes:
+                plgpu.copy_gmem_to_smem(src, slot.at[pl.ds(rows, src.shape[0])], bar)
+                rows += src.shape[0]
+
+        if len(self.runs) == 1:
+            return copy(self.runs[0][1](t))
+        for count, box in self.runs:  # the run t is in: one branch taken
+            inside = jnp.logical_and(t >= first, t < first + count)
+            pl.when(inside)(lambda box=box, first=first: copy(box(t - first)))
+            first += count
 
     def start(self):
-        for t in range(min(self.S, len(self.tiles))):
-            self.fetch(t)
+        pl.loop(0, min(self.S, self.n))(self.fetch)
 
     def step(self, t, acc, b_operand):
         """acc += tile t @ b_operand once tile t has landed; then refill its slot."""
         plgpu.barrier_wait(self.barriers.at[t % self.S])
         plgpu.wgmma(acc, self.slots.at[t % self.S], b_operand)
         plgpu.wgmma_wait(0)  # the slot is read: it may be refilled
-        if t + self.S < len(self.tiles):
-            self.fetch(t + self.S)
+        pl.when(t + self.S < self.n)(lambda: self.fetch(t + self.S))
+
+    def product(self, first, n, acc, b_of):
+        """acc += tiles first .. first + n - 1, tile first + i times b_of(i): a loop."""
+        pl.loop(0, n)(lambda i: self.step(first + i, acc, b_of(i)))
