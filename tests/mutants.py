@@ -86,6 +86,9 @@ ESTIMATE_TEST = "tests/test_decode_estimate.py"
 WITHIN_25 = "test_the_estimate_is_within_25_percent_of_every_h100_step_and_the_floor_under"
 FAMILY = "tests/test_model_family.py"
 KERNEL_CHECK = "tests/test_s3_kernel_check.py"
+S4_STEP_6 = (
+    "tests/test_s4_kernels.py::test_step_6_says_the_decode_kernels_compile_times_beside_xla_s"
+)
 HTTP_TEST = "tests/test_serve_http.py"
 S7 = "tests/test_s7_engine.py"
 S7_BAD = f"{S7}::test_bad_input_is_one_line_and_exit_2"
@@ -2090,8 +2093,8 @@ MUTANTS = [
         "sessions/plan/kernels_on_target.py",
         (
             (
-                'results.append((what, "refused", refusal(e)))',
-                'results.append((what, "compiled", refusal(e)))',
+                'results.append(Attempt(name, what, "refused", refusal(e), None))',
+                'results.append(Attempt(name, what, "compiled", refusal(e), None))',
             ),
         ),
         (f"{KERNEL_CHECK}::test_the_script_compiles_each_kernel_or_says_what_it_lacks",),
@@ -3421,6 +3424,57 @@ MUTANTS = [
             "tests/test_exercises/test_session_6.py::"
             "test_a_policy_by_name_saves_what_jax_saves[save_dot_except_mlp-gqa]",
         ),
+    ),
+    Mutant(
+        "compile-ratio-inverted",
+        "the compile-time ratio said as XLA's decode over ours, not ours over XLA's",
+        "sessions/plan/compile_times.py",
+        (("ours.seconds / xla.seconds", "xla.seconds / ours.seconds"),),
+        (
+            f"{KERNEL_CHECK}::test_the_script_says_each_compile_time_and_ours_over_xla_s",
+            f"{DECODE_KERNELS}::test_target_says_our_compile_time_beside_xla_s",
+            S4_STEP_6,
+        ),
+    ),
+    Mutant(
+        "compile-clock-backwards",
+        "a compile's seconds taken as the clock before it less the clock after",
+        "sessions/plan/kernels_on_target.py",
+        (
+            (
+                "return compiled, time.perf_counter() - start",
+                "return compiled, start - time.perf_counter()",
+            ),
+        ),
+        (f"{KERNEL_CHECK}::test_a_compile_is_timed_from_the_clock_around_it",),
+    ),
+    Mutant(
+        "compile-times-unsaid-on-target",
+        "s3_infer.py --target --decode-impl pallas no longer says how long ours took to compile",
+        "sessions/s3_infer.py",
+        (("                print(line)\n", ""),),
+        (f"{DECODE_KERNELS}::test_target_says_our_compile_time_beside_xla_s",),
+    ),
+    Mutant(
+        "planner-decode-compiled-again",
+        "s3_infer.py --target compiles our whole decode again for its compile time",
+        "sessions/plan/compile_times.py",
+        (("seconds=seconds, whole=False", "seconds=seconds, whole=True"),),
+        (f"{DECODE_KERNELS}::test_target_says_our_compile_time_beside_xla_s",),
+    ),
+    Mutant(
+        "compile-time-per-kernel-unsaid",
+        "kernels_across_jax.py says a kernel compiled, not in how long",
+        "scripts/kernels_across_jax.py",
+        (('took = f" in {r.seconds:.1f} s" if', 'took = " " if'),),
+        (f"{KERNEL_CHECK}::test_the_script_says_each_compile_time_and_ours_over_xla_s",),
+    ),
+    Mutant(
+        "step-6-in-float32",
+        "s4_kernels.py's step 6 compiles GPT-2's decode in float32, not the bfloat16 it runs in",
+        "sessions/s4_kernels.py",
+        (('PRESETS["gpt2-bytes"].model, dtype="bfloat16")', 'PRESETS["gpt2-bytes"].model)'),),
+        (S4_STEP_6,),
     ),
 ]
 
