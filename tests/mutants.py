@@ -86,6 +86,8 @@ ESTIMATE_TEST = "tests/test_decode_estimate.py"
 WITHIN_25 = "test_the_estimate_is_within_25_percent_of_every_h100_step_and_the_floor_under"
 FAMILY = "tests/test_model_family.py"
 KERNEL_CHECK = "tests/test_s3_kernel_check.py"
+SCRIPTS = "tests/test_scripts.py"
+FIRST_CALL_TABLE = "test_the_first_call_s_table_holds_each_measured_figure_against_its_prediction"
 S4_STEP_6 = (
     "tests/test_s4_kernels.py::test_step_6_says_the_decode_kernels_compile_times_beside_xla_s"
 )
@@ -3475,6 +3477,39 @@ MUTANTS = [
         "sessions/s4_kernels.py",
         (('PRESETS["gpt2-bytes"].model, dtype="bfloat16")', 'PRESETS["gpt2-bytes"].model)'),),
         (S4_STEP_6,),
+    ),
+    Mutant(
+        "first-call-ratio-inverted",
+        "the first call's table says predicted over measured, not measured over predicted",
+        "scripts/first_call_table.py",
+        (('f"{measured / predicted:.2f}x"', 'f"{predicted / measured:.2f}x"'),),
+        (f"{SCRIPTS}::{FIRST_CALL_TABLE}",),
+    ),
+    Mutant(
+        "first-call-timeout-unsaid",
+        "a piece of the first call that ran out of time is no row of its table",
+        "scripts/first_call_table.py",
+        (("        if status:\n", "        if status is None:\n"),),
+        (f"{SCRIPTS}::{FIRST_CALL_TABLE}",),
+    ),
+    Mutant(
+        "bench-summary-bound-is-per-op",
+        "bench.py --summary-out writes the per-op prediction as the whole-step bound",
+        "scripts/bench.py",
+        (('"bound_step_seconds": c.napkin.step_s', '"bound_step_seconds": c.ops.step_s'),),
+        (f"{SCRIPTS}::test_bench_times_the_step_of_bf16_weights_with_a_master",),
+    ),
+    Mutant(
+        "bench-decode-shape-unasked",
+        "bench_decode.py asks the kernels about --mbu-preset's shape, not the shape flags'",
+        "scripts/bench_decode.py",
+        (
+            (
+                "((args.mbu_preset, args.shape), (args.preset, {}))",
+                "((args.mbu_preset, {}), (args.preset, {}))",
+            ),
+        ),
+        (f"{DECODE_KERNELS}::test_bench_refuses_on_one_line",),
     ),
 ]
 

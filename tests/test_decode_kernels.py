@@ -359,6 +359,10 @@ def test_bench_refuses_on_one_line(capsys):
     argv = ["--decode-impl", "xla,pallas", "--dtype", "float32"]
     code, _, err = run_script("scripts/bench_decode.py", argv, capsys)
     assert code == 2 and "runs bfloat16" in err and len(err.strip().splitlines()) == 1, err
+    # A shape flag changes --mbu-preset's model, which the kernels are asked about too.
+    argv = ["--decode-impl", "xla,pallas", "--dtype", "bfloat16", "--embed", "96"]
+    code, _, err = run_script("scripts/bench_decode.py", argv, capsys)
+    assert code == 2 and "not --embed 96" in err and len(err.strip().splitlines()) == 1, err
 
 
 # A decode program by hand: a fusion before the loop, and in its body two fusions
