@@ -12,8 +12,10 @@ the ratio.
     python scripts/bench.py --compare flax
     python scripts/bench.py --preset gpt2-bytes --batch 32   # on a GPU (bfloat16 there)
     python scripts/bench.py --weights bfloat16 --master   # session 6's recipe: no cast a step
+    python scripts/bench.py --summary-out bench.json      # the figures, as JSON too
 """
 
+import json
 import sys
 import time
 
@@ -55,6 +57,7 @@ def parse_args(argv):
     parser.add_argument("--compare", choices=["naive", "flax"], help="also time this step")
     parser.add_argument("--weights", choices=["float32", "bfloat16"], help="s2_train.py's")
     parser.add_argument("--master", action="store_true", default=None, help="s2_train.py's")
+    parser.add_argument("--summary-out", help="write the step's figures here, as JSON")
     # What s2_train.py's resolve reads that this bench has no flag for: the preset's.
     shapes = ("embed", "ff", "heads", "head_dim", "layers", "vocab", *FAMILY)
     training = ("steps", "lr", "seed", "log_every", "eval_every", "data", "accum", "offload")
@@ -143,7 +146,7 @@ def main(argv=None):
         )
     if memory is not None:
         print(f"memory          {memory / 2**20:,.1f} MiB per device ({memory_source})")
-    held_against(compiled, cfg, B, ours)
+    c = held_against(compiled, cfg, B, ours)
     k = args.window_steps or (2 if device.platform == "cpu" else 20)
     windows = time_windows(compiled, fresh(), batches, args.windows, k)
     print(
@@ -166,6 +169,26 @@ def main(argv=None):
         )
     if args.compare == "flax":
         compare_flax(cfg, optimizer, fresh, batch, compiled, args)
+    if args.summary_out:
+        summary = {
+            "preset": args.preset,
+            "batch": B,
+            "seq": S,
+            "dtype": cfg.dtype,
+            "stored": tc.stored,
+            "device_kind": device.device_kind,
+            "jax": jax.__version__,
+            "step_seconds": ours.median,
+            "tokens_per_sec": B * S / ours.median,
+            "mfu": mfu,
+            "peak_flops": peak,
+            "peak_source": peak_source,
+            "roofs": c.roof_name,
+            "per_op_step_seconds": c.ops.step_s,
+            "bound_step_seconds": c.napkin.step_s,
+        }
+        with open(args.summary_out, "w") as f:
+            json.dump(summary, f, indent=1)
     return 0
 
 
@@ -173,7 +196,7 @@ def held_against(compiled, cfg, B, ours):
     """Our measured tokens/s beside two predictions of the same compiled step
     on this chip's roofs: the per-op one (each op on its roof, in the
     compiler's order) and the whole-step bound (exact FLOPs at the peak, the
-    least bytes at full bandwidth)."""
+    least bytes at full bandwidth). Returns the comparison."""
     c = local_comparison(cfg, B, compiled, devices=1)
     tokens = B * cfg.seq
     print(f"held against the same compiled step on this chip's roofs ({c.roof_name}):")
@@ -185,6 +208,7 @@ def held_against(compiled, cfg, B, ours):
             f"  {name:<20}{ms(seconds):>10} a step {tokens / seconds:>14,.0f} tokens/s"
             f"   ours {seconds / ours.median:.2f}x of it"
         )
+    return c
 
 
 def compare_flax(cfg, optimizer, fresh, batch, compiled, args):

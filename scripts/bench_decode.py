@@ -28,6 +28,8 @@ python scripts/bench_decode.py
 python scripts/bench_decode.py --preset tiny --mbu-preset tiny --batches 1,2 \\
         --cache-batches 1,2  # seconds
 python scripts/bench_decode.py --decode-impl xla,pallas --dtype bfloat16  # on a GPU
+python scripts/bench_decode.py --decode-impl xla,pallas --dtype bfloat16 --batches 1,8 \\
+        --embed 2048 --ff 8192 --heads 16 --head-dim 128 --layers 24 --cache-batches none
 """
 
 import dataclasses
@@ -51,6 +53,8 @@ from sessions.run.cli import PROMPT, ArgumentParser, positive_int, resolve, trai
 from sessions.shard import sharding
 from sessions.train.data import text_to_tokens
 
+SHAPE_FLAGS = ("embed", "ff", "heads", "head_dim", "layers", "seq")
+
 
 def parse_args(argv):
     parser = ArgumentParser(prog="bench_decode.py", description=__doc__.split("\n\n")[0])
@@ -58,13 +62,17 @@ def parse_args(argv):
     parser.add_argument("--preset", **presets, default="cpu", help="for 1 and 3")
     parser.add_argument("--mbu-preset", **presets, default="gpt2-bytes", help="for 2")
     parser.add_argument("--batches", default="1,2,4,8", help="for 3, at --mbu-preset")
-    parser.add_argument("--cache-batches", default="1,4,16,64", help="for 3, at --preset")
+    parser.add_argument(
+        "--cache-batches", default="1,4,16,64", help="for 3, at --preset (none: no such table)"
+    )
     parser.add_argument("--new-tokens", type=positive_int, default=64)
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument(
         "--dtype", choices=["float32", "bfloat16"], help="for 2 and 3 (default: the platform's)"
     )
     parser.add_argument("--summary-out", help="write the goals' figures here, as JSON")
+    for flag in SHAPE_FLAGS:  # --mbu-preset's shape, changed where given (s3_infer.py's flags)
+        parser.add_argument(f"--{flag.replace('_', '-')}", type=positive_int, help="for 2 and 3")
     parser.add_argument(
         "--decode-impl",
         default="xla",
@@ -72,14 +80,16 @@ def parse_args(argv):
         "xla,pallas: side by side",
     )
     args = parser.parse_args(argv)
+    args.shape = {f: getattr(args, f) for f in SHAPE_FLAGS if getattr(args, f) is not None}
     args.decode_impl = args.decode_impl.split(",")
     if bad := [i for i in args.decode_impl if i not in ("xla", "pallas")]:
         raise UsageError(f"--decode-impl {bad[0]}: xla, pallas or xla,pallas")
     return args
 
 
-def model(preset, dtype="float32"):
-    cfg = dataclasses.replace(PRESETS[preset].model, dtype=dtype)
+def model(preset, dtype="float32", shape=None):
+    """(ModelConfig, parameters) of the preset in `dtype`, its fields in `shape` changed."""
+    cfg = dataclasses.replace(PRESETS[preset].model, dtype=dtype, **(shape or {}))
     return cfg, init_params(cfg, jax.random.key(0))
 
 
@@ -192,16 +202,18 @@ def no_slower(tables):
 def main(argv=None):
     args = parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    cache_batches = [int(b) for b in args.cache_batches.split(",")]
+    cache_batches = (
+        [] if args.cache_batches == "none" else [int(b) for b in args.cache_batches.split(",")]
+    )
     prompt = text_to_tokens(PROMPT)
     # The dtype s2_train.py trains in here (sessions/run/cli.py: the one home of platform defaults).
     s2_flags = ["--preset", args.mbu_preset, *(["--dtype", args.dtype] if args.dtype else [])]
     dtype = resolve(train_flags(s2_flags)).model.dtype
     print(f"{jax.devices()[0].device_kind}, JAX {jax.__version__}, {dtype} (goal 1: float32)")
     if "pallas" in args.decode_impl:  # what our kernels do not run, refused before any work
-        for preset in (args.mbu_preset, args.preset):
+        for preset, shape in ((args.mbu_preset, args.shape), (args.preset, {})):
             kernel_step.check_supported(
-                dataclasses.replace(PRESETS[preset].model, dtype=dtype),
+                dataclasses.replace(PRESETS[preset].model, dtype=dtype, **shape),
                 1,
                 interpret=jax.devices()[0].platform != "gpu",  # impl_for's choice
             )
@@ -215,13 +227,17 @@ def main(argv=None):
     print(f"roofs: {peak / 1e12:.3f} TFLOP/s {dtype}, {bandwidth / 1e9:.1f} GB/s read-only")
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tp": 1}, jax.devices()[:1])
     with jax.set_mesh(mesh):
-        cfg, params = model(args.mbu_preset, dtype)
-        print(f"2, 3. {args.mbu_preset} shapes: bytes per step = weights + batch x cache")
+        cfg, params = model(args.mbu_preset, dtype, args.shape)
+        mbu_model = dataclasses.asdict(cfg)
+        changed = "".join(f", {f.replace('_', ' ')} {n}" for f, n in args.shape.items())
+        print(f"2, 3. {args.mbu_preset} shapes{changed}: bytes per step = weights + batch x cache")
         rows = decode_table(cfg, params, prompt, sorted({1, *batches}), args, roofs, mesh)
         at_one = rows[0][1]
-        cfg, params = model(args.preset, dtype)
-        print(f"   {args.preset} preset, its weights in the L3 cache: tokens/s against batch")
-        cached = decode_table(cfg, params, prompt, cache_batches, args, roofs, mesh)
+        cached = []
+        if cache_batches:
+            cfg, params = model(args.preset, dtype)
+            print(f"   {args.preset} preset, its weights in the L3 cache: tokens/s against batch")
+            cached = decode_table(cfg, params, prompt, cache_batches, args, roofs, mesh)
     growing = all(a.tokens_per_s < b.tokens_per_s for (_, a), (_, b) in itertools.pairwise(rows))
     grows_cached = all(
         a.tokens_per_s < b.tokens_per_s for (_, a), (_, b) in itertools.pairwise(cached)
@@ -231,8 +247,8 @@ def main(argv=None):
     met = "met" if at_one.mbu >= 0.7 else "NOT met"
     print(f"   MBU at batch 1     {100 * at_one.mbu:5.1f}%   (>= 70%: {met})")
     print(
-        f"   tokens/s grows with batch: {'yes' if growing else 'no'} at {args.mbu_preset} shapes, "
-        f"{'yes' if grows_cached else 'no'} at the {args.preset} preset"
+        f"   tokens/s grows with batch: {'yes' if growing else 'no'} at {args.mbu_preset} shapes"
+        + (f", {'yes' if grows_cached else 'no'} at the {args.preset} preset" if cached else "")
     )
     faster = no_slower(getattr(args, "tables", []))
     if faster is not None:
@@ -246,6 +262,7 @@ def main(argv=None):
                     "cached_over_uncached": ratio,
                     "same_tokens": same,
                     "mbu_preset": args.mbu_preset,
+                    "mbu_model": mbu_model,
                     "mbu_batch_1": at_one.mbu,
                     "tokens_per_sec_batch_1": at_one.tokens_per_s,
                     "read_bandwidth": bandwidth,

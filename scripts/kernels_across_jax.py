@@ -5,9 +5,11 @@ Python 3.11, 0.11 and 0.12 on 3.12 and later: requirements.txt). This compiles, 
 for h100:1 (no GPU needed: the chip compilers of requirements-aot.txt), the attention
 kernel (sessions/kernels/decode_attention.py) and the MLP kernel (decode_mlp.py), each
 alone over one layer, the head kernel (decode_head.py), and then the whole decode loop with them
-(sessions/plan/kernels_on_target.py), and prints one line each: compiled; refused, with
-the API this JAX lacks; or no answer within --seconds, and where the compiler was. Where
-this machine cannot compile for h100:1, it says so in one line. Run it under each JAX:
+(sessions/plan/kernels_on_target.py), and prints one line each: compiled, and in how many
+seconds; refused, with the API this JAX lacks; or no answer within --seconds, and where the
+compiler was. Then the whole decode's compile beside XLA's decode of the same shapes,
+measured here (sessions/plan/compile_times.py). Where this machine cannot compile for
+h100:1, it says so in one line. Run it under each JAX:
 
     python scripts/kernels_across_jax.py                  # GPT-2's shapes, bf16, batch 1
     python scripts/kernels_across_jax.py --preset cpu --batch 8
@@ -24,7 +26,7 @@ import jax
 from sessions.errors import course_preset, run_main
 from sessions.inference import kernel_step
 from sessions.model.config import PRESETS
-from sessions.plan import kernels_on_target
+from sessions.plan import compile_times, kernels_on_target
 from sessions.run.cli import ArgumentParser, positive_int
 
 
@@ -60,9 +62,11 @@ def main(argv=None):
         return 1
     print(f"{head}, compiled ({target_text}, deviceless):")
     results = kernels_on_target.compile_kernels(cfg, args.batch, *found, seconds=args.seconds)
-    for what, status, said in results:
-        print(f"  {what}: {status if status == 'compiled' else status.upper()}: {said}", flush=True)
-    return 0 if all(status == "compiled" for _, status, _ in results) else 1
+    for r in results:
+        took = f" in {r.seconds:.1f} s" if r.status == "compiled" else ""
+        print(f"  {r.what}: {r.status if took else r.status.upper()}{took}: {r.said}", flush=True)
+    print(compile_times.decode_line(results, target_text))
+    return 0 if all(r.status == "compiled" for r in results) else 1
 
 
 if __name__ == "__main__":

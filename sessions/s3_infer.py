@@ -15,6 +15,7 @@ XLA's step.
     python sessions/s3_infer.py --random-params --dtype bfloat16 --decode-impl pallas
         # on a CPU our kernels run interpreted: decoded once beside XLA's step, untimed
     python sessions/s3_infer.py --target h100:1 --decode-impl pallas --batches 1,8
+        # and how long ours take to compile, beside XLA's decode (measured here)
     python sessions/s3_infer.py --target tpu-v5e:2x4 --mesh tp=8 --batches 8,64,512
 """
 
@@ -36,7 +37,7 @@ from roofline.units import ms
 from sessions.errors import UsageError, run_main
 from sessions.inference import kernel_check, kernel_step, kv_cache, layout, step_times
 from sessions.inference.sample import sample_tokens, show
-from sessions.plan import infer_on_target, kernels_on_target, programs
+from sessions.plan import compile_times, infer_on_target, kernels_on_target, programs
 from sessions.run.accelerator import check_accelerator_visible
 from sessions.run.cli import NEW_TOKENS, infer_flags, make_folder, serving_config
 from sessions.run.report import decode_table_lines, plot_decode
@@ -56,6 +57,10 @@ def main(argv=None):
         target, devices = programs.devices_for(args.target)
         serving = serving_config(args, platform=target.chip.platform)  # that chip's defaults
         planned = infer_on_target.plan_inference(serving, args.mesh, args.batches, target, devices)
+        if kernel_step.impl_for(args.decode_impl, target.chip.platform) == "pallas":
+            cfg, _ = inference_config(serving)  # ours compiled for the chip: how long it took
+            for line in compile_times.lines_on_target(cfg, planned.plans, target, devices):
+                print(line)
         return programs.write_plan(planned, args.hlo_out, args.summary_out)
     check_accelerator_visible()  # a GPU or TPU JAX cannot see: stop, naming what to install
     make_folder(args.run_dir, "--run-dir")  # the plot's folder, made before any work

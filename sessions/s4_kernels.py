@@ -10,6 +10,7 @@ the reference on this machine, then compile them for a chip it may lack:
     3. FSDP by hand == the partitioner's FSDP, step for step, collectives counted
     4. a collective matmul (ppermute around the ring) == all-gather, then matmul
     5. attention's memory and time on the target chip: einsum, ours, the vendor's
+    6. on a GPU target, how long session 3's decode kernels take to compile, beside XLA's
 
     python sessions/s4_kernels.py                       # every check, then h100:1's table
     python sessions/s4_kernels.py --target tpu-v5e:2x2  # the table for another chip
@@ -30,6 +31,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()
 
 import argparse
+import dataclasses
 import functools
 
 import jax
@@ -42,7 +44,8 @@ from sessions.errors import UsageError, run_main
 from sessions.kernels import flash, precision
 from sessions.kernels.precision import biggest
 from sessions.model.attention import einsum_attention
-from sessions.plan import programs
+from sessions.model.config import PRESETS
+from sessions.plan import compile_times, kernels_on_target, programs
 from sessions.plan.attention_on_target import SEQUENCES, attention_on_target, attention_table_lines
 from sessions.plan.collective_matmul_on_target import programs_on
 from sessions.run.accelerator import check_accelerator_visible
@@ -52,6 +55,7 @@ from sessions.train import manual_fsdp
 VENDOR = {"gpu": "cudnn", "tpu": "splash"}  # the chip maker's (or JAX's) flash kernel
 NAMES = ("forward == einsum attention", *(f"d{x} == einsum attention's" for x in "qkv"))
 FLOORS = (1e-4, 1e-3, 1e-3, 1e-3)  # float32's: the forward, and its three gradients
+COMPILE_SECONDS = 120  # step 6 gives a compile up after this (Mosaic GPU's layout search)
 
 
 def kernel_flags(argv):
@@ -195,6 +199,16 @@ def target_tables(target, devices):
             print(f"     {schedule_line(name, schedule_summary(text))}")
 
 
+def decode_compile_times(target, devices):
+    """6. Session 3's decode kernels (sessions/kernels/decode_*.py) compiled for the GPU
+    at GPT-2's shapes: how long each takes alone, and the whole decode beside XLA's."""
+    cfg = dataclasses.replace(PRESETS["gpt2-bytes"].model, dtype="bfloat16")
+    print(f"6. our decode kernels compiled for {target.name}, gpt2-bytes in bfloat16, batch 1:")
+    attempts = kernels_on_target.compile_kernels(cfg, 1, target, devices, COMPILE_SECONDS)
+    print(f"   {compile_times.decode_line(attempts, target.name)}")
+    print(f"   {compile_times.kernels_line(attempts)}")
+
+
 def main(argv=None):
     args = kernel_flags(argv)
     if args.seq < 1 or args.batch < 1 or args.heads < 1 or args.fsdp_steps < 1:
@@ -208,6 +222,9 @@ def main(argv=None):
     held &= check_collective_matmul(keys[2])
     if planned:
         target_tables(*planned)
+        target, _ = planned
+        if target.chip.platform == "gpu" and target.devices == 1:  # the kernels take one GPU
+            decode_compile_times(*planned)
     print("every check held" if held else "a check failed: see FAIL above")
     return 0 if held else 1
 

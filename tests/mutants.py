@@ -86,6 +86,11 @@ ESTIMATE_TEST = "tests/test_decode_estimate.py"
 WITHIN_25 = "test_the_estimate_is_within_25_percent_of_every_h100_step_and_the_floor_under"
 FAMILY = "tests/test_model_family.py"
 KERNEL_CHECK = "tests/test_s3_kernel_check.py"
+SCRIPTS = "tests/test_scripts.py"
+FIRST_CALL_TABLE = "test_the_first_call_s_table_holds_each_measured_figure_against_its_prediction"
+S4_STEP_6 = (
+    "tests/test_s4_kernels.py::test_step_6_says_the_decode_kernels_compile_times_beside_xla_s"
+)
 HTTP_TEST = "tests/test_serve_http.py"
 S7 = "tests/test_s7_engine.py"
 S7_BAD = f"{S7}::test_bad_input_is_one_line_and_exit_2"
@@ -2090,8 +2095,8 @@ MUTANTS = [
         "sessions/plan/kernels_on_target.py",
         (
             (
-                'results.append((what, "refused", refusal(e)))',
-                'results.append((what, "compiled", refusal(e)))',
+                'results.append(Attempt(name, what, "refused", refusal(e), None))',
+                'results.append(Attempt(name, what, "compiled", refusal(e), None))',
             ),
         ),
         (f"{KERNEL_CHECK}::test_the_script_compiles_each_kernel_or_says_what_it_lacks",),
@@ -3421,6 +3426,90 @@ MUTANTS = [
             "tests/test_exercises/test_session_6.py::"
             "test_a_policy_by_name_saves_what_jax_saves[save_dot_except_mlp-gqa]",
         ),
+    ),
+    Mutant(
+        "compile-ratio-inverted",
+        "the compile-time ratio said as XLA's decode over ours, not ours over XLA's",
+        "sessions/plan/compile_times.py",
+        (("ours.seconds / xla.seconds", "xla.seconds / ours.seconds"),),
+        (
+            f"{KERNEL_CHECK}::test_the_script_says_each_compile_time_and_ours_over_xla_s",
+            f"{DECODE_KERNELS}::test_target_says_our_compile_time_beside_xla_s",
+            S4_STEP_6,
+        ),
+    ),
+    Mutant(
+        "compile-clock-backwards",
+        "a compile's seconds taken as the clock before it less the clock after",
+        "sessions/plan/kernels_on_target.py",
+        (
+            (
+                "return compiled, time.perf_counter() - start",
+                "return compiled, start - time.perf_counter()",
+            ),
+        ),
+        (f"{KERNEL_CHECK}::test_a_compile_is_timed_from_the_clock_around_it",),
+    ),
+    Mutant(
+        "compile-times-unsaid-on-target",
+        "s3_infer.py --target --decode-impl pallas no longer says how long ours took to compile",
+        "sessions/s3_infer.py",
+        (("                print(line)\n", ""),),
+        (f"{DECODE_KERNELS}::test_target_says_our_compile_time_beside_xla_s",),
+    ),
+    Mutant(
+        "planner-decode-compiled-again",
+        "s3_infer.py --target compiles our whole decode again for its compile time",
+        "sessions/plan/compile_times.py",
+        (("seconds=seconds, whole=False", "seconds=seconds, whole=True"),),
+        (f"{DECODE_KERNELS}::test_target_says_our_compile_time_beside_xla_s",),
+    ),
+    Mutant(
+        "compile-time-per-kernel-unsaid",
+        "kernels_across_jax.py says a kernel compiled, not in how long",
+        "scripts/kernels_across_jax.py",
+        (('took = f" in {r.seconds:.1f} s" if', 'took = " " if'),),
+        (f"{KERNEL_CHECK}::test_the_script_says_each_compile_time_and_ours_over_xla_s",),
+    ),
+    Mutant(
+        "step-6-in-float32",
+        "s4_kernels.py's step 6 compiles GPT-2's decode in float32, not the bfloat16 it runs in",
+        "sessions/s4_kernels.py",
+        (('PRESETS["gpt2-bytes"].model, dtype="bfloat16")', 'PRESETS["gpt2-bytes"].model)'),),
+        (S4_STEP_6,),
+    ),
+    Mutant(
+        "first-call-ratio-inverted",
+        "the first call's table says predicted over measured, not measured over predicted",
+        "scripts/first_call_table.py",
+        (('f"{measured / predicted:.2f}x"', 'f"{predicted / measured:.2f}x"'),),
+        (f"{SCRIPTS}::{FIRST_CALL_TABLE}",),
+    ),
+    Mutant(
+        "first-call-timeout-unsaid",
+        "a piece of the first call that ran out of time is no row of its table",
+        "scripts/first_call_table.py",
+        (("        if status:\n", "        if status is None:\n"),),
+        (f"{SCRIPTS}::{FIRST_CALL_TABLE}",),
+    ),
+    Mutant(
+        "bench-summary-bound-is-per-op",
+        "bench.py --summary-out writes the per-op prediction as the whole-step bound",
+        "scripts/bench.py",
+        (('"bound_step_seconds": c.napkin.step_s', '"bound_step_seconds": c.ops.step_s'),),
+        (f"{SCRIPTS}::test_bench_times_the_step_of_bf16_weights_with_a_master",),
+    ),
+    Mutant(
+        "bench-decode-shape-unasked",
+        "bench_decode.py asks the kernels about --mbu-preset's shape, not the shape flags'",
+        "scripts/bench_decode.py",
+        (
+            (
+                "((args.mbu_preset, args.shape), (args.preset, {}))",
+                "((args.mbu_preset, {}), (args.preset, {}))",
+            ),
+        ),
+        (f"{DECODE_KERNELS}::test_bench_refuses_on_one_line",),
     ),
 ]
 

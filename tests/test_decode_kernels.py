@@ -299,6 +299,47 @@ def test_target_compiles_the_kernels_for_the_chip(monkeypatch):
     assert p.times.bytes_s == pytest.approx(ours.bytes_s) != pytest.approx(xla.bytes_s)
 
 
+def test_target_says_our_compile_time_beside_xla_s(monkeypatch, capsys):
+    """s3 --target h100:1 --decode-impl pallas: each batch's whole decode with ours (the
+    planner's compile, a stand-in: 12 s at batch 1) beside XLA's decode (3 s), 4.0x, and
+    each kernel alone (2 s, 1.5 s), labelled measured; none of it with XLA's step."""
+    from types import SimpleNamespace
+
+    from sessions.plan import infer_on_target, kernels_on_target, programs
+    from sessions.plan.infer_on_target import DecodePlanned
+    from sessions.plan.kernels_on_target import Attempt
+
+    target = SimpleNamespace(name="h100-sxm:1", chip=SimpleNamespace(platform="gpu"))
+    monkeypatch.setattr(programs, "devices_for", lambda text: (target, ["h100"]))
+    plan = SimpleNamespace(batch=1, compile_s=12.0)
+    planned = DecodePlanned([plan], {}, None)
+    monkeypatch.setattr(infer_on_target, "plan_inference", lambda *a: planned)
+    asked = []
+
+    def compile_kernels(cfg, batch, target, devices, seconds=None, whole=True):
+        asked.append((batch, whole))
+        return [
+            Attempt("attention", "a.py", "compiled", "", 2.0),
+            Attempt("MLP", "m.py", "compiled", "", 1.5),
+            Attempt("XLA's", "XLA's decode", "compiled", "", 3.0),
+        ]
+
+    monkeypatch.setattr(kernels_on_target, "compile_kernels", compile_kernels)
+    flags = ["--target", "h100:1", "--seq", "64", "--batches", "1", *SHAPE]
+    code, out, err = s3_in_process([*flags, "--decode-impl", "pallas"], capsys)
+    assert code == 0, err
+    assert asked == [(1, False)]  # the planner's compile of ours is not done again
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert lines[0].startswith(
+        "batch 1: compiled for h100-sxm:1 in 3.0 s (XLA's decode) and 12.0 s (ours, 4.0x); "
+        "measured on "
+    )
+    assert lines[0].endswith(f"JAX {jax.__version__}")
+    assert lines[1] == "  ours, each kernel alone: attention 2.0 s, MLP 1.5 s"
+    code, out, err = s3_in_process([*flags, "--decode-impl", "xla"], capsys)
+    assert code == 0 and "compiled for" not in out and asked == [(1, False)], out + err
+
+
 @interpreted
 def test_s3_decodes_with_the_kernels_interpreted_on_a_cpu(tmp_path, capsys):
     """s3 --decode-impl pallas on a CPU decodes once with the kernels, interpreted, and
@@ -318,6 +359,10 @@ def test_bench_refuses_on_one_line(capsys):
     argv = ["--decode-impl", "xla,pallas", "--dtype", "float32"]
     code, _, err = run_script("scripts/bench_decode.py", argv, capsys)
     assert code == 2 and "runs bfloat16" in err and len(err.strip().splitlines()) == 1, err
+    # A shape flag changes --mbu-preset's model, which the kernels are asked about too.
+    argv = ["--decode-impl", "xla,pallas", "--dtype", "bfloat16", "--embed", "96"]
+    code, _, err = run_script("scripts/bench_decode.py", argv, capsys)
+    assert code == 2 and "not --embed 96" in err and len(err.strip().splitlines()) == 1, err
 
 
 # A decode program by hand: a fusion before the loop, and in its body two fusions

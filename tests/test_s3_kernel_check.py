@@ -159,16 +159,68 @@ def test_the_script_compiles_each_kernel_or_says_what_it_lacks(monkeypatch, caps
     monkeypatch.setattr(decode_mlp, "mlp_layer", lacking)
     code, out, err = run_script("scripts/kernels_across_jax.py", ["--preset", "cpu"], capsys)
     lines = read_lines(out)
-    assert code == 1 and len(lines) == 5, out + err
+    assert code == 1 and len(lines) == 7, out + err
     assert lines[0].startswith(f"JAX {jax.__version__}, cpu's shapes in bfloat16, batch 1")
     assert "compiled (h100:1" in lines[0]
-    assert lines[1].startswith("  sessions/kernels/decode_attention.py: compiled: 1 Mosaic GPU ")
+    compiled_in = r"compiled in \d+\.\d s: 1 Mosaic GPU "
+    assert re.match(r"  sessions/kernels/decode_attention.py: " + compiled_in, lines[1]), lines[1]
     assert lines[2] == (
         "  sessions/kernels/decode_mlp.py: REFUSED: AttributeError: module 'mosaic_gpu' "
         "has no attribute 'load'"
     )
-    assert lines[3].startswith("  sessions/kernels/decode_head.py: compiled: 1 Mosaic GPU ")
-    assert lines[4].startswith("  the whole decode") and "NOT TRIED" in lines[4]
+    assert re.match(r"  sessions/kernels/decode_head.py: " + compiled_in, lines[3]), lines[3]
+    assert re.match(r"  XLA's decode .*: compiled in \d+\.\d s: \d+ kernels a token$", lines[4])
+    assert lines[5].startswith("  the whole decode") and "NOT TRIED" in lines[5]
+    assert re.match(
+        r"compiled for h100:1 in \d+\.\d s \(XLA's decode\) and ours: not tried", lines[6]
+    )
+
+
+def attempts(xla_s, ours_s, **alone):
+    """compile_kernels' answer, its seconds given: each kernel alone, XLA's decode, ours."""
+    from sessions.plan.kernels_on_target import Attempt
+
+    rows = [Attempt(name, f"{name}.py", "compiled", "1 kernel", s) for name, s in alone.items()]
+    rows.append(Attempt("XLA's", "XLA's decode", "compiled", "57 kernels a token", xla_s))
+    return [*rows, Attempt("ours", "the whole decode", "compiled", "13 kernels a token", ours_s)]
+
+
+def test_the_script_says_each_compile_time_and_ours_over_xla_s(monkeypatch, capsys):
+    """The compile times kernels_across_jax.py prints are compile_kernels' seconds (stood
+    in for: 3 s for the attention kernel alone, 4 s for XLA's decode, 10 s for ours), and
+    the ratio is ours over XLA's: 10 / 4 = 2.5x, labelled measured with this machine."""
+    from sessions.plan import kernels_on_target
+
+    monkeypatch.setattr(kernels_on_target, "target_devices", lambda target: (("h100", []), None))
+    found = attempts(4.0, 10.0, attention=3.0)
+    monkeypatch.setattr(kernels_on_target, "compile_kernels", lambda *a, **k: found)
+    code, out, err = run_script("scripts/kernels_across_jax.py", [], capsys)
+    lines = read_lines(out)
+    assert code == 0 and len(lines) == 5, out + err
+    assert lines[1] == "  attention.py: compiled in 3.0 s: 1 kernel"
+    assert lines[2] == "  XLA's decode: compiled in 4.0 s: 57 kernels a token"
+    assert lines[4].startswith(
+        "compiled for h100:1 in 4.0 s (XLA's decode) and 10.0 s (ours, 2.5x); measured on "
+    )
+    assert lines[4].endswith(f" cores, JAX {jax.__version__}") and "\n" not in lines[4]
+
+
+def test_a_compile_is_timed_from_the_clock_around_it(monkeypatch):
+    """kernels_on_target.timed: the clock read before and after (a stand-in: 10.0, then
+    13.5), the difference its seconds."""
+    from sessions.plan import kernels_on_target
+
+    clock = iter([10.0, 13.5])
+    monkeypatch.setattr(kernels_on_target.time, "perf_counter", lambda: next(clock))
+    assert kernels_on_target.timed(lambda: "compiled") == ("compiled", 3.5)
+
+
+def test_the_machine_is_this_cpu_its_cores_and_jax(monkeypatch):
+    from sessions.plan import compile_times
+
+    monkeypatch.setattr(compile_times.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    said = compile_times.machine()
+    assert said.endswith(f", 3 cores, JAX {jax.__version__}") and len(said.split(", ")) >= 3
 
 
 def test_a_compile_that_does_not_answer_is_given_up_and_said_so(monkeypatch):

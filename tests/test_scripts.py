@@ -2,8 +2,10 @@
 same loss as ours (so the speed-up compares like with like)."""
 
 import importlib.util
+import json
 import os
 import re
+import subprocess
 
 import jax
 import pytest
@@ -18,17 +20,26 @@ from scripts.harness import rungs
 from sessions.model.config import PRESETS
 
 
-def test_bench_times_the_step_of_bf16_weights_with_a_master(capsys, monkeypatch):
+def test_bench_times_the_step_of_bf16_weights_with_a_master(capsys, monkeypatch, tmp_path):
     """s2_train.py's --weights bfloat16 --master, benched: the step reads bf16 weights as
     stored (so it computes in bf16), and its memory holds at least the weights (2 bytes a
-    parameter), the master (4) and AdamW's two moments (8)."""
+    parameter), the master (4) and AdamW's two moments (8). --summary-out writes the step
+    (0.5 s, a stand-in: 32 x 64 tokens / 0.5 s = 4,096 tokens/s) beside its predictions."""
     monkeypatch.setattr(timing, "time_calls", lambda call, repeats, warmup: Timing((0.5, 0.5)))
-    argv = ["--preset", "tiny", "--weights", "bfloat16", "--master"]
+    summary = tmp_path / "bench.json"
+    argv = ["--preset", "tiny", "--weights", "bfloat16", "--master", "--summary-out", str(summary)]
     code, out, _ = run_script("scripts/bench.py", argv, capsys)
     assert code == 0
     assert "| bfloat16 | bfloat16 weights + float32 master |" in out
     memory = float(re.search(r"memory\s+([\d,.]+) MiB per device", out).group(1).replace(",", ""))
     assert memory * 2**20 > 14 * hand_params(PRESETS["tiny"].model)
+    written = json.loads(summary.read_text())
+    assert (written["step_seconds"], written["tokens_per_sec"]) == (0.5, 4096)
+    assert written["stored"] == "bfloat16 weights + float32 master"
+    bound = re.search(r"whole-step bound\s+([\d.]+) (ms|us) a step", out)
+    unit = 1e-3 if bound.group(2) == "ms" else 1e-6
+    low, high = printed_interval(bound.group(1), unit)
+    assert low <= written["bound_step_seconds"] <= high  # the bound it printed
 
 
 def test_bench_compares_with_naive_on_equal_numbers(capsys, monkeypatch):
@@ -254,3 +265,89 @@ def test_a_gpu_plans_for_the_memory_jax_preallocates(monkeypatch):
     assert (usable_fraction("gpu"), usable_fraction("tpu")) == (0.75, 1.0)
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")
     assert usable_fraction("gpu") == 0.9
+
+
+def first_call_fixtures(work):
+    """What gpu_first_call.sh's pieces write, by hand: the machine; the check's trace
+    (8 ms against a 2 ms bound) and s3's batch 1 (0.2 ms against a 0.1 ms estimate);
+    bench.py's step (10 ms against 8 ms per op, 5 ms bound); bench_decode's XLA step at
+    batch 1 (2,000 tokens/s: 0.5 ms, against a 0.25 ms estimate), at batch 8 with neither
+    estimate nor floor (8,000 tokens/s: 1 ms, MBU 25%: its bytes take 0.25 ms) and ours at
+    batch 8 (16,000 tokens/s: 0.5 ms, no estimate, a 0.4 ms floor); a piece timed out."""
+    (work / "check").mkdir()
+    (work / "machine.json").write_text('{"kind": "NVIDIA H200", "jax": "0.11.2"}')
+    (work / "pieces.tsv").write_text("check\t0\t100\t130\ndecode_1.2b\t124\t120\t120\n")
+    compare = {"measured_step_seconds": 8e-3, "bound_step_seconds": 2e-3, "bound": "compute"}
+    (work / "check" / "compare.json").write_text(json.dumps(compare))
+    s3 = {"batches": [{"batch": 1, "step_seconds": 2e-4, "estimate_step_seconds": 1e-4}]}
+    (work / "check" / "s3.json").write_text(json.dumps(s3))
+    bench = {"preset": "course", "batch": 32, "seq": 128, "stored": "float32", "step_seconds": 0.01}
+    bench |= {"per_op_step_seconds": 0.008, "bound_step_seconds": 0.005}
+    (work / "bench_course.json").write_text(json.dumps(bench))
+    xla = {"1": {"tokens_per_sec": 2000.0, "estimate_step_seconds": 2.5e-4}}
+    xla["8"] = {"tokens_per_sec": 8000.0, "mbu": 0.25}  # a GPU the chip table lacks
+    ours = {
+        "8": {"tokens_per_sec": 16000.0, "estimate_step_seconds": None, "floor_step_seconds": 4e-4}
+    }
+    decode = {
+        "mbu_model": {"embed": 768, "layers": 12},
+        "decode_impls": [{"xla": xla, "pallas": ours}],
+    }
+    (work / "decode_gpt2.json").write_text(json.dumps(decode))
+
+
+def test_the_first_call_s_table_holds_each_measured_figure_against_its_prediction(tmp_path, capsys):
+    first_call_fixtures(tmp_path)
+    figures = tmp_path / "figures.json"
+    code, out, err = run_script(
+        "scripts/first_call_table.py", [str(tmp_path), "--json-out", str(figures)], capsys
+    )
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "gpu first call | NVIDIA H200 | JAX 0.11.2 | measured against predicted"
+    cells = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in lines[3:]}
+
+    def said(piece, what):
+        return [c.strip() for c in cells[piece, what].strip("|").split("|")[2:]]
+
+    assert said("check", "s2 trace, median step") == [
+        "8.000 ms",
+        "2.000 ms (roofline bound, compute)",
+        "4.00x",
+    ]
+    assert said("check", "s3 decode, batch 1") == ["0.200 ms", "0.100 ms (estimate)", "2.00x"]
+    course = "train step, course 32x128, float32"
+    assert said("bench_course", course) == ["10.000 ms", "8.000 ms (per-op prediction)", "1.25x"]
+    assert said("bench_course", "the same")[1:] == ["5.000 ms (whole-step bound)", "2.00x"]
+    assert said("decode_gpt2", "decode xla, E=768 L=12, batch 1") == [
+        "0.500 ms",
+        "0.250 ms (estimate)",
+        "2.00x",
+    ]
+    assert said("decode_gpt2", "decode xla, E=768 L=12, batch 8") == [
+        "1.000 ms",
+        "0.250 ms (bytes at the roof)",
+        "4.00x",
+    ]
+    assert said("decode_gpt2", "decode pallas, E=768 L=12, batch 8") == [
+        "0.500 ms",
+        "0.400 ms (floor)",
+        "1.25x",
+    ]
+    assert said("decode_1.2b", "TIMED OUT after 120 s (limit 120 s)") == ["-", "-", "-"]
+    assert ("check", "") not in cells  # a piece that ran well is no row of its own
+    gathered = json.loads(figures.read_text())
+    assert gathered["bench_course.json"]["step_seconds"] == 0.01
+    assert gathered["pieces"]["decode_1.2b"] == {"exit": 124, "seconds": 120, "limit": 120}
+
+
+def test_the_first_call_script_parses_and_names_what_it_runs():
+    """bash -n: no syntax error in scripts/gpu_first_call.sh; and each script it calls is
+    there (the one real call cannot fail on a path)."""
+    script = os.path.join(REPO, "scripts", "gpu_first_call.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    with open(script) as f:
+        text = f.read()
+    called = set(re.findall(r"scripts/\w+\.py", text))
+    assert {"scripts/accelerator_check.py", "scripts/bench.py", "scripts/bench_decode.py"} <= called
+    assert all(os.path.exists(os.path.join(REPO, path)) for path in called), called

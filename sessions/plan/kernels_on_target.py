@@ -7,7 +7,8 @@ compiles; roofline/plan/targets.py), with the JAX at hand. From that, two answer
                       off the compiled decode loop (roofline/compiled/launches.py):
                       s3_infer.py --decode-impl pallas says it on a CPU, where it times nothing
     compile_kernels   whether each kernel compiles with this JAX, alone and in the whole
-                      decode, or which API it lacks (scripts/kernels_across_jax.py)
+                      decode, or which API it lacks, and how long each compile took beside
+                      XLA's decode (scripts/kernels_across_jax.py; compile_times.py says it)
 
 A compile may also never answer: JAX 0.12.0.1's Mosaic GPU searches the kernels' register
 layouts (its layout inference) for more than ten minutes (seen on the cpu preset and GPT-2's
@@ -19,6 +20,8 @@ import contextlib
 import itertools
 import signal
 import threading
+import time
+from typing import NamedTuple
 
 import jax
 
@@ -131,13 +134,30 @@ def refusal(error):
     return f"{type(error).__name__}: {first.strip()}"[:300]
 
 
-def compile_kernels(cfg, batch, target, devices, seconds=None):
-    """[(what, "compiled", "refused" or "no answer", a word more)] for our attention kernel
-    and MLP kernel, each alone over one layer of cfg at `batch` rows, the head kernel
-    (where cfg's head is one it runs: decode_head.head_refusal), then the whole decode
-    loop with them (its kernels a token beside XLA's), each compiled for the target within
-    `seconds`. What does not compile says why in one line: on an older JAX, the API it
-    lacks; past the time limit, where it was."""
+class Attempt(NamedTuple):
+    """One compile of compile_kernels."""
+
+    name: str  # "attention", "MLP", "head"; "ours" (the whole decode), "XLA's" (its decode)
+    what: str  # where it is written, or which program
+    status: str  # "compiled", "refused", "no answer" or "not tried"
+    said: str  # what it launches, or why not, in a line
+    seconds: float | None  # lower and compile, measured here (None: not compiled)
+
+
+def timed(compile):
+    """(compile(), its seconds): a lowering and compile timed together, as a student waits."""
+    start = time.perf_counter()
+    compiled = compile()
+    return compiled, time.perf_counter() - start
+
+
+def compile_kernels(cfg, batch, target, devices, seconds=None, whole=True):
+    """[Attempt] for our attention kernel and MLP kernel, each alone over one layer of cfg
+    at `batch` rows, the head kernel (where cfg's head is one it runs:
+    decode_head.head_refusal), XLA's decode loop, then (where `whole`) the decode loop with
+    ours (its kernels a token beside XLA's), each compiled for the target within `seconds`,
+    from cold caches, and timed. What does not compile says why in one line: on an older
+    JAX, the API it lacks; past the time limit, where it was."""
     on_chip = jax.sharding.SingleDeviceSharding(devices[0])
 
     def abstract(tree):  # shapes on the target's device: nothing is allocated
@@ -172,17 +192,20 @@ def compile_kernels(cfg, batch, target, devices, seconds=None):
         return head(w, x, pending, held, where, cfg, interpret=False)
 
     def launches_of_ours(program, inputs):
-        compiled = jax.jit(program).lower(*abstract(inputs)).compile()
+        compiled, s = timed(lambda: jax.jit(program).lower(*abstract(inputs)).compile())
         launches = kernel_launches(compiled.as_text())  # with XLA's few around it
         ours, n = launches.kinds.get("pallas", 0), launches.per_token
-        return f"{ours} Mosaic GPU kernel{'s' * (ours != 1)} of {n} launch{'es' * (n != 1)}"
+        return f"{ours} Mosaic GPU kernel{'s' * (ours != 1)} of {n} launch{'es' * (n != 1)}", s
 
-    def launches_of_the_decode():
-        ours, xla = (
-            kernel_launches(decode_program(cfg, batch, impl, target, devices).as_text())
-            for impl in ("pallas", None)
-        )
-        return f"{ours.per_token} kernels a token, XLA's {xla.per_token}"
+    xla_per_token = []  # XLA's kernels a token, once its decode compiled
+
+    def launches_of_the_decode(impl):
+        compiled, s = timed(lambda: decode_program(cfg, batch, impl, target, devices))
+        n = kernel_launches(compiled.as_text()).per_token
+        if impl is None:
+            xla_per_token.append(n)
+            return f"{n} kernels a token", s
+        return f"{n} kernels a token" + "".join(f", XLA's {x}" for x in xla_per_token), s
 
     layer = w["layers"][0]
     last = jax.ShapeDtypeStruct((cfg.ff // 64, batch, cfg.embed), "float32")  # an MLP's partials
@@ -195,21 +218,30 @@ def compile_kernels(cfg, batch, target, devices, seconds=None):
         "sessions/kernels/decode_head.py": lambda: launches_of_ours(
             head, (w, x, last, held, pos, live)
         ),
-        "the whole decode (kv_cache.decode_steps, our step)": launches_of_the_decode,
+        "XLA's decode (kv_cache.decode_steps, XLA's step)": lambda: launches_of_the_decode(None),
+        "the whole decode (kv_cache.decode_steps, our step)": lambda: launches_of_the_decode(
+            "pallas"
+        ),
     }
+    names = dict(zip(attempts, ("attention", "MLP", "head", "XLA's", "ours")))
     if head_refusal(cfg) is not None:  # XLA's head, in the whole decode
         del attempts["sessions/kernels/decode_head.py"]
+    if not whole:  # the caller has compiled (and timed) it already
+        del attempts["the whole decode (kv_cache.decode_steps, our step)"]
     results = []
     for what, attempt in attempts.items():
-        # The whole decode holds both kernels: where one did not compile, it would not either.
-        if what.startswith("the whole") and any(status != "compiled" for _, status, _ in results):
-            results.append((what, "not tried", "a kernel above did not compile"))
+        name = names[what]
+        # The whole decode holds our kernels: where one did not compile, it would not either.
+        if name == "ours" and any(r.status != "compiled" for r in results if r.name != "XLA's"):
+            results.append(Attempt(name, what, "not tried", "a kernel above did not compile", None))
             continue
+        jax.clear_caches()  # each compile from cold, as its first run: no trace of another's
         try:
             with time_limit(seconds):
-                results.append((what, "compiled", attempt()))
+                said, s = attempt()
+            results.append(Attempt(name, what, "compiled", said, s))
         except NoAnswer as e:
-            results.append((what, "no answer", str(e)))
+            results.append(Attempt(name, what, "no answer", str(e), None))
         except Exception as e:  # a JAX without an API the kernel uses: said in one line
-            results.append((what, "refused", refusal(e)))
+            results.append(Attempt(name, what, "refused", refusal(e), None))
     return results
