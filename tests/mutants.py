@@ -2121,8 +2121,8 @@ MUTANTS = [
         RESIDUAL,
         (
             (
-                "            part = [weight * v for v in part]\n",
-                "            part = list(part)\n",
+                "part = across(load_t(stats_s.at[p, 0], WT.reduce(0)), 1) * part",
+                "part = part + 0 * across(load_t(stats_s.at[p, 0], WT.reduce(0)), 1)",
             ),
         ),
         (f"{DECODE_KERNELS}::test_the_kernel_step_equals_xla_s",),
@@ -3510,6 +3510,42 @@ MUTANTS = [
             ),
         ),
         (f"{DECODE_KERNELS}::test_bench_refuses_on_one_line",),
+    ),
+    Mutant(
+        "ring-unrolled",
+        "a ring's product steps its tiles in a Python loop, one copy of the step a tile",
+        "sessions/kernels/mosaic.py",
+        (
+            (
+                "pl.loop(0, n)(lambda i: self.step(first + i, acc, b_of(i)))",
+                "[self.step(first + i, acc, b_of(i)) for i in range(n)]",
+            ),
+        ),
+        ("tests/test_kernel_sizes.py::test_a_kernel_is_as_large_at_e_2048_as_at_1024",),
+    ),
+    Mutant(
+        "partials-unrolled-by-chunk",
+        "the residual sums E's chunks in a Python loop: one copy of the partials' loop a chunk",
+        "sessions/kernels/decode_residual.py",
+        (
+            (
+                "ms = jax.lax.fori_loop(0, n_c, sum_chunk, zero) / E",
+                "ms = functools.reduce(lambda ms, i: sum_chunk(i, ms), range(n_c), zero) / E",
+            ),
+        ),
+        ("tests/test_kernel_sizes.py::test_a_kernel_is_as_large_at_e_2048_as_at_1024",),
+    ),
+    Mutant(
+        "cache-ring-unrolled",
+        "the attention kernel's loop over its slice's cache tiles unrolled, a copy a tile",
+        "sessions/kernels/decode_attention.py",
+        (
+            (
+                "o, m, total = lax.fori_loop(0, filled, block, start)",
+                "o, m, total = lax.fori_loop(0, per, block, start, unroll=True)",
+            ),
+        ),
+        ("tests/test_kernel_sizes.py::test_the_attention_kernel_is_as_large_at_t_4096_as_at_2048",),
     ),
 ]
 

@@ -157,7 +157,14 @@ def test_generated_tokens_equal_xla_s():
         ({"heads": 4, "head_dim": 32}, 1, {}, "multiples of 64, not 64, 32, 64"),
         ({"seq": 96}, 1, {}, "multiples of 64, not 64, 64, 96"),
         ({"embed": 4096, "heads": 64, "attention": False}, 1, {}, "embed up to 2048, not 4096"),
-        ({"embed": 4096, "heads": 64}, 1, {}, "more than a CTA's shared memory"),
+        ({"embed": 4096, "heads": 64}, 1, {}, "embed up to 2048, not 4096"),  # the MLP's
+        # 8 query heads of 128 a KV head: q and its output, 128 KB, beside the rings.
+        (
+            {"embed": 2048, "heads": 16, "head_dim": 128, "kv_heads": 2},
+            1,
+            {},
+            "more than a CTA's shared memory",
+        ),
     ],
 )
 def test_what_the_kernels_do_not_run_is_refused_in_one_line(change, batch, kinds, why):

@@ -51,8 +51,8 @@ x_now itself (B·E numbers, from L2) and CTA 0 writes it out. x_now is rounded
 to bf16 once, after the whole sum, where XLA rounds the MLP's output to bf16
 first: the two differ by about one bf16 step.
 
-Limits: E and F multiples of 64 (the tile), E ≤ 2048 (the tokens, the normed
-tokens and [8, E] float32 partials sit in SMEM), batch ≤ 8, bfloat16 (see
+Limits: E and F multiples of 64 (the tile), E ≤ 2048 (the tokens and the normed
+tokens sit in SMEM, [8, E] each), batch ≤ 8, bfloat16 (see
 mlp_refusal). Mosaic GPU's interpreter runs it from JAX 0.12 on; JAX 0.10's
 lacks plgpu.load and transposed wgmma operands. Compiled for an H100, it builds
 on JAX 0.10 (the chip compilers this course's 3.11 environment has).
