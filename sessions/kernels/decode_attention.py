@@ -85,7 +85,7 @@ def _weight_runs(wq, wk, wv, wo, kh, dims):
             runs.append(rows(w, base, 0, True))
 
     def wo_tile(u):  # wo's [64 of E, 64 of query head kh·G + g's dims], u = (g·nE + e)·nD + d
-        g, e, d = u // (nE * nD), u // nD % nE, u % nD
+        g, e, d = lax.div(u, nE * nD), lax.rem(lax.div(u, nD), nE), lax.rem(u, nD)
         col = (kh * G + g) * D + d * TILE
         return [wo.at[pl.ds(e * TILE + h * 32, 32), pl.ds(col, TILE)] for h in (0, 1)]
 
@@ -118,7 +118,7 @@ def _kernel(dims, interpret, scratch, refs, whole):
     def cache_start(b):
         @pl.loop(0, Sc)
         def _(j):
-            pl.when(j < filled)(lambda: cache_fetch(b, j))
+            mosaic.when_below(j, filled)(lambda: cache_fetch(b, j))
 
     cache_start(0)
     if rope:
@@ -196,7 +196,7 @@ def _kernel(dims, interpret, scratch, refs, whole):
                     ptile[...] = p.astype(bf16)  # A from SMEM: the interpreter takes no other
                     plgpu.commit_smem()
                     o = o + mma(ptile, vslots.at[slot], D)
-                    pl.when(j + Sc < filled)(lambda: cache_fetch(b, j + Sc))
+                    mosaic.when_below(j + Sc, filled)(lambda: cache_fetch(b, j + Sc))
                     return o, m_new, total
 
                 ones, one0 = on.cast(jnp.ones((TILE,), f32), ROW), is0.astype(f32)
@@ -228,7 +228,7 @@ def _kernel(dims, interpret, scratch, refs, whole):
             def _(e, g=g, p_out=p_out):
                 of_o = lambda d: qs.at[pl.ds(0, ROWS), pl.ds(g * D + d * TILE, TILE)].T  # noqa: E731
                 y = product(t + (g * nE + e) * nD, nD, of_o)
-                slot = ostage.at[(g * nE + e) % 2]
+                slot = ostage.at[lax.rem(g * nE + e, 2)]
                 plgpu.wait_smem_to_gmem(1)  # the copy out of this slot, 2 blocks ago, is done
                 slot.T[...] = on.cast(y, WT)
                 plgpu.commit_smem()
@@ -249,8 +249,7 @@ def _kernel(dims, interpret, scratch, refs, whole):
 
     # 1. x_now and its norm into xn [8, E], the products' B operand (decode_residual).
     def begin(*bufs):
-        first = jnp.logical_and(kh == 0, s == 0)
-        residual.start(x_ref, pend_ref, None, norm_ref, x_out, xn, bufs, first, 1)
+        residual.start(x_ref, pend_ref, None, norm_ref, x_out, xn, bufs, kh + s, 1)  # CTA 0, 0
 
     pl.run_scoped(begin, *scratch[0])
     if rope:

@@ -60,7 +60,7 @@ def _body(x_in, pending_in, scale_in, table, step, run, logits, x_out, *scratch)
     runs = [(E // TILE, lambda k: [table.at[rows, pl.ds(k * TILE, TILE)]])]
     weights = mosaic.Ring(runs, ring, ring_bars)
     weights.start()  # in flight while the residual and the norm are computed
-    residual.start(x_in, pending_in, None, scale_in, x_out, n_s, bufs, v == 0, 1)
+    residual.start(x_in, pending_in, None, scale_in, x_out, n_s, bufs, v, 1)
 
     def product(acc):  # logits^T [64, 8] = table[v's rows] @ normed^T
         weights.product(0, E // TILE, acc, lambda k: n_s.at[:, pl.ds(k * TILE, TILE)].T)

@@ -100,7 +100,7 @@ def mlp_body(*refs, gated, weighted, slices):
     f = jax.lax.axis_index("f")
     weights = mosaic.Ring(tile_runs(w_in, w_gate, w_out, f), ring, ring_bars)
     weights.start()  # in flight while the residual and the norm are computed
-    residual.start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, f == 0, slices)
+    residual.start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, f, slices)
     of_n = lambda k: n_s.at[:, pl.ds(k * TILE, TILE)].T  # noqa: E731  normed^T's k-th 64
 
     def first_product(h_acc, g_acc):  # h^T [64, 8] = w_in[f's block] @ normed^T
@@ -126,7 +126,7 @@ def mlp_body(*refs, gated, weighted, slices):
             return acc[...]
 
         out = pl.run_scoped(second_product, plgpu.ACC((TILE, ROWS), jnp.float32))
-        stage = o_s.at[j % 2]
+        stage = o_s.at[jax.lax.rem(j, 2)]
         plgpu.wait_smem_to_gmem(1)  # the copy out of this stage, 2 tiles ago, is done
         stage.T[...] = plgpu.layout_cast(out, WT)
         plgpu.commit_smem()

@@ -32,8 +32,11 @@ import inspect
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from sessions.kernels import mosaic
 
 ROWS = 8  # the tokens padded to wgmma's smallest N
 EPS = 1e-6  # transformer.rms_norm's
@@ -108,10 +111,10 @@ def smem_bytes(E, P, depth, weighted):
     return 34 * E + 32 * chunk(E) * depth + (64 * max(P, 1) if weighted else 64) + 64
 
 
-def start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, first, slices):
-    """In a CTA: x_now = x + the weighted partials (rounded to x's dtype once; CTA `first`
-    writes it to x_out), and the normed tokens into n_s ([8, E], wgmma's B). Loops, not
-    unrolled: over E's chunks, and inside each over the P partials' same chunk."""
+def start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, writer, slices):
+    """In a CTA: x_now = x + the weighted partials (rounded to x's dtype once; the CTA whose
+    int `writer` is 0 writes it to x_out), and the normed tokens into n_s ([8, E], wgmma's
+    B). Loops, not unrolled: over E's chunks, and inside each over the P partials' chunk."""
     x_s, p_s, scale_s, stats_s, bars, p_bars, s_bar = bufs
     (B, E), P, depth = x_in.shape, pending_in.shape[0], p_s.shape[0]
     C = x_s.shape[-1]
@@ -123,7 +126,7 @@ def start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, first, slices)
 
     # The partials stream as P·E/C chunks, n = i·P + p: chunk i of partial p, into slot n % depth.
     def fetch(n):
-        i, p, slot = n // P, n % P, n % depth
+        i, p, slot = lax.div(n, P), lax.rem(n, P), lax.rem(n, depth)
         src = pending_in.at[p, :, pl.ds(i * C, C)]
         plgpu.copy_gmem_to_smem(src, p_s.at[slot, pl.ds(0, B)], p_bars.at[slot])
 
@@ -153,12 +156,12 @@ def start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, first, slices)
     def sum_chunk(i, ms):  # chunk i of x_now: x + the partials, in float32 in order
         def add(p, x):
             n = i * P + p
-            plgpu.barrier_wait(p_bars.at[n % depth])
-            part = load_t(p_s.at[n % depth].T)
+            plgpu.barrier_wait(p_bars.at[lax.rem(n, depth)])
+            part = load_t(p_s.at[lax.rem(n, depth)].T)
             if stats_in is not None:
                 part = across(load_t(stats_s.at[p, 0], WT.reduce(0)), 1) * part
 
-            @pl.when(n + depth < P * n_c)
+            @mosaic.when_below(n + depth, P * n_c)
             def _():  # refill the slot once every thread has read it
                 plgpu.commit_smem()  # a warpgroup barrier (and a fence) before the TMA
                 fetch(n + depth)
@@ -175,7 +178,7 @@ def start(x_in, pending_in, stats_in, scale_in, x_out, n_s, bufs, first, slices)
     ms = jax.lax.fori_loop(0, n_c, sum_chunk, zero) / E
     plgpu.commit_smem()
 
-    @pl.when(first)
+    @mosaic.when_below(writer, 1)
     def _():
         copy_rows_out(x_s, x_out)
 

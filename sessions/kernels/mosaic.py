@@ -67,6 +67,26 @@ class Ops:
         return tile.T
 
 
+def when_below(a, b):
+    """pl.when(a < b) for int32 scalars a, b, as a decorator: a branch on an int (lax.switch),
+    not on a bool. Mosaic GPU lowers the bool's conversion that pl.when and lax.cond make by
+    asking ptxas for its version, each time: 16 ms a branch on a Zen 3 (JAX 0.10.2), 2.3 s
+    of the 1.2B shape's attention kernel's compile before this (docs/results.md). So too
+    jnp's // and % on ints (they convert bools): the kernels divide their non-negative
+    indices with lax.div and lax.rem, the same there."""
+
+    def run(body):
+        lax.switch(jnp.clip(b - a, 0, 1), [lambda: None, body])
+
+    return run
+
+
+def run_index(t, firsts):
+    """Which of the runs starting at `firsts` (ascending, the first 0) holds t: by int
+    arithmetic, no bool (when_below says why)."""
+    return sum(jnp.clip(t - first + 1, 0, 1) for first in firsts[1:])
+
+
 class Ring:
     """Weight tiles streamed HBM -> SMEM through S slots, S copies in flight: tile t + S
     is copied into t's slot as soon as the tensor cores have read tile t. The tiles come
@@ -80,7 +100,7 @@ class Ring:
         self.S, self.n = slots.shape[0], sum(count for count, _ in runs)
 
     def fetch(self, t):
-        slot, bar, first = self.slots.at[t % self.S], self.barriers.at[t % self.S], 0
+        slot, bar = self.slots.at[lax.rem(t, self.S)], self.barriers.at[lax.rem(t, self.S)]
 
         def copy(boxes):
             rows = 0
@@ -90,20 +110,21 @@ class Ring:
 
         if len(self.runs) == 1:
             return copy(self.runs[0][1](t))
-        for count, box in self.runs:  # the run t is in: one branch taken
-            inside = jnp.logical_and(t >= first, t < first + count)
-            pl.when(inside)(lambda box=box, first=first: copy(box(t - first)))
-            first += count
+        firsts = [0]
+        for count, _ in self.runs[:-1]:
+            firsts.append(firsts[-1] + count)
+        branches = [lambda f=f, box=box: copy(box(t - f)) for f, (_, box) in zip(firsts, self.runs)]
+        lax.switch(run_index(t, firsts), branches)  # the run t is in
 
     def start(self):
         pl.loop(0, min(self.S, self.n))(self.fetch)
 
     def step(self, t, acc, b_operand):
         """acc += tile t @ b_operand once tile t has landed; then refill its slot."""
-        plgpu.barrier_wait(self.barriers.at[t % self.S])
-        plgpu.wgmma(acc, self.slots.at[t % self.S], b_operand)
+        plgpu.barrier_wait(self.barriers.at[lax.rem(t, self.S)])
+        plgpu.wgmma(acc, self.slots.at[lax.rem(t, self.S)], b_operand)
         plgpu.wgmma_wait(0)  # the slot is read: it may be refilled
-        pl.when(t + self.S < self.n)(lambda: self.fetch(t + self.S))
+        when_below(t + self.S, self.n)(lambda: self.fetch(t + self.S))
 
     def product(self, first, n, acc, b_of):
         """acc += tiles first .. first + n - 1, tile first + i times b_of(i): a loop."""
