@@ -3547,6 +3547,20 @@ MUTANTS = [
         ),
         ("tests/test_kernel_sizes.py::test_the_attention_kernel_is_as_large_at_t_4096_as_at_2048",),
     ),
+    Mutant(
+        "head-ring-of-one",
+        "the head kernel keeps one table tile in flight a CTA, not all SMEM holds",
+        "sessions/kernels/decode_head.py",
+        (
+            (
+                "return depth, max(1, min(E // TILE, room // TILE_BYTES))",
+                "return depth, max(1, min(1, room // TILE_BYTES))",
+            ),
+        ),
+        (
+            "tests/test_decode_grid.py::test_the_head_kernel_s_bytes_in_flight_are_its_grid_times_its_ring",
+        ),
+    ),
 ]
 
 

@@ -178,7 +178,8 @@ def test_our_kernels_bytes_stream_at_what_their_grids_keep_in_flight(batch):
     and norm 768, bf16; the caches with the attention; the head's table 256·768 (the tied
     embedding's) and the final norm; the rest (the position row) XLA's. GPT-2's layers keep
     3,145,728 bytes in flight each (48 CTAs x 64 KiB), past Little's 2.3 MB: the bytes at
-    the roof; the head 4 CTAs x 8 tiles of 8 KiB, 262,144: at 262,144 / 0.7 us."""
+    the roof; the head 4 CTAs x 12 tiles of 8 KiB (all of each CTA's 64 rows of 768), 393,216:
+    at 393,216 / 0.7 us."""
     from sessions.inference import kernel_step
 
     step, _ = times(GPT2, batch, 29)
@@ -191,11 +192,11 @@ def test_our_kernels_bytes_stream_at_what_their_grids_keep_in_flight(batch):
         (256 * 768 + 768) * 2,
     ]
     assert sum(b for b, _ in streams) == step.bytes
-    assert [f for _, f in streams] == [3_145_728, 3_145_728, None, 262_144]
+    assert [f for _, f in streams] == [3_145_728, 3_145_728, None, 393_216]
     _, ours = times(GPT2, batch, 29, streams=streams)
     (attention, _), (mlp, _), (rest, _), (head, _) = streams
     at_roof = (attention + mlp) / 3.35e12 + rest / (est.XLA_FRACTION * 3.35e12)
-    assert ours.bytes_s == pytest.approx(at_roof + head / (262_144 / 0.7e-6))
+    assert ours.bytes_s == pytest.approx(at_roof + head / (393_216 / 0.7e-6))
 
 
 def test_a_timed_step_on_an_h100_gets_its_floor_and_estimate(monkeypatch):

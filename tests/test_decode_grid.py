@@ -101,11 +101,14 @@ def test_the_mlp_kernel_s_bytes_in_flight_are_its_grid_times_its_ring(cfg, batch
     assert in_flight >= decode_grid.IN_FLIGHT_NEED
 
 
-@pytest.mark.parametrize("cfg", [GPT2, BIG], ids=["gpt2", "1.2B"])
-def test_the_head_kernel_s_bytes_in_flight_are_its_grid_times_its_ring(cfg, monkeypatch):
-    """The head (decode_head.py): V/64 CTAs, each a ring of table tiles. The bytes' vocabulary
-    makes it 4 CTAs: 256 KB in flight, far under Little's law's 2.3 MB (predicted; the
-    estimate streams its 0.4 MB at what that keeps in flight)."""
+@pytest.mark.parametrize("cfg, tiles", [(GPT2, 12), (BIG, 14)], ids=["gpt2", "1.2B"])
+def test_the_head_kernel_s_bytes_in_flight_are_its_grid_times_its_ring(cfg, tiles, monkeypatch):
+    """The head (decode_head.py): V/64 CTAs, each a ring of table tiles, as many as SMEM holds.
+    By hand, of the 200 KB planned: the tokens x, their norm and the scale (34·E bytes), 4
+    pending chunks of [8, 128] float32 (16 KB), 128 B of stats and barriers, the logits'
+    stage (2 KB). GPT-2 (E 768): 156 KB left, room for all its 12 tiles a row block: the
+    whole table, 393 KB, in flight at once. The 1.2B (E 2048): 114 KB left, 14 of its 32.
+    Either way far under Little's law's 2.3 MB: the bytes' vocabulary makes it 4 CTAs."""
     seen = watched(monkeypatch)
     E, V, P = cfg.embed, cfg.vocab, cfg.ff // 64  # after the last MLP kernel's partials
     sds = jax.ShapeDtypeStruct
@@ -120,6 +123,8 @@ def test_the_head_kernel_s_bytes_in_flight_are_its_grid_times_its_ring(cfg, monk
     jax.eval_shape(head, w, x, pending, held)
     (grid,) = seen["grid"]
     (slots, *tile), itemsize = seen["smem"][0]  # the table's ring comes first
-    assert grid == (V // 64,) and tile == [64, 64]
+    assert grid == (V // 64,) and tile == [64, 64] and slots == tiles
     in_flight = grid[0] * slots * 64 * 64 * itemsize
-    assert decode_head.head_bytes_in_flight(cfg) == in_flight == 4 * 8 * 8192
+    assert decode_head.head_bytes_in_flight(cfg) == in_flight == 4 * tiles * 8192
+    share = decode_head.head_share_of_need(cfg)
+    assert share == pytest.approx(in_flight / decode_grid.IN_FLIGHT_NEED) and share < 0.2

@@ -75,7 +75,11 @@ def mlp_size(monkeypatch, cfg, B=1):
 
 
 def head_size(monkeypatch, cfg, B=1):
+    """The head kernel with its ring held at 8 slots: it takes as many as SMEM holds (14 at
+    E 2,048, 16 at 1,024: decode_head.head_rings, tests/test_decode_grid.py), each a barrier
+    set up on its own, a size that follows the ring, not the tiles."""
     E, V, P = cfg.embed, cfg.vocab, cfg.ff // 64
+    monkeypatch.setattr(decode_head, "head_rings", lambda cfg, P: (4, 8))
     w = {"embed": sds((V, E), bf16), "final_norm": sds((E,), bf16)}
 
     def head(w, x, pending, held):

@@ -25,7 +25,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from sessions.kernels import decode_residual as residual
 from sessions.kernels import mosaic
-from sessions.kernels.decode_mlp import TILE, TILE_BYTES, mlp_rings
+from sessions.kernels.decode_grid import IN_FLIGHT_NEED
+from sessions.kernels.decode_mlp import SMEM_BUDGET, TILE, TILE_BYTES, mlp_rings
 from sessions.kernels.decode_residual import ROWS, WT, swizzled
 
 
@@ -39,16 +40,27 @@ def head_refusal(cfg):
 
 
 def head_rings(cfg, P):
-    """(pending partials in flight, table tiles in flight) a CTA keeps: the MLP kernel's
-    rings (decode_mlp.mlp_rings), no more tile slots than a row of the table has tiles."""
-    depth, slots = mlp_rings(cfg, P)
-    return depth, min(slots, cfg.embed // TILE)
+    """(pending chunks in flight, table tiles in flight) a CTA keeps: the MLP kernel's
+    pending ring (decode_mlp.mlp_rings), then as many of its rows' E/64 table tiles as SMEM
+    holds beside the residual's buffers and the logits' stage; all of them where they fit.
+    The grid is V/64 CTAs, small for a small vocabulary, so each keeps all it can."""
+    E, (depth, _) = cfg.embed, mlp_rings(cfg, P)
+    room = SMEM_BUDGET - residual.smem_bytes(E, P, depth, False) - ROWS * TILE * 4
+    return depth, max(1, min(E // TILE, room // TILE_BYTES))
 
 
 def head_bytes_in_flight(cfg):
     """Table bytes the grid keeps in flight: V/64 CTAs x slots x 8 KB, after the last MLP
-    kernel's F/64 partials (GPT-2's 256 rows: 4 CTAs x 8 slots, 256 KB: a small grid)."""
+    kernel's F/64 partials. GPT-2's bytes vocabulary: 4 CTAs x 12 tiles, 384 KB, its whole
+    table (393 KB) at once, yet a sixth of Little's law's 2.3 MB: too little work to fill
+    the chip, whose stream takes about one HBM latency (head_share_of_need)."""
     return cfg.vocab // TILE * head_rings(cfg, cfg.ff // TILE)[1] * TILE_BYTES
+
+
+def head_share_of_need(cfg):
+    """The share of Little's law's bytes in flight (decode_grid.IN_FLIGHT_NEED) the head
+    keeps, at most 1: the share of the HBM roof its table streams at (predicted)."""
+    return min(1.0, head_bytes_in_flight(cfg) / IN_FLIGHT_NEED)
 
 
 def _body(x_in, pending_in, scale_in, table, step, run, logits, x_out, *scratch):

@@ -36,7 +36,7 @@ in flight: TMA fills slot t+S while the tensor cores read slot t. The first S
 copies start before the residual sum and the norm, which overlap them. By
 Little's law the grid needs about 2.3 MB in flight to stream at an H100's roof
 (decode_grid.py): F/64 CTAs x S x 8 KB (mlp_bytes_in_flight) is 48 x 8 x 8 KB =
-3.1 MB for GPT-2, 128 x 7 x 8 KB = 7.3 MB for the 1.2B shape (predicted). The
+3.1 MB for GPT-2, 128 x 8 x 8 KB = 8.4 MB for the 1.2B shape (predicted). The
 first product accumulates h^T [64, 8] in registers over E/64 tiles;
 rounded to bf16 as XLA rounds it, through relu, h is the second product's B
 operand; each w_out tile then gives 64 of the E outputs.
