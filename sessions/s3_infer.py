@@ -181,8 +181,8 @@ def decode_once(params, cfg, prompt, n, args, unit, tokenizer):
     for B in args.batches:
         said = "then with ours in Mosaic GPU's interpreter (seconds a step here: untimed)"
         print(f"batch {B}: {n} tokens with XLA's step, {said}", flush=True)
-        # Ours compile in seconds at small shapes; Mosaic GPU's layout search may take minutes
-        # at larger ones or on JAX 0.12 (sessions/plan/kernels_on_target.py): LAUNCH_SECONDS.
+        # Ours compile in seconds on JAX 0.10 and 0.11; Mosaic GPU's layout search on JAX 0.12
+        # may take minutes (sessions/plan/kernels_on_target.py): LAUNCH_SECONDS.
         print("  " + kernels_on_target.decode_launches(cfg, B, seconds=LAUNCH_SECONDS))
         prompts = jnp.asarray(np.tile(prompt, (B, 1)))
         both = kernel_check.decode_both(

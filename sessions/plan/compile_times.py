@@ -5,9 +5,9 @@ The compiles are kernels_on_target.compile_kernels' (each lowered and compiled f
 timed together); this says them, as s3_infer.py --target, s4_kernels.py and
 scripts/kernels_across_jax.py print them:
 
-    compiled for h100:1 in 4.4 s (XLA's decode) and 23.5 s (ours, 5.3x); measured on
+    compiled for h100:1 in 4.1 s (XLA's decode) and 8.4 s (ours, 2.0x); measured on
         AMD EPYC, 2 cores, JAX 0.10.2                                      (one line)
-    ours, each kernel alone: attention 3.1 s, MLP 2.0 s, head 1.5 s
+    ours, each kernel alone: attention 2.5 s, MLP 0.9 s, head 0.9 s
 
 A compile's time depends on the CPU that compiles, not on the chip compiled for: so the
 machine is this one, its cores those this process may run on.

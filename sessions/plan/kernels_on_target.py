@@ -11,9 +11,9 @@ compiles; roofline/plan/targets.py), with the JAX at hand. From that, two answer
                       XLA's decode (scripts/kernels_across_jax.py; compile_times.py says it)
 
 A compile may also never answer: JAX 0.12.0.1's Mosaic GPU searches the kernels' register
-layouts (its layout inference) for more than ten minutes (seen on the cpu preset and GPT-2's
-shapes, where 0.10.2 and 0.11.2 compile each in seconds). So each compile can run under a
-time limit (time_limit), past which it is given up and said to be, where it was stuck.
+layouts (its layout inference) for minutes, or finds none (docs/results.md, "Decode kernels'
+compile time"), where 0.10.2 and 0.11.2 compile each in seconds. So each compile can run under
+a time limit (time_limit), past which it is given up and said to be, where it was stuck.
 """
 
 import contextlib
