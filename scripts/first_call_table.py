@@ -19,7 +19,6 @@ import json
 import os
 import sys
 
-from scripts.accelerator_check import read_json
 from sessions.errors import UsageError, run_main
 from sessions.run.cli import ArgumentParser
 
@@ -35,6 +34,14 @@ def parse_args(argv):
     if not os.path.isdir(args.work_dir):
         raise UsageError(f"{args.work_dir}: no such folder")
     return args
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def pieces(work_dir):
