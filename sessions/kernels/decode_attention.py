@@ -70,9 +70,8 @@ def _weight_runs(wq, wk, wv, wo, kh, dims):
     G, nE, nD = H // K, E // TILE, D // TILE
 
     def rows(w, base, off, turned=False):
-        """A run of E/64 tiles, w's rows base + off .. + 64 (base a multiple of D) by the
-        c-th 64 of E; turned: each head's halves swapped (dim i + D/2 in place of i), what
-        rotate_half multiplies."""
+        """A run of E/64 tiles, w's rows base + off .. + 64 (base a multiple of D), the c-th 64 of
+        E; turned: each head's halves swapped (dim i + D/2 for i), what rotate_half multiplies."""
         tops = [(off + h * 32 + (D // 2 if turned else 0)) % D for h in (0, 1)]
         return nE, lambda c: [w.at[pl.ds(base + t, 32), pl.ds(c * TILE, TILE)] for t in tops]
 
@@ -100,10 +99,9 @@ def _kernel(dims, interpret, scratch, refs, whole):
     x_out, pend_out, stats_out = outs
     xn, ropev, wslots, wbars, kslots, vslots, cbars, rbar = whole
     on = mosaic.Ops(interpret, None)
-    WG, ROW, zeros = on.WG, on.ROW, on.zeros
+    WG, ROW, zeros, f32, bf16 = on.WG, on.ROW, on.zeros, jnp.float32, jnp.bfloat16
     kh, s = lax.axis_index("kv"), lax.axis_index("slice")
     pos, live = residual.pos_and_live(step, run)
-    f32, bf16 = jnp.float32, jnp.bfloat16
     ring = mosaic.Ring(_weight_runs(wq, wk, wv, wo, kh, dims), wslots, wbars)
     ring.start()  # the first W weight tiles and C cache tiles: in flight during the residual
     Sc, first_tile = kslots.shape[0], s * per
@@ -115,38 +113,34 @@ def _kernel(dims, interpret, scratch, refs, whole):
         plgpu.copy_gmem_to_smem(k_box, kslots.at[slot], cbars.at[slot])
         plgpu.copy_gmem_to_smem(v_box, vslots.at[slot], cbars.at[slot])
 
-    def cache_start(b):
-        @pl.loop(0, Sc)
-        def _(j):
-            mosaic.when_below(j, filled)(lambda: cache_fetch(b, j))
+    def cache_start(b):  # the ring's first C tiles, those below pos
+        pl.loop(0, Sc)(lambda j: mosaic.when_below(j, filled)(lambda: cache_fetch(b, j)))
 
     cache_start(0)
     if rope:
         plgpu.copy_gmem_to_smem(rope_ref, ropev, rbar)
 
     def attend(qs, kn, vn, ptile, ostage, fstage):
-        t = 0  # the next weight tile
+        t = [0]  # the next weight tile
 
-        def product(first, n, b_of):  # [64, 8] float32: weight tiles first.. first+n-1 @ b_of(i)
+        def product(n, b_of, first=None):  # [64, 8] float32: n weight tiles @ b_of(i), from
+            if first is None:  # `first`, else from the next
+                first, t[0] = t[0], t[0] + n
+
             def run(acc):
                 ring.product(first, n, acc, b_of)
                 return acc[...]
 
             return pl.run_scoped(run, plgpu.ACC((TILE, ROWS), f32))
 
-        def next_product(n, b_of):  # the next n weight tiles
-            nonlocal t
-            t += n
-            return product(t - n, n, b_of)
-
         # 2. q, k, v as y^T [64 dims, 8 tokens] = w tile @ xn^T, rounded as XLA's dense,
         # turned by RoPE, then stored transposed: rows of tokens, as the attention reads them.
         def head(dst, col0, turns):
             of_xn = lambda c: xn.at[:, pl.ds(c * TILE, TILE)].T  # noqa: E731
-            ys = [next_product(nE, of_xn).astype(bf16).astype(f32) for _ in range(nD)]
+            ys = [product(nE, of_xn).astype(bf16).astype(f32) for _ in range(nD)]
             turned = ys[nD // 2 :] + ys[: nD // 2]  # dims i + D/2: another block, or ...
             if rope and turns and nD == 1:  # ... (D = 64) rows copied in swapped halves
-                turned = [next_product(nE, of_xn).astype(bf16).astype(f32)]
+                turned = [product(nE, of_xn).astype(bf16).astype(f32)]
             for j, y in enumerate(ys):
                 if rope and turns:
                     cos, sin = (on.load(ropev.at[i, pl.ds(j * TILE, TILE)], ROW) for i in (0, 1))
@@ -227,7 +221,7 @@ def _kernel(dims, interpret, scratch, refs, whole):
             @pl.loop(0, nE)
             def _(e, g=g, p_out=p_out):
                 of_o = lambda d: qs.at[pl.ds(0, ROWS), pl.ds(g * D + d * TILE, TILE)].T  # noqa: E731
-                y = product(t + (g * nE + e) * nD, nD, of_o)
+                y = product(nD, of_o, t[0] + (g * nE + e) * nD)
                 slot = ostage.at[lax.rem(g * nE + e, 2)]
                 plgpu.wait_smem_to_gmem(1)  # the copy out of this slot, 2 blocks ago, is done
                 slot.T[...] = on.cast(y, WT)
