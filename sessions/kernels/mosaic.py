@@ -9,6 +9,7 @@ backend: a deviceless compile for an H100 runs on a CPU.
 """
 
 import inspect
+import itertools
 
 import jax.numpy as jnp
 from jax import lax
@@ -98,6 +99,7 @@ class Ring:
     def __init__(self, runs, slots, barriers):
         self.runs, self.slots, self.barriers = runs, slots, barriers
         self.S, self.n = slots.shape[0], sum(count for count, _ in runs)
+        self.firsts = [0, *itertools.accumulate(count for count, _ in runs[:-1])]  # run starts
 
     def fetch(self, t):
         slot, bar = self.slots.at[lax.rem(t, self.S)], self.barriers.at[lax.rem(t, self.S)]
@@ -110,11 +112,9 @@ class Ring:
 
         if len(self.runs) == 1:
             return copy(self.runs[0][1](t))
-        firsts = [0]
-        for count, _ in self.runs[:-1]:
-            firsts.append(firsts[-1] + count)
-        branches = [lambda f=f, box=box: copy(box(t - f)) for f, (_, box) in zip(firsts, self.runs)]
-        lax.switch(run_index(t, firsts), branches)  # the run t is in
+        runs = zip(self.firsts, self.runs)
+        branches = [lambda f=f, box=box: copy(box(t - f)) for f, (_, box) in runs]
+        lax.switch(run_index(t, self.firsts), branches)  # the run t is in
 
     def start(self):
         pl.loop(0, min(self.S, self.n))(self.fetch)
